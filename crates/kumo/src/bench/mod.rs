@@ -1,0 +1,27 @@
+//! `kumo bench ...`: benchmarks that print their figures, kumo beside the reference.
+
+mod storage;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum Bench {
+    /// The embedded store and a real etcd, side by side, both durable.
+    Storage(storage::Args),
+}
+
+pub async fn run(what: Bench) -> Result<()> {
+    match what {
+        Bench::Storage(args) => storage::run(args).await,
+    }
+}
+
+/// The p-th percentile (0..=100) of sorted samples.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
