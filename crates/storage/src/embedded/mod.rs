@@ -513,6 +513,144 @@ struct Writer {
     failed: Option<String>,
 }
 
+/// What one batch has written so far, on top of the index.
+#[derive(Default)]
+struct BatchWrites {
+    /// The last revision written (the store's revision before the batch, at first).
+    rev: Revision,
+    /// Each written key's latest state within the batch.
+    pending: HashMap<Vec<u8>, Pending>,
+    /// (revision, encoded record) for the write-ahead log.
+    logged: Vec<(Revision, Vec<u8>)>,
+    index_updates: Vec<(Vec<u8>, Rev)>,
+    events: Vec<WatchEvent>,
+}
+
+impl BatchWrites {
+    /// The key's latest state if it exists: this batch's writes first, then the index.
+    fn latest(&self, index: &Index, key: &[u8]) -> Option<Pending> {
+        match self.pending.get(key) {
+            Some(p) => (!p.rev.tombstone).then(|| p.clone()),
+            None => index.latest(key).map(|rev| Pending { rev, value: None }),
+        }
+    }
+
+    /// The key's current value, if it exists and passes the mod_revision precondition.
+    fn existing(
+        &self,
+        index: &Index,
+        kv: &redb::Table<u64, &[u8]>,
+        key: &[u8],
+        expected: Option<Revision>,
+    ) -> Result<KeyValue> {
+        let p = self.latest(index, key).ok_or(StorageError::NotFound)?;
+        let current = current_kv(kv, key, &p)?;
+        match expected {
+            Some(exp) if exp != p.rev.rev => Err(StorageError::Conflict {
+                expected: exp,
+                current: Box::new(current),
+            }),
+            _ => Ok(current),
+        }
+    }
+
+    /// Writes the next revision of `key`: a put of `value`, or a tombstone when `None`.
+    /// `prev` is the key's current value (required for a delete).
+    fn write(
+        &mut self,
+        kv: &mut redb::Table<u64, &[u8]>,
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+        prev: Option<KeyValue>,
+    ) -> Result<Outcome> {
+        let rev = self.rev + 1;
+        let (create, version) = match (&prev, &value) {
+            (Some(p), Some(_)) => (p.create_revision, p.version + 1),
+            (None, Some(_)) => (rev, 1),
+            (Some(p), None) => (p.create_revision, 0),
+            (None, None) => return Err(StorageError::NotFound),
+        };
+        let r = Rev {
+            rev,
+            create,
+            version,
+            tombstone: value.is_none(),
+        };
+        let bytes = Record {
+            tombstone: value.is_none(),
+            create_revision: create,
+            version,
+            key: &key,
+            value: value.as_deref().unwrap_or_default(),
+        }
+        .encode();
+        kv.insert(rev as u64, bytes.as_slice()).map_err(db_err)?;
+        self.rev = rev;
+        self.logged.push((rev, bytes));
+        self.index_updates.push((key.clone(), r));
+        match (value, prev) {
+            (Some(value), prev) => {
+                let out = KeyValue {
+                    key: key.clone(),
+                    value,
+                    create_revision: create,
+                    mod_revision: rev,
+                    version,
+                };
+                self.pending.insert(
+                    key,
+                    Pending {
+                        rev: r,
+                        value: Some(Arc::new(out.value.clone())),
+                    },
+                );
+                self.events.push(WatchEvent::Put {
+                    kv: out.clone(),
+                    prev,
+                });
+                Ok(Outcome::Put(out))
+            }
+            (None, prev) => {
+                self.pending.insert(
+                    key.clone(),
+                    Pending {
+                        rev: r,
+                        value: None,
+                    },
+                );
+                self.events.push(WatchEvent::Delete {
+                    key,
+                    revision: rev,
+                    prev: prev.clone(),
+                });
+                prev.map(|p| Outcome::Deleted(p, rev))
+                    .ok_or(StorageError::NotFound)
+            }
+        }
+    }
+}
+
+/// The value of a key's latest state `p`, read from the batch or the database.
+fn current_kv(kv: &redb::Table<u64, &[u8]>, key: &[u8], p: &Pending) -> Result<KeyValue> {
+    let value = match &p.value {
+        Some(v) => v.as_ref().clone(),
+        None => {
+            let urev = p.rev.rev as u64;
+            let g = kv.get(urev).map_err(db_err)?.ok_or_else(|| {
+                StorageError::Corrupt(format!("revision {} is missing", p.rev.rev))
+            })?;
+            Record::decode(urev, g.value())?.value.to_vec()
+        }
+    };
+    Ok(KeyValue {
+        key: key.to_vec(),
+        value,
+        create_revision: p.rev.create,
+        mod_revision: p.rev.rev,
+        version: p.rev.version,
+    })
+}
+
 /// Bytes a request can add to a log entry, at most.
 fn logged_bytes(op: &Op) -> usize {
     let body = match op {
@@ -645,208 +783,62 @@ impl Writer {
         // Durability comes from the write-ahead log; the database is made durable at
         // checkpoints.
         txn.set_durability(redb::Durability::None).map_err(db_err)?;
-        let mut logged: Vec<(Revision, Vec<u8>)> = Vec::new();
-        let mut pending: HashMap<Vec<u8>, Pending> = HashMap::new();
-        let mut events: Vec<WatchEvent> = Vec::new();
-        let mut index_updates: Vec<(Vec<u8>, Rev)> = Vec::new();
         let mut new_compacted: Option<Revision> = None;
         let (start_rev, compacted) = {
             let idx = self.shared.index.read();
             (idx.current, idx.compacted)
         };
-        let mut rev = start_rev;
+        let mut w = BatchWrites {
+            rev: start_rev,
+            ..BatchWrites::default()
+        };
         {
             let mut kv = txn.open_table(KV).map_err(db_err)?;
             let index = self.shared.index.read();
             for Request { op, reply } in batch {
-                // The key's latest state: this batch's writes first, then the index.
-                let latest = |key: &[u8], pending: &HashMap<Vec<u8>, Pending>| -> Option<Pending> {
-                    match pending.get(key) {
-                        Some(p) => (!p.rev.tombstone).then(|| p.clone()),
-                        None => index.latest(key).map(|rev| Pending { rev, value: None }),
-                    }
-                };
-                let current_kv = |key: &[u8],
-                                  p: &Pending,
-                                  kv: &redb::Table<u64, &[u8]>|
-                 -> Result<KeyValue> {
-                    let value = match &p.value {
-                        Some(v) => v.as_ref().clone(),
-                        None => {
-                            let urev = p.rev.rev as u64;
-                            let g = kv.get(urev).map_err(db_err)?.ok_or_else(|| {
-                                StorageError::Corrupt(format!("revision {} is missing", p.rev.rev))
-                            })?;
-                            Record::decode(urev, g.value())?.value.to_vec()
-                        }
-                    };
-                    Ok(KeyValue {
-                        key: key.to_vec(),
-                        value,
-                        create_revision: p.rev.create,
-                        mod_revision: p.rev.rev,
-                        version: p.rev.version,
-                    })
-                };
-                let result: Result<Outcome> = (|| match op {
-                    Op::Create { key, value } => {
-                        if let Some(p) = latest(&key, &pending) {
-                            return Err(StorageError::AlreadyExists {
-                                current: Box::new(current_kv(&key, &p, &kv)?),
-                            });
-                        }
-                        rev += 1;
-                        let r = Rev {
-                            rev,
-                            create: rev,
-                            version: 1,
-                            tombstone: false,
-                        };
-                        let rec = Record {
-                            tombstone: false,
-                            create_revision: rev,
-                            version: 1,
-                            key: &key,
-                            value: &value,
-                        };
-                        let bytes = rec.encode();
-                        kv.insert(rev as u64, bytes.as_slice()).map_err(db_err)?;
-                        logged.push((rev, bytes));
-                        let out = KeyValue {
-                            key: key.clone(),
-                            value,
-                            create_revision: rev,
-                            mod_revision: rev,
-                            version: 1,
-                        };
-                        pending.insert(
-                            key.clone(),
-                            Pending {
-                                rev: r,
-                                value: Some(Arc::new(out.value.clone())),
-                            },
-                        );
-                        index_updates.push((key, r));
-                        events.push(WatchEvent::Put {
-                            kv: out.clone(),
-                            prev: None,
-                        });
-                        Ok(Outcome::Put(out))
-                    }
+                let result: Result<Outcome> = match op {
+                    Op::Create { key, value } => match w.latest(&index, &key) {
+                        Some(p) => current_kv(&kv, &key, &p).and_then(|current| {
+                            Err(StorageError::AlreadyExists {
+                                current: Box::new(current),
+                            })
+                        }),
+                        None => w.write(&mut kv, key, Some(value), None),
+                    },
                     Op::Update {
                         key,
                         value,
                         expected,
-                    } => {
-                        let p = latest(&key, &pending).ok_or(StorageError::NotFound)?;
-                        let prev = current_kv(&key, &p, &kv)?;
-                        if let Some(exp) = expected {
-                            if exp != p.rev.rev {
-                                return Err(StorageError::Conflict {
-                                    expected: exp,
-                                    current: Box::new(prev),
-                                });
-                            }
-                        }
-                        rev += 1;
-                        let r = Rev {
-                            rev,
-                            create: p.rev.create,
-                            version: p.rev.version + 1,
-                            tombstone: false,
-                        };
-                        let rec = Record {
-                            tombstone: false,
-                            create_revision: r.create,
-                            version: r.version,
-                            key: &key,
-                            value: &value,
-                        };
-                        let bytes = rec.encode();
-                        kv.insert(rev as u64, bytes.as_slice()).map_err(db_err)?;
-                        logged.push((rev, bytes));
-                        let out = KeyValue {
-                            key: key.clone(),
-                            value,
-                            create_revision: r.create,
-                            mod_revision: rev,
-                            version: r.version,
-                        };
-                        pending.insert(
-                            key.clone(),
-                            Pending {
-                                rev: r,
-                                value: Some(Arc::new(out.value.clone())),
-                            },
-                        );
-                        index_updates.push((key, r));
-                        events.push(WatchEvent::Put {
-                            kv: out.clone(),
-                            prev: Some(prev),
-                        });
-                        Ok(Outcome::Put(out))
-                    }
-                    Op::Delete { key, expected } => {
-                        let p = latest(&key, &pending).ok_or(StorageError::NotFound)?;
-                        let prev = current_kv(&key, &p, &kv)?;
-                        if let Some(exp) = expected {
-                            if exp != p.rev.rev {
-                                return Err(StorageError::Conflict {
-                                    expected: exp,
-                                    current: Box::new(prev),
-                                });
-                            }
-                        }
-                        rev += 1;
-                        let r = Rev {
-                            rev,
-                            create: p.rev.create,
-                            version: 0,
-                            tombstone: true,
-                        };
-                        let rec = Record {
-                            tombstone: true,
-                            create_revision: p.rev.create,
-                            version: 0,
-                            key: &key,
-                            value: &[],
-                        };
-                        let bytes = rec.encode();
-                        kv.insert(rev as u64, bytes.as_slice()).map_err(db_err)?;
-                        logged.push((rev, bytes));
-                        pending.insert(
-                            key.clone(),
-                            Pending {
-                                rev: r,
-                                value: None,
-                            },
-                        );
-                        index_updates.push((key.clone(), r));
-                        events.push(WatchEvent::Delete {
-                            key,
-                            revision: rev,
-                            prev: Some(prev.clone()),
-                        });
-                        Ok(Outcome::Deleted(prev, rev))
-                    }
+                    } => w
+                        .existing(&index, &kv, &key, expected)
+                        .and_then(|prev| w.write(&mut kv, key, Some(value), Some(prev))),
+                    Op::Delete { key, expected } => w
+                        .existing(&index, &kv, &key, expected)
+                        .and_then(|prev| w.write(&mut kv, key, None, Some(prev))),
                     Op::Compact { revision } => {
-                        let latest_rev = rev;
-                        if revision > latest_rev {
-                            return Err(StorageError::FutureRevision {
+                        if revision > w.rev {
+                            Err(StorageError::FutureRevision {
                                 requested: revision,
-                                current: latest_rev,
-                            });
+                                current: w.rev,
+                            })
+                        } else {
+                            if revision > new_compacted.unwrap_or(compacted) {
+                                new_compacted = Some(revision);
+                            }
+                            Ok(Outcome::Compacted)
                         }
-                        let floor = new_compacted.unwrap_or(compacted);
-                        if revision > floor {
-                            new_compacted = Some(revision);
-                        }
-                        Ok(Outcome::Compacted)
                     }
-                })();
+                };
                 replies.push((reply, result));
             }
         }
+        let BatchWrites {
+            rev,
+            logged,
+            index_updates,
+            events,
+            ..
+        } = w;
         if rev == start_rev && new_compacted.is_none() {
             // Nothing to write: every request failed its checks.
             txn.abort().map_err(db_err)?;
