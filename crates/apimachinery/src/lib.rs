@@ -1,0 +1,7 @@
+//! The object machinery shared by the API server and its clients-to-be: the `Status`
+//! errors the API answers with, label and field selectors, and the name and label
+//! validation rules of k8s.io/apimachinery, with upstream's messages.
+
+pub mod selector;
+pub mod status;
+pub mod validation;
