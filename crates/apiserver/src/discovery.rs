@@ -1,0 +1,128 @@
+//! Discovery documents: `/version`, `/api`, `/apis`, `/api/v1`, `/apis/<group>[/<version>]`.
+
+use serde_json::{json, Value};
+
+use crate::registry::Registry;
+
+/// `/version`. The git version carries kumo's own version as semver build metadata, so
+/// version comparisons see v1.37.2.
+pub fn version() -> Value {
+    let (major, minor) = ("1", "37");
+    json!({
+        "major": major,
+        "minor": minor,
+        "emulationMajor": major,
+        "emulationMinor": minor,
+        "minCompatibilityMajor": "1",
+        "minCompatibilityMinor": "36",
+        "gitVersion": format!("{}+kumo.{}", crate::KUBERNETES_VERSION, env!("CARGO_PKG_VERSION")),
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "",
+        "goVersion": "",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, go_arch()),
+    })
+}
+
+/// The architecture name as Go (and so Kubernetes) spells it.
+pub fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+/// `/api`.
+pub fn core_versions(server_address: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    })
+}
+
+fn group_doc(name: &str, versions: &[&str]) -> Value {
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+        .collect();
+    json!({
+        "name": name,
+        "versions": vs,
+        "preferredVersion": vs.first().cloned().unwrap_or(Value::Null),
+    })
+}
+
+/// `/apis`.
+pub fn group_list(registry: &Registry) -> Value {
+    let groups: Vec<Value> = registry
+        .groups()
+        .iter()
+        .map(|(g, vs)| group_doc(g, vs))
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// `/apis/<group>`, if served.
+pub fn group(registry: &Registry, name: &str) -> Option<Value> {
+    let groups = registry.groups();
+    let (g, vs) = groups.iter().find(|(g, _)| *g == name)?;
+    let mut doc = group_doc(g, vs);
+    doc["kind"] = json!("APIGroup");
+    doc["apiVersion"] = json!("v1");
+    Some(doc)
+}
+
+/// `/api/v1` or `/apis/<group>/<version>`, if served.
+pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
+    let mut resources = Vec::new();
+    for r in registry.in_group_version(group, version) {
+        let mut doc = json!({
+            "name": r.plural,
+            "singularName": r.singular,
+            "namespaced": r.namespaced,
+            "kind": r.kind,
+            "verbs": r.verbs(),
+        });
+        if !r.short_names.is_empty() {
+            doc["shortNames"] = json!(r.short_names);
+        }
+        if !r.categories.is_empty() {
+            doc["categories"] = json!(r.categories);
+        }
+        resources.push(doc);
+        for sub in r.subresources {
+            let verbs: &[&str] = match *sub {
+                "finalize" => &["update"],
+                _ => &["get", "patch", "update"],
+            };
+            resources.push(json!({
+                "name": format!("{}/{}", r.plural, sub),
+                "singularName": "",
+                "namespaced": r.namespaced,
+                "kind": r.kind,
+                "verbs": verbs,
+            }));
+        }
+    }
+    if resources.is_empty() {
+        return None;
+    }
+    let gv = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    // kube-apiserver's core list carries no apiVersion; the group lists do.
+    let mut doc = json!({"kind": "APIResourceList"});
+    if !group.is_empty() {
+        doc["apiVersion"] = json!("v1");
+    }
+    doc["groupVersion"] = json!(gv);
+    doc["resources"] = Value::Array(resources);
+    Some(doc)
+}

@@ -1,0 +1,26 @@
+//! kumo's API server: the Kubernetes v1.37 REST API over [`kumo_storage`].
+//!
+//! Layout, from the outside in:
+//! * [`server`] — TLS listener (HTTP/1.1 and HTTP/2), one hyper service per connection;
+//! * [`handler`] — routing of a request path to discovery, health, or a resource;
+//! * [`rest`] — the generic verbs (create, get, list, watch, update, patch, delete) that
+//!   every resource shares;
+//! * [`registry`] — one strategy per resource: its names, scope, defaulting, validation,
+//!   table columns and field selectors;
+//! * [`pki`] — the cluster CA and certificates created at first start.
+//!
+//! Only this crate talks to storage (see ARCHITECTURE.md).
+
+pub mod discovery;
+pub mod handler;
+pub mod negotiate;
+pub mod pki;
+pub mod registry;
+pub mod rest;
+pub mod server;
+pub mod time;
+
+pub use server::{ApiServer, ApiServerConfig};
+
+/// The Kubernetes version this server implements.
+pub const KUBERNETES_VERSION: &str = "v1.37.2";

@@ -1,0 +1,215 @@
+//! The resources this server serves, one strategy each.
+//!
+//! A [`Resource`] names a resource (group, version, kind, plural, scope, short names); its
+//! [`Strategy`] holds the rules that differ between resources: defaulting, validation,
+//! table columns, selectable fields. Everything else (the verbs, storage, watch, errors) is
+//! shared in [`crate::rest`], so adding a resource is one small strategy.
+
+mod core;
+
+use std::sync::Arc;
+
+use kumo_apimachinery::status::GroupResource;
+use kumo_apimachinery::validation::FieldError;
+use serde_json::{json, Value};
+
+/// A column of a `Table` answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Column {
+    pub name: &'static str,
+    /// `string`, `integer`, `date`, ...
+    pub type_: &'static str,
+    pub format: &'static str,
+    pub description: &'static str,
+    /// 0: always shown; 1: only with `-o wide`.
+    pub priority: u8,
+}
+
+impl Column {
+    /// The first column of every table.
+    pub const NAME: Column = Column {
+        name: "Name",
+        type_: "string",
+        format: "name",
+        description: "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names",
+        priority: 0,
+    };
+    /// The `Age` column of the built-in printers.
+    pub const AGE: Column = Column {
+        name: "Age",
+        type_: "string",
+        format: "",
+        description: "CreationTimestamp is a timestamp representing the server time when this object was created. It is not guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata",
+        priority: 0,
+    };
+
+    /// The column definition as a Table carries it.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "type": self.type_,
+            "format": self.format,
+            "description": self.description,
+            "priority": self.priority,
+        })
+    }
+}
+
+/// The rules of one resource.
+pub trait Strategy: Send + Sync {
+    /// Defaults set on a new object, before validation.
+    fn prepare_create(&self, _obj: &mut Value) {}
+    /// Defaults and carried-over fields on an update, before validation.
+    fn prepare_update(&self, _new: &mut Value, _old: &Value) {}
+    /// Problems with an object name (a DNS-1123 subdomain by default).
+    fn validate_name(&self, name: &str) -> Vec<String> {
+        kumo_apimachinery::validation::is_dns1123_subdomain(name)
+    }
+    /// Validation of a new object (beyond the object metadata, which `rest` checks).
+    fn validate(&self, _obj: &Value) -> Vec<FieldError> {
+        Vec::new()
+    }
+    /// Validation of an update.
+    fn validate_update(&self, new: &Value, _old: &Value) -> Vec<FieldError> {
+        self.validate(new)
+    }
+    /// Whether `metadata.generation` counts changes of everything but metadata and status.
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+    /// Columns of the table, `Name` first (the default is Name and Age).
+    fn columns(&self) -> Vec<Column> {
+        vec![Column::NAME, Column::AGE]
+    }
+    /// The cells of one row, in column order.
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        vec![json!(name_of(obj)), json!(age_of(obj))]
+    }
+    /// Fields besides `metadata.name` and `metadata.namespace` that field selectors may
+    /// use, with their values for `obj`.
+    fn selectable_fields(&self, _obj: &Value) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+}
+
+/// A served resource.
+pub struct Resource {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    /// Subresources served (`status`, ...).
+    pub subresources: &'static [&'static str],
+    pub strategy: Box<dyn Strategy>,
+}
+
+impl Resource {
+    /// `v1` or `apps/v1`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn group_resource(&self) -> GroupResource {
+        GroupResource::new(self.group, self.plural)
+    }
+
+    /// Storage key prefix of every object of this resource: `/registry/<plural>/` as
+    /// kube-apiserver lays out its built-in resources.
+    pub fn key_prefix(&self, namespace: Option<&str>) -> String {
+        match namespace {
+            Some(ns) if self.namespaced => format!("/registry/{}/{}/", self.plural, ns),
+            _ => format!("/registry/{}/", self.plural),
+        }
+    }
+
+    /// Storage key of one object.
+    pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        format!("{}{}", self.key_prefix(namespace), name)
+    }
+
+    /// The verbs discovery lists for the resource itself.
+    pub fn verbs(&self) -> &'static [&'static str] {
+        &[
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch",
+        ]
+    }
+}
+
+/// Every resource the server serves.
+pub struct Registry {
+    resources: Vec<Arc<Resource>>,
+}
+
+impl Registry {
+    /// The built-in resources.
+    pub fn builtin() -> Registry {
+        Registry {
+            resources: core::resources().into_iter().map(Arc::new).collect(),
+        }
+    }
+
+    /// The resource at `/api[s]/<group>/<version>/<plural>`.
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Resource>> {
+        self.resources
+            .iter()
+            .find(|r| r.group == group && r.version == version && r.plural == plural)
+            .cloned()
+    }
+
+    /// All resources of one group version, in registration order.
+    pub fn in_group_version<'a>(
+        &'a self,
+        group: &'a str,
+        version: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<Resource>> + 'a {
+        self.resources
+            .iter()
+            .filter(move |r| r.group == group && r.version == version)
+    }
+
+    /// The non-core groups with their versions, preferred first.
+    pub fn groups(&self) -> Vec<(&'static str, Vec<&'static str>)> {
+        let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+        for r in &self.resources {
+            if r.group.is_empty() {
+                continue;
+            }
+            match out.iter_mut().find(|(g, _)| *g == r.group) {
+                Some((_, vs)) if !vs.contains(&r.version) => vs.push(r.version),
+                Some(_) => {}
+                None => out.push((r.group, vec![r.version])),
+            }
+        }
+        out
+    }
+}
+
+/// `metadata.name` of an object ("" when absent).
+pub fn name_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// `AGE` of an object from its creationTimestamp.
+pub fn age_of(obj: &Value) -> String {
+    crate::time::age(
+        obj.pointer("/metadata/creationTimestamp")
+            .and_then(Value::as_str),
+    )
+}

@@ -1,0 +1,1377 @@
+//! The verbs every resource shares: create, get, list, watch, update, patch, delete and
+//! deletecollection, over the store, with upstream's semantics and errors.
+//!
+//! Objects are handled as JSON values so that the same code serves built-in resources and,
+//! later, custom resources. What differs per resource lives in its [`Strategy`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use kumo_apimachinery::selector::{FieldSelector, LabelSelector};
+use kumo_apimachinery::status::{success_status, ApiError, Cause};
+use kumo_apimachinery::validation::{self, FieldError, Path};
+use kumo_storage::{RangeRequest, Revision, StorageError, Store, WatchEvent};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::negotiate::{Accept, Output};
+use crate::registry::Resource;
+
+/// What a verb answers: a JSON document with a status code, or a stream of watch events.
+pub enum Reply {
+    Json(u16, Value),
+    /// Watch events, one JSON document per frame.
+    Stream(mpsc::Receiver<Bytes>),
+}
+
+/// Shared state of the verbs.
+pub struct Rest {
+    pub store: Arc<dyn Store>,
+}
+
+/// The parts of a request the verbs need.
+pub struct Request<'a> {
+    pub query: &'a BTreeMap<String, String>,
+    pub accept: Accept,
+    pub content_type: Option<&'a str>,
+    pub body: &'a [u8],
+}
+
+impl Request<'_> {
+    fn param(&self, k: &str) -> Option<&str> {
+        self.query.get(k).map(String::as_str)
+    }
+
+    fn dry_run(&self) -> Result<bool, ApiError> {
+        match self.param("dryRun") {
+            None | Some("") => Ok(false),
+            Some("All") => Ok(true),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "Invalid dry run value: {other}: valid values are All"
+            ))),
+        }
+    }
+}
+
+/// Maps a storage error on one object to the API's answer.
+fn storage_error(res: &Resource, name: &str, e: StorageError) -> ApiError {
+    let gr = res.group_resource();
+    match e {
+        StorageError::NotFound => ApiError::not_found(&gr, name),
+        StorageError::AlreadyExists { .. } => ApiError::already_exists(&gr, name),
+        StorageError::Conflict { .. } => ApiError::stale_update(&gr, name),
+        StorageError::Compacted {
+            requested,
+            compacted,
+        } => ApiError::resource_expired(format!(
+            "too old resource version: {requested} ({compacted})"
+        )),
+        StorageError::FutureRevision { requested, current } => ApiError::timeout(format!(
+            "Too large resource version: {requested}, current: {current}"
+        )),
+        StorageError::ValueTooLarge { .. } => {
+            ApiError::request_entity_too_large(kumo_storage::Limits::default().max_value_bytes)
+        }
+        other => ApiError::internal(other),
+    }
+}
+
+/// Decodes a stored object and stamps its resourceVersion.
+fn decode_stored(bytes: &[u8], rv: Revision) -> Result<Value, ApiError> {
+    let mut obj: Value = serde_json::from_slice(bytes).map_err(ApiError::internal)?;
+    set_meta(&mut obj, "resourceVersion", json!(rv.to_string()));
+    Ok(obj)
+}
+
+/// Encodes an object for storage: without its resourceVersion, which is the store's.
+fn encode_stored(obj: &Value) -> Result<Vec<u8>, ApiError> {
+    let mut obj = obj.clone();
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+    }
+    serde_json::to_vec(&obj).map_err(ApiError::internal)
+}
+
+fn meta(obj: &Value) -> Option<&Map<String, Value>> {
+    obj.get("metadata").and_then(Value::as_object)
+}
+
+fn meta_str<'a>(obj: &'a Value, k: &str) -> Option<&'a str> {
+    meta(obj).and_then(|m| m.get(k)).and_then(Value::as_str)
+}
+
+fn set_meta(obj: &mut Value, k: &str, v: Value) {
+    if let Some(o) = obj.as_object_mut() {
+        let m = o.entry("metadata").or_insert_with(|| json!({}));
+        if let Some(m) = m.as_object_mut() {
+            m.insert(k.to_owned(), v);
+        }
+    }
+}
+
+fn labels_of(obj: &Value) -> BTreeMap<String, String> {
+    meta(obj)
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+        .map(|l| {
+            l.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A 422 Invalid answer for these field errors.
+pub fn invalid(res: &Resource, name: &str, errs: &[FieldError]) -> ApiError {
+    let causes = errs.iter().map(FieldError::to_cause).collect();
+    ApiError::invalid(
+        res.group,
+        res.kind,
+        name,
+        validation::invalid_message(res.kind, name, errs),
+        causes,
+    )
+}
+
+/// Characters of generated name suffixes (no vowels, no look-alikes), as upstream.
+const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+fn random_suffix() -> String {
+    let bytes = uuid::Uuid::new_v4().into_bytes();
+    bytes[..5]
+        .iter()
+        .map(|b| NAME_ALPHABET[*b as usize % NAME_ALPHABET.len()] as char)
+        .collect()
+}
+
+/// Checks apiVersion and kind of a request body against the endpoint's.
+fn check_type(res: &Resource, obj: &mut Value) -> Result<(), ApiError> {
+    let Some(o) = obj.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "the object provided is unrecognized (must be of type object)",
+        ));
+    };
+    let kind = o
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let api_version = o
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    if kind.is_empty() {
+        o.insert("kind".into(), json!(res.kind));
+    } else if kind != res.kind {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({api_version}) does not match the expected API version ({}) or the kind {kind} does not match {}",
+            res.api_version(),
+            res.kind
+        )));
+    }
+    if api_version.is_empty() {
+        o.insert("apiVersion".into(), json!(res.api_version()));
+    } else if api_version != res.api_version() {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({api_version}) does not match the expected API version ({})",
+            res.api_version()
+        )));
+    }
+    match o.get("metadata") {
+        None => {
+            o.insert("metadata".into(), json!({}));
+        }
+        Some(Value::Object(_)) => {}
+        Some(_) => return Err(ApiError::bad_request("metadata: expected an object")),
+    }
+    Ok(())
+}
+
+/// Validation every resource shares: name, namespace, labels, annotations.
+fn validate_meta(res: &Resource, obj: &Value) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let name = meta_str(obj, "name").unwrap_or("");
+    let name_path = Path::new("metadata").child("name");
+    if name.is_empty() {
+        errs.push(FieldError::required(
+            &name_path,
+            "name or generateName is required",
+        ));
+    } else {
+        for msg in res.strategy.validate_name(name) {
+            errs.push(FieldError::invalid(&name_path, name.to_owned(), msg));
+        }
+    }
+    let string_map = |k: &str| -> BTreeMap<String, String> {
+        meta(obj)
+            .and_then(|m| m.get(k))
+            .and_then(Value::as_object)
+            .map(|l| {
+                l.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    errs.extend(validation::validate_labels(
+        &string_map("labels"),
+        &Path::new("metadata").child("labels"),
+    ));
+    errs.extend(validation::validate_annotations(
+        &string_map("annotations"),
+        &Path::new("metadata").child("annotations"),
+    ));
+    errs
+}
+
+/// Parsed list and watch selectors.
+struct Selectors {
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl Selectors {
+    fn parse(res: &Resource, req: &Request<'_>) -> Result<Selectors, ApiError> {
+        let labels = LabelSelector::parse(req.param("labelSelector").unwrap_or(""))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let fields = FieldSelector::parse(req.param("fieldSelector").unwrap_or(""))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        // Every field must be one the resource can select on.
+        let probe = json!({"metadata": {}});
+        let supported: Vec<&str> = ["metadata.name", "metadata.namespace"]
+            .into_iter()
+            .chain(
+                res.strategy
+                    .selectable_fields(&probe)
+                    .into_iter()
+                    .map(|(f, _)| f),
+            )
+            .collect();
+        for field in fields.requirements().iter().map(|r| r.field.as_str()) {
+            if !supported.contains(&field) {
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {field}"
+                )));
+            }
+        }
+        Ok(Selectors { labels, fields })
+    }
+
+    fn matches(&self, res: &Resource, obj: &Value) -> bool {
+        if !self.labels.is_empty() && !self.labels.matches(&labels_of(obj)) {
+            return false;
+        }
+        if self.fields.is_empty() {
+            return true;
+        }
+        let extra = res.strategy.selectable_fields(obj);
+        self.fields.matches(|f: &str| match f {
+            "metadata.name" => Some(meta_str(obj, "name").unwrap_or("").to_owned()),
+            "metadata.namespace" => Some(meta_str(obj, "namespace").unwrap_or("").to_owned()),
+            other => extra
+                .iter()
+                .find(|(k, _)| *k == other)
+                .map(|(_, v)| v.clone()),
+        })
+    }
+}
+
+/// The continue token kube-apiserver hands out: base64 of
+/// `{"v":"meta.k8s.io/v1","rv":N,"start":"<key after the prefix>"}`.
+fn encode_continue(rv: Revision, start: &str) -> String {
+    let doc = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": start});
+    base64::engine::general_purpose::URL_SAFE.encode(doc.to_string())
+}
+
+fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
+    let bad = || ApiError::bad_request("continue key is not valid: invalid continue token");
+    let raw = base64::engine::general_purpose::URL_SAFE
+        .decode(token)
+        .or_else(|_| base64::engine::general_purpose::STANDARD.decode(token))
+        .map_err(|_| bad())?;
+    let doc: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    if doc.get("v").and_then(Value::as_str) != Some("meta.k8s.io/v1") {
+        return Err(ApiError::bad_request(
+            "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+        ));
+    }
+    let rv = doc
+        .get("rv")
+        .and_then(Value::as_i64)
+        .filter(|r| *r > 0)
+        .ok_or_else(bad)?;
+    let start = doc.get("start").and_then(Value::as_str).ok_or_else(bad)?;
+    if start.contains("..") || start.starts_with('/') {
+        return Err(bad());
+    }
+    Ok((rv, start.to_owned()))
+}
+
+fn parse_rv(s: &str) -> Result<Revision, ApiError> {
+    s.parse::<Revision>()
+        .ok()
+        .filter(|r| *r >= 0)
+        .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {s}")))
+}
+
+/// Strips what list items do not carry (kind and apiVersion).
+fn as_list_item(mut obj: Value) -> Value {
+    if let Some(o) = obj.as_object_mut() {
+        o.remove("kind");
+        o.remove("apiVersion");
+    }
+    obj
+}
+
+/// `PartialObjectMetadata` of an object.
+fn partial_metadata(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+/// A `Table` of objects.
+fn table(
+    res: &Resource,
+    objs: &[Value],
+    list_meta: Value,
+    with_columns: bool,
+    include: &str,
+) -> Value {
+    let columns: Vec<Value> = if with_columns {
+        res.strategy.columns().iter().map(|c| c.to_json()).collect()
+    } else {
+        Vec::new()
+    };
+    let rows: Vec<Value> = objs
+        .iter()
+        .map(|o| {
+            let object = match include {
+                "None" => Value::Null,
+                "Object" => o.clone(),
+                _ => partial_metadata(o),
+            };
+            let mut row = json!({"cells": res.strategy.cells(o)});
+            if !object.is_null() {
+                row["object"] = object;
+            }
+            row
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list_meta,
+        "columnDefinitions": columns,
+        "rows": rows,
+    })
+}
+
+/// Renders one object in the representation asked for.
+fn render_one(res: &Resource, req: &Request<'_>, obj: Value) -> Value {
+    match req.accept.output {
+        Output::Object => obj,
+        Output::Metadata => partial_metadata(&obj),
+        Output::Table => {
+            let rv = meta_str(&obj, "resourceVersion").unwrap_or("").to_owned();
+            table(
+                res,
+                &[obj],
+                json!({"resourceVersion": rv}),
+                true,
+                req.param("includeObject").unwrap_or("Metadata"),
+            )
+        }
+    }
+}
+
+impl Rest {
+    async fn get_current(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<(Value, Revision), ApiError> {
+        let key = res.key(ns, name);
+        let (kv, _) = self
+            .store
+            .get(key.as_bytes(), None)
+            .await
+            .map_err(|e| storage_error(res, name, e))?;
+        let kv = kv.ok_or_else(|| ApiError::not_found(&res.group_resource(), name))?;
+        Ok((decode_stored(&kv.value, kv.mod_revision)?, kv.mod_revision))
+    }
+
+    /// NamespaceLifecycle: objects are created only in namespaces that exist and are not
+    /// being deleted.
+    async fn check_namespace(&self, ns: &str) -> Result<(), ApiError> {
+        let key = format!("/registry/namespaces/{ns}");
+        let (kv, _) = self
+            .store
+            .get(key.as_bytes(), None)
+            .await
+            .map_err(ApiError::internal)?;
+        let Some(kv) = kv else {
+            return Err(ApiError::not_found(
+                &kumo_apimachinery::status::GroupResource::new("", "namespaces"),
+                ns,
+            ));
+        };
+        let obj: Value = serde_json::from_slice(&kv.value).map_err(ApiError::internal)?;
+        if obj.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating") {
+            return Err(ApiError::forbidden(
+                &kumo_apimachinery::status::GroupResource::new("", "namespaces"),
+                ns,
+                &format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// POST on a collection.
+    pub async fn create(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let mut obj = crate::negotiate::decode_body(req.content_type, req.body)?;
+        check_type(res, &mut obj)?;
+        let dry_run = req.dry_run()?;
+        if res.namespaced {
+            let ns = ns.unwrap_or("");
+            match meta_str(&obj, "namespace") {
+                Some(body_ns) if !body_ns.is_empty() && body_ns != ns => {
+                    return Err(ApiError::bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ))
+                }
+                _ => set_meta(&mut obj, "namespace", json!(ns)),
+            }
+        } else if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("namespace");
+        }
+        let name = meta_str(&obj, "name").unwrap_or("").to_owned();
+        if name.is_empty() {
+            if let Some(prefix) = meta_str(&obj, "generateName").filter(|p| !p.is_empty()) {
+                let generated = format!("{prefix}{}", random_suffix());
+                set_meta(&mut obj, "name", json!(generated));
+            }
+        }
+        let name = meta_str(&obj, "name").unwrap_or("").to_owned();
+        // Fields the server owns.
+        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+            m.remove("deletionTimestamp");
+            m.remove("deletionGracePeriodSeconds");
+            m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+            m.insert(
+                "creationTimestamp".into(),
+                json!(crate::time::now_rfc3339()),
+            );
+            if res.strategy.tracks_generation() {
+                m.insert("generation".into(), json!(1));
+            } else {
+                m.remove("generation");
+            }
+        }
+        res.strategy.prepare_create(&mut obj);
+        let mut errs = validate_meta(res, &obj);
+        errs.extend(res.strategy.validate(&obj));
+        if !errs.is_empty() {
+            return Err(invalid(res, &name, &errs));
+        }
+        if let Some(ns) = ns.filter(|_| res.namespaced) {
+            self.check_namespace(ns).await?;
+        }
+        if dry_run {
+            return Ok(Reply::Json(201, render_one(res, req, obj)));
+        }
+        let key = res.key(ns, &name);
+        let kv = self
+            .store
+            .create(key.as_bytes(), encode_stored(&obj)?)
+            .await
+            .map_err(|e| storage_error(res, &name, e))?;
+        set_meta(
+            &mut obj,
+            "resourceVersion",
+            json!(kv.mod_revision.to_string()),
+        );
+        tracing::debug!(
+            resource = res.plural,
+            namespace = ns.unwrap_or(""),
+            name,
+            "created"
+        );
+        Ok(Reply::Json(201, render_one(res, req, obj)))
+    }
+
+    /// GET of one object.
+    pub async fn get(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let key = res.key(ns, name);
+        let revision = match req.param("resourceVersion") {
+            None | Some("") | Some("0") => None,
+            Some(rv) => Some(parse_rv(rv)?),
+        };
+        let (kv, _) = self
+            .store
+            .get(key.as_bytes(), revision)
+            .await
+            .map_err(|e| storage_error(res, name, e))?;
+        let kv = kv.ok_or_else(|| ApiError::not_found(&res.group_resource(), name))?;
+        let obj = decode_stored(&kv.value, kv.mod_revision)?;
+        Ok(Reply::Json(200, render_one(res, req, obj)))
+    }
+
+    /// GET of a collection (without `watch`).
+    pub async fn list(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let selectors = Selectors::parse(res, req)?;
+        let limit: usize = match req.param("limit") {
+            None | Some("") => 0,
+            Some(l) => l
+                .parse::<i64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit: {l}")))?
+                .max(0) as usize,
+        };
+        let prefix = res.key_prefix(ns);
+        let (mut revision, mut start) = (None, None);
+        if let Some(token) = req.param("continue").filter(|t| !t.is_empty()) {
+            if req
+                .param("resourceVersion")
+                .is_some_and(|r| !r.is_empty() && r != "0")
+            {
+                return Err(ApiError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
+            let (rv, s) = decode_continue(token)?;
+            revision = Some(rv);
+            start = Some(format!("{prefix}{s}").into_bytes());
+        } else {
+            match (req.param("resourceVersion"), req.param("resourceVersionMatch")) {
+                (None | Some(""), None | Some("")) => {}
+                (None | Some(""), Some(m)) => {
+                    return Err(ApiError::bad_request(format!(
+                        "resourceVersionMatch is forbidden unless resourceVersion is provided (got {m})"
+                    )))
+                }
+                (Some("0"), _) => {}
+                (Some(rv), Some("Exact")) => revision = Some(parse_rv(rv)?),
+                (Some(rv), _) => {
+                    // NotOlderThan: the latest state is not older than any revision we have.
+                    let want = parse_rv(rv)?;
+                    let current = self.store.current_revision().await.map_err(ApiError::internal)?;
+                    if want > current {
+                        return Err(ApiError::timeout(format!(
+                            "Too large resource version: {want}, current: {current}"
+                        )));
+                    }
+                }
+            }
+        }
+        // Read pages from the store until `limit` objects matched or the range ended.
+        let mut items = Vec::new();
+        let mut next_start: Option<String> = None;
+        let mut remaining: Option<usize> = None;
+        let mut at: Revision;
+        loop {
+            let page = self
+                .store
+                .range(RangeRequest {
+                    prefix: prefix.clone().into_bytes(),
+                    start: start.clone(),
+                    limit: if limit == 0 { 0 } else { (limit - items.len()).max(1) },
+                    revision,
+                })
+                .await
+                .map_err(|e| match e {
+                    StorageError::Compacted { .. } if req.param("continue").is_some() => {
+                        ApiError::resource_expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
+                    }
+                    e => storage_error(res, "", e),
+                })?;
+            at = page.revision;
+            revision = Some(at);
+            let n = page.kvs.len();
+            let mut last_key = None;
+            for kv in page.kvs {
+                last_key = Some(kv.key.clone());
+                let obj = decode_stored(&kv.value, kv.mod_revision)?;
+                if selectors.matches(res, &obj) {
+                    items.push(obj);
+                }
+                if limit > 0 && items.len() >= limit {
+                    break;
+                }
+            }
+            let more_in_range =
+                page.more || (limit > 0 && items.len() >= limit && last_key.is_some() && n > 0);
+            if limit > 0 && items.len() >= limit {
+                if let Some(k) = last_key {
+                    // Is anything left after the last key handed out?
+                    let mut after = k.clone();
+                    after.push(0);
+                    let rest = self
+                        .store
+                        .range(RangeRequest {
+                            prefix: prefix.clone().into_bytes(),
+                            start: Some(after.clone()),
+                            limit: 1,
+                            revision: Some(at),
+                        })
+                        .await
+                        .map_err(|e| storage_error(res, "", e))?;
+                    if rest.count > 0 {
+                        let suffix = String::from_utf8_lossy(&after[prefix.len()..]).into_owned();
+                        next_start = Some(suffix);
+                        if selectors.labels.is_empty() && selectors.fields.is_empty() {
+                            remaining = Some(rest.count);
+                        }
+                    }
+                }
+                let _ = more_in_range;
+                break;
+            }
+            if !page.more {
+                break;
+            }
+            match last_key {
+                Some(mut k) => {
+                    k.push(0);
+                    start = Some(k);
+                }
+                None => break,
+            }
+        }
+        let mut list_meta = json!({"resourceVersion": at.to_string()});
+        if let Some(s) = &next_start {
+            list_meta["continue"] = json!(encode_continue(at, s));
+        }
+        if let Some(r) = remaining {
+            list_meta["remainingItemCount"] = json!(r);
+        }
+        let body = match req.accept.output {
+            Output::Table => table(
+                res,
+                &items,
+                list_meta,
+                true,
+                req.param("includeObject").unwrap_or("Metadata"),
+            ),
+            Output::Metadata => json!({
+                "kind": "PartialObjectMetadataList",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": list_meta,
+                "items": items.iter().map(|o| as_list_item(partial_metadata(o))).collect::<Vec<_>>(),
+            }),
+            Output::Object => json!({
+                "kind": format!("{}List", res.kind),
+                "apiVersion": res.api_version(),
+                "metadata": list_meta,
+                "items": items.into_iter().map(as_list_item).collect::<Vec<_>>(),
+            }),
+        };
+        Ok(Reply::Json(200, body))
+    }
+
+    /// GET of a collection with `watch=1`: a stream of watch events.
+    pub async fn watch(
+        self: &Arc<Self>,
+        res: Arc<Resource>,
+        ns: Option<String>,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let selectors = Selectors::parse(&res, req)?;
+        let bookmarks = matches!(req.param("allowWatchBookmarks"), Some("true" | "1"));
+        let send_initial = match req.param("sendInitialEvents") {
+            Some("true") => Some(true),
+            Some("false") => Some(false),
+            _ => None,
+        };
+        let timeout = match req.param("timeoutSeconds") {
+            Some(t) if !t.is_empty() => Duration::from_secs(
+                t.parse::<u64>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
+            ),
+            _ => Duration::from_secs(1800),
+        };
+        let rv = req.param("resourceVersion").filter(|r| !r.is_empty());
+        if send_initial == Some(true) && req.param("resourceVersionMatch") != Some("NotOlderThan") {
+            return Err(invalid_watch(
+                "sendInitialEvents is forbidden for watch unless resourceVersionMatch is set to NotOlderThan",
+            ));
+        }
+        // Unset or "0": the current state as ADDED events, then changes. A revision: only
+        // what changed after it (unless sendInitialEvents asks for the state too).
+        let initial = match (rv, send_initial) {
+            (_, Some(true)) => true,
+            (_, Some(false)) => false,
+            (None | Some("0"), None) => true,
+            (Some(_), None) => false,
+        };
+        let from = match rv {
+            None | Some("0") => None,
+            Some(r) => Some(parse_rv(r)?),
+        };
+        let prefix = res.key_prefix(ns.as_deref());
+        let (tx, rx) = mpsc::channel::<Bytes>(256);
+        let table = req.accept.output == Output::Table;
+        let include = req.param("includeObject").unwrap_or("Metadata").to_owned();
+        let this = self.clone();
+        let initial_end = send_initial == Some(true);
+        tokio::spawn(async move {
+            let run = WatchRun {
+                rest: this,
+                res,
+                selectors,
+                table,
+                include,
+                tx,
+                columns_sent: false,
+            };
+            run.run(prefix, from, initial, initial_end, bookmarks, timeout)
+                .await;
+        });
+        Ok(Reply::Stream(rx))
+    }
+
+    /// PUT of an object or its status.
+    pub async fn update(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        subresource: Option<&str>,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let mut obj = crate::negotiate::decode_body(req.content_type, req.body)?;
+        check_type(res, &mut obj)?;
+        let dry_run = req.dry_run()?;
+        match meta_str(&obj, "name") {
+            Some(n) if n == name => {}
+            Some(n) if !n.is_empty() => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )))
+            }
+            _ => set_meta(&mut obj, "name", json!(name)),
+        }
+        if res.namespaced {
+            match meta_str(&obj, "namespace") {
+                Some(body_ns) if !body_ns.is_empty() && Some(body_ns) != ns => {
+                    return Err(ApiError::bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ))
+                }
+                _ => set_meta(&mut obj, "namespace", json!(ns.unwrap_or(""))),
+            }
+        }
+        let body_rv = match meta_str(&obj, "resourceVersion") {
+            Some(r) if !r.is_empty() => Some(parse_rv(r)?),
+            _ => None,
+        };
+        self.write_update(res, ns, name, body_rv, dry_run, req, |old| {
+            let mut new = obj.clone();
+            if subresource == Some("status") {
+                // Only status changes through /status.
+                let mut merged = old.clone();
+                if let Some(o) = merged.as_object_mut() {
+                    o.insert(
+                        "status".into(),
+                        new.get("status").cloned().unwrap_or(Value::Null),
+                    );
+                }
+                new = merged;
+            }
+            Ok(new)
+        })
+        .await
+    }
+
+    /// PATCH of an object or its status.
+    pub async fn patch(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        subresource: Option<&str>,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let dry_run = req.dry_run()?;
+        let kind = req
+            .content_type
+            .and_then(|c| c.split(';').next())
+            .map(str::trim)
+            .unwrap_or("");
+        let patch: Value = match kind {
+            "application/json-patch+json"
+            | "application/merge-patch+json"
+            | "application/strategic-merge-patch+json" => {
+                if req.body.len() > crate::negotiate::MAX_BODY_BYTES {
+                    return Err(ApiError::request_entity_too_large(
+                        crate::negotiate::MAX_BODY_BYTES,
+                    ));
+                }
+                serde_json::from_slice(req.body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?
+            }
+            other => {
+                return Err(ApiError::unsupported_media_type(other));
+            }
+        };
+        let kind = kind.to_owned();
+        // A resourceVersion inside the patch is a precondition, as upstream.
+        let patch_rv = match patch
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+        {
+            Some(r) if !r.is_empty() && kind != "application/json-patch+json" => Some(parse_rv(r)?),
+            _ => None,
+        };
+        self.write_update(res, ns, name, patch_rv, dry_run, req, |old| {
+            let mut doc = old.clone();
+            match kind.as_str() {
+                "application/json-patch+json" => {
+                    let p: json_patch::Patch = serde_json::from_value(patch.clone())
+                        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+                    json_patch::patch(&mut doc, &p)
+                        .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+                }
+                _ => {
+                    if !patch.is_object() {
+                        return Err(ApiError::bad_request(
+                            "error decoding patch: expected a JSON object",
+                        ));
+                    }
+                    json_patch::merge(&mut doc, &patch);
+                }
+            }
+            if subresource == Some("status") {
+                let mut merged = old.clone();
+                if let Some(o) = merged.as_object_mut() {
+                    o.insert(
+                        "status".into(),
+                        doc.get("status").cloned().unwrap_or(Value::Null),
+                    );
+                }
+                doc = merged;
+            }
+            Ok(doc)
+        })
+        .await
+    }
+
+    /// Read-modify-write of one object with retries on conflict (GuaranteedUpdate).
+    /// `precondition` is a resourceVersion the caller insists on.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_update(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        precondition: Option<Revision>,
+        dry_run: bool,
+        req: &Request<'_>,
+        mutate: impl Fn(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Reply, ApiError> {
+        let key = res.key(ns, name);
+        for _ in 0..16 {
+            let (old, old_rev) = self.get_current(res, ns, name).await?;
+            if let Some(p) = precondition {
+                if p != old_rev {
+                    return Err(ApiError::stale_update(&res.group_resource(), name));
+                }
+            }
+            let mut new = mutate(&old)?;
+            check_type(res, &mut new)?;
+            // Fields that never change through an update.
+            for k in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "name",
+                "namespace",
+                "generation",
+            ] {
+                match meta(&old).and_then(|m| m.get(k)) {
+                    Some(v) => set_meta(&mut new, k, v.clone()),
+                    None => {
+                        if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                            m.remove(k);
+                        }
+                    }
+                }
+            }
+            res.strategy.prepare_update(&mut new, &old);
+            if res.strategy.tracks_generation() && spec_changed(&old, &new) {
+                let g = meta(&old)
+                    .and_then(|m| m.get("generation"))
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0);
+                set_meta(&mut new, "generation", json!(g + 1));
+            }
+            set_meta(&mut new, "resourceVersion", json!(old_rev.to_string()));
+            let mut errs = validate_meta(res, &new);
+            errs.extend(res.strategy.validate_update(&new, &old));
+            if !errs.is_empty() {
+                return Err(invalid(res, name, &errs));
+            }
+            if new == old || dry_run {
+                // A no-op update writes nothing and keeps the resourceVersion.
+                return Ok(Reply::Json(200, render_one(res, req, new)));
+            }
+            match self
+                .store
+                .update(key.as_bytes(), encode_stored(&new)?, Some(old_rev))
+                .await
+            {
+                Ok(kv) => {
+                    set_meta(
+                        &mut new,
+                        "resourceVersion",
+                        json!(kv.mod_revision.to_string()),
+                    );
+                    return Ok(Reply::Json(200, render_one(res, req, new)));
+                }
+                Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
+                Err(e) => return Err(storage_error(res, name, e)),
+            }
+        }
+        Err(ApiError::stale_update(&res.group_resource(), name))
+    }
+
+    /// DELETE of one object.
+    pub async fn delete(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let opts = if req.body.iter().all(u8::is_ascii_whitespace) {
+            json!({})
+        } else {
+            crate::negotiate::decode_body(req.content_type, req.body)?
+        };
+        let dry_run = req.dry_run()?
+            || opts
+                .get("dryRun")
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.iter().any(|v| v == "All"));
+        let key = res.key(ns, name);
+        for _ in 0..16 {
+            let (old, old_rev) = self.get_current(res, ns, name).await?;
+            check_preconditions(res, name, &opts, &old, old_rev)?;
+            let finalizers = meta(&old)
+                .and_then(|m| m.get("finalizers"))
+                .and_then(Value::as_array)
+                .is_some_and(|f| !f.is_empty());
+            let graceful = res.plural == "namespaces";
+            if finalizers || graceful {
+                // Mark for deletion; whoever owns the finalizers completes it.
+                let mut new = old.clone();
+                if meta_str(&new, "deletionTimestamp").is_none() {
+                    set_meta(
+                        &mut new,
+                        "deletionTimestamp",
+                        json!(crate::time::now_rfc3339()),
+                    );
+                    set_meta(&mut new, "deletionGracePeriodSeconds", json!(0));
+                }
+                if graceful {
+                    if let Some(o) = new.as_object_mut() {
+                        o.insert("status".into(), json!({"phase": "Terminating"}));
+                    }
+                }
+                if new == old || dry_run {
+                    return Ok(Reply::Json(200, render_one(res, req, new)));
+                }
+                match self
+                    .store
+                    .update(key.as_bytes(), encode_stored(&new)?, Some(old_rev))
+                    .await
+                {
+                    Ok(kv) => {
+                        set_meta(
+                            &mut new,
+                            "resourceVersion",
+                            json!(kv.mod_revision.to_string()),
+                        );
+                        return Ok(Reply::Json(200, render_one(res, req, new)));
+                    }
+                    Err(StorageError::Conflict { .. }) => continue,
+                    Err(e) => return Err(storage_error(res, name, e)),
+                }
+            }
+            let uid = meta_str(&old, "uid").unwrap_or("").to_owned();
+            if dry_run {
+                return Ok(Reply::Json(
+                    200,
+                    success_status(&res.group_resource(), name, &uid),
+                ));
+            }
+            match self.store.delete(key.as_bytes(), Some(old_rev)).await {
+                Ok(_) => {
+                    return Ok(Reply::Json(
+                        200,
+                        success_status(&res.group_resource(), name, &uid),
+                    ))
+                }
+                Err(StorageError::Conflict { .. }) => continue,
+                Err(e) => return Err(storage_error(res, name, e)),
+            }
+        }
+        Err(ApiError::stale_update(&res.group_resource(), name))
+    }
+
+    /// DELETE of a collection: every object the selectors match.
+    pub async fn delete_collection(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let Reply::Json(_, list) = self
+            .list(
+                res,
+                ns,
+                &Request {
+                    query: req.query,
+                    accept: Accept {
+                        output: Output::Object,
+                        yaml: false,
+                    },
+                    content_type: None,
+                    body: &[],
+                },
+            )
+            .await?
+        else {
+            return Err(ApiError::internal("list returned a stream"));
+        };
+        let mut deleted = Vec::new();
+        for item in list
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+        {
+            let name = meta_str(&item, "name").unwrap_or("").to_owned();
+            let item_ns = meta_str(&item, "namespace").map(str::to_owned);
+            match self
+                .delete(res, item_ns.as_deref().or(ns), &name, req)
+                .await
+            {
+                Ok(_) => deleted.push(item),
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let rv = self
+            .store
+            .current_revision()
+            .await
+            .map_err(ApiError::internal)?;
+        Ok(Reply::Json(
+            200,
+            json!({
+                "kind": format!("{}List", res.kind),
+                "apiVersion": res.api_version(),
+                "metadata": {"resourceVersion": rv.to_string()},
+                "items": deleted,
+            }),
+        ))
+    }
+}
+
+fn invalid_watch(msg: &str) -> ApiError {
+    ApiError::invalid(
+        "meta.k8s.io",
+        "ListOptions",
+        "",
+        format!("ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: {msg}"),
+        vec![Cause {
+            reason: "FieldValueForbidden".into(),
+            message: format!("Forbidden: {msg}"),
+            field: "sendInitialEvents".into(),
+        }],
+    )
+}
+
+/// Whether anything but metadata and status changed.
+fn spec_changed(old: &Value, new: &Value) -> bool {
+    let strip = |v: &Value| -> Value {
+        let mut v = v.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("metadata");
+            o.remove("status");
+        }
+        v
+    };
+    strip(old) != strip(new)
+}
+
+/// DeleteOptions.preconditions.
+fn check_preconditions(
+    res: &Resource,
+    name: &str,
+    opts: &Value,
+    old: &Value,
+    old_rev: Revision,
+) -> Result<(), ApiError> {
+    let gr = res.group_resource();
+    if let Some(uid) = opts.pointer("/preconditions/uid").and_then(Value::as_str) {
+        let have = meta_str(old, "uid").unwrap_or("");
+        if uid != have {
+            return Err(ApiError::conflict(
+                &gr,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+                ),
+            ));
+        }
+    }
+    if let Some(rv) = opts
+        .pointer("/preconditions/resourceVersion")
+        .and_then(Value::as_str)
+    {
+        if rv != old_rev.to_string() {
+            return Err(ApiError::conflict(
+                &gr,
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in meta: {old_rev}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One running watch.
+struct WatchRun {
+    rest: Arc<Rest>,
+    res: Arc<Resource>,
+    selectors: Selectors,
+    table: bool,
+    include: String,
+    tx: mpsc::Sender<Bytes>,
+    columns_sent: bool,
+}
+
+impl WatchRun {
+    async fn run(
+        mut self,
+        prefix: String,
+        from: Option<Revision>,
+        initial: bool,
+        initial_end_bookmark: bool,
+        bookmarks: bool,
+        timeout: Duration,
+    ) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Where the change stream starts: after the initial state, or the client's revision.
+        let mut start = match from {
+            Some(r) => r,
+            None => match self.rest.store.current_revision().await {
+                Ok(r) => r,
+                Err(e) => return self.send_error(ApiError::internal(e)).await,
+            },
+        };
+        if initial {
+            let mut page_start: Option<Vec<u8>> = None;
+            let at = if from.is_some() { None } else { Some(start) };
+            loop {
+                let page = match self
+                    .rest
+                    .store
+                    .range(RangeRequest {
+                        prefix: prefix.clone().into_bytes(),
+                        start: page_start.clone(),
+                        limit: 500,
+                        revision: at,
+                    })
+                    .await
+                {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let err = storage_error(&self.res, "", e);
+                        return self.send_error(err).await;
+                    }
+                };
+                start = page.revision;
+                let last = page.kvs.last().map(|kv| kv.key.clone());
+                for kv in page.kvs {
+                    let Ok(obj) = decode_stored(&kv.value, kv.mod_revision) else {
+                        continue;
+                    };
+                    if self.selectors.matches(&self.res, &obj) && !self.send("ADDED", obj).await {
+                        return;
+                    }
+                }
+                match (page.more, last) {
+                    (true, Some(mut k)) => {
+                        k.push(0);
+                        page_start = Some(k);
+                    }
+                    _ => break,
+                }
+            }
+            if initial_end_bookmark && !self.bookmark(start, true).await {
+                return;
+            }
+        }
+        let mut stream = match self.rest.store.watch(prefix.as_bytes(), start).await {
+            Ok(s) => s,
+            Err(StorageError::Compacted {
+                requested,
+                compacted,
+            }) => {
+                return self
+                    .send_error(ApiError::resource_expired(format!(
+                        "too old resource version: {requested} ({compacted})"
+                    )))
+                    .await
+            }
+            Err(e) => return self.send_error(ApiError::internal(e)).await,
+        };
+        let mut bookmark_tick = tokio::time::interval(Duration::from_secs(60));
+        bookmark_tick.tick().await;
+        loop {
+            tokio::select! {
+                ev = stream.next() => match ev {
+                    None => return,
+                    Some(Err(StorageError::Compacted { requested, compacted })) => {
+                        return self.send_error(ApiError::resource_expired(format!(
+                            "too old resource version: {requested} ({compacted})"
+                        ))).await;
+                    }
+                    Some(Err(e)) => return self.send_error(ApiError::internal(e)).await,
+                    Some(Ok(WatchEvent::Progress(rev))) => {
+                        if bookmarks && !self.bookmark(rev, false).await {
+                            return;
+                        }
+                    }
+                    Some(Ok(ev)) => {
+                        if !self.on_event(ev).await {
+                            return;
+                        }
+                    }
+                },
+                _ = bookmark_tick.tick(), if bookmarks => stream.request_progress().await,
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = self.tx.closed() => return,
+            }
+        }
+    }
+
+    /// Translates a store event, honouring selector transitions: an object that starts
+    /// matching is ADDED, one that stops is DELETED.
+    async fn on_event(&mut self, ev: WatchEvent) -> bool {
+        let decode = |kv: &kumo_storage::KeyValue| decode_stored(&kv.value, kv.mod_revision).ok();
+        match ev {
+            WatchEvent::Put { kv, prev } => {
+                let Some(obj) = decode(&kv) else { return true };
+                let now = self.selectors.matches(&self.res, &obj);
+                let old = prev.as_ref().and_then(decode);
+                let before = old.as_ref().map(|o| self.selectors.matches(&self.res, o));
+                match (before, now) {
+                    (Some(true), true) => self.send("MODIFIED", obj).await,
+                    (_, true) => self.send("ADDED", obj).await,
+                    (Some(true), false) => {
+                        // It stopped matching: DELETED, carrying the object as it was,
+                        // at the revision of the change (as kube-apiserver does).
+                        let Some(mut old) = old else { return true };
+                        set_meta(
+                            &mut old,
+                            "resourceVersion",
+                            json!(kv.mod_revision.to_string()),
+                        );
+                        self.send("DELETED", old).await
+                    }
+                    (_, false) => true,
+                }
+            }
+            WatchEvent::Delete { revision, prev, .. } => {
+                let Some(mut obj) = prev.as_ref().and_then(decode) else {
+                    return true;
+                };
+                if !self.selectors.matches(&self.res, &obj) {
+                    return true;
+                }
+                // The deleted object carries the revision of its deletion.
+                set_meta(&mut obj, "resourceVersion", json!(revision.to_string()));
+                self.send("DELETED", obj).await
+            }
+            WatchEvent::Progress(_) => true,
+        }
+    }
+
+    async fn send(&mut self, type_: &str, obj: Value) -> bool {
+        let object = if self.table {
+            let rv = meta_str(&obj, "resourceVersion").unwrap_or("").to_owned();
+            let with_columns = !self.columns_sent;
+            self.columns_sent = true;
+            table(
+                &self.res,
+                &[obj],
+                json!({"resourceVersion": rv}),
+                with_columns,
+                &self.include,
+            )
+        } else {
+            obj
+        };
+        self.emit(json!({"type": type_, "object": object})).await
+    }
+
+    async fn bookmark(&mut self, rev: Revision, initial_end: bool) -> bool {
+        let mut metadata = json!({"resourceVersion": rev.to_string()});
+        if initial_end {
+            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        let object = json!({
+            "kind": self.res.kind,
+            "apiVersion": self.res.api_version(),
+            "metadata": metadata,
+        });
+        self.emit(json!({"type": "BOOKMARK", "object": object}))
+            .await
+    }
+
+    async fn send_error(&mut self, e: ApiError) {
+        let _ = self
+            .tx
+            .send(Bytes::from(format!(
+                "{}\n",
+                json!({"type": "ERROR", "object": e.to_status()})
+            )))
+            .await;
+    }
+
+    async fn emit(&mut self, doc: Value) -> bool {
+        self.tx.send(Bytes::from(format!("{doc}\n"))).await.is_ok()
+    }
+}

@@ -1,0 +1,551 @@
+//! The stock kubectl (1.32 on PATH, and 1.33 beside it) against `kumo apiserver`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use kumo_apiserver::{ApiServer, ApiServerConfig};
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// kubectl (or `kubectl.1.NN` from the directory of the real kubectl binary).
+fn kubectl_bin(version: Option<&str>) -> PathBuf {
+    let base = std::fs::canonicalize(which("kubectl")).unwrap();
+    match version {
+        None => base,
+        Some(v) => base.with_file_name(format!("kubectl.{v}")),
+    }
+}
+
+fn which(name: &str) -> PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not on PATH"))
+}
+
+fn run(bin: &Path, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Out {
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    } else {
+        drop(child.stdin.take());
+    }
+    let out = child.wait_with_output().unwrap();
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn start() -> (ApiServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ApiServerConfig::new(dir.path());
+    cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let server = ApiServer::start(cfg).await.unwrap();
+    (server, dir)
+}
+
+/// Runs kubectl on a blocking thread so the in-process server keeps serving.
+async fn k(kubeconfig: &Path, args: &[&str]) -> Out {
+    k_in(None, kubeconfig, args, None).await
+}
+
+async fn k_in(version: Option<&str>, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Out {
+    let bin = kubectl_bin(version);
+    let kc = kubeconfig.to_owned();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let stdin = stdin.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&bin, &kc, &a, stdin.as_deref())
+    })
+    .await
+    .unwrap()
+}
+
+const MANIFEST: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: web-config
+  labels: {app: web, tier: front}
+data:
+  a: \"1\"
+  b: \"2\"
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: db-config
+  labels: {app: db}
+data:
+  c: \"3\"
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: creds
+stringData:
+  user: admin
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_drives_the_api_server() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    assert!(server.startup < Duration::from_secs(5));
+
+    let out = k(&kc, &["get", "--raw", "/readyz?verbose"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        out.stdout.trim_end().ends_with("readyz check passed"),
+        "{}",
+        out.stdout
+    );
+
+    let out = k(&kc, &["version", "-o", "json"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert!(v["serverVersion"]["gitVersion"]
+        .as_str()
+        .unwrap()
+        .starts_with("v1.37.2"));
+
+    // Server-side printing: the namespaces every cluster has, in a table.
+    let out = k(&kc, &["get", "namespaces"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("STATUS") && lines[0].contains("AGE")
+    );
+    for ns in ["default", "kube-node-lease", "kube-public", "kube-system"] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(ns) && l.contains("Active")),
+            "{ns}: {}",
+            out.stdout
+        );
+    }
+
+    // Multi-document create (client-side schema validation needs /openapi, not yet served).
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some(MANIFEST),
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(
+        out.stdout.lines().collect::<Vec<_>>(),
+        [
+            "configmap/web-config created",
+            "configmap/db-config created",
+            "secret/creds created"
+        ]
+    );
+    // Creating again: AlreadyExists, with upstream's words.
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some(MANIFEST),
+    )
+    .await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("Error from server (AlreadyExists): error when creating \"STDIN\": configmaps \"web-config\" already exists"),
+        "{}",
+        out.stderr
+    );
+
+    let out = k(&kc, &["get", "configmaps"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let rows: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["NAME", "DATA", "AGE"]);
+    assert_eq!(rows[1][..2], ["db-config", "1"]);
+    assert_eq!(rows[2][..2], ["web-config", "2"]);
+
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "secret",
+            "creds",
+            "-o",
+            "jsonpath={.type} {.data.user}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "Opaque YWRtaW4=", "{}", out.stderr);
+
+    // Selectors, output formats, sorting.
+    let out = k(&kc, &["get", "cm", "-l", "app=web", "-o", "name"]).await;
+    assert_eq!(out.stdout.trim(), "configmap/web-config", "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "cm",
+            "-l",
+            "app in (web,db),tier!=front",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout.trim(), "configmap/db-config", "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "cm",
+            "--field-selector",
+            "metadata.name=db-config",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout.trim(), "configmap/db-config", "{}", out.stderr);
+    let out = k(&kc, &["get", "cm", "--show-labels"]).await;
+    assert!(out.stdout.lines().next().unwrap().ends_with("LABELS"));
+    assert!(out.stdout.contains("app=web,tier=front"), "{}", out.stdout);
+    let out = k(&kc, &["get", "cm", "--sort-by", "{.data.c}", "-o", "name"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&kc, &["get", "cm", "-A", "-o", "wide"]).await;
+    assert!(
+        out.stdout.lines().next().unwrap().starts_with("NAMESPACE"),
+        "{}",
+        out.stdout
+    );
+    let out = k(&kc, &["get", "cm", "web-config", "-o", "yaml"]).await;
+    assert!(
+        out.stdout.contains("resourceVersion:") && out.stdout.contains("uid:"),
+        "{}",
+        out.stdout
+    );
+    let out = k(&kc, &["get", "cm", "--field-selector", "data.a=1"]).await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("field label not supported: data.a"),
+        "{}",
+        out.stderr
+    );
+    let out = k(&kc, &["get", "cm", "-l", "bad key"]).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("BadRequest"), "{}", out.stderr);
+
+    // Label, annotate and the three patch types.
+    assert!(k(&kc, &["label", "cm", "web-config", "env=prod"]).await.ok);
+    assert!(
+        k(&kc, &["annotate", "cm", "web-config", "note=hello"])
+            .await
+            .ok
+    );
+    assert!(
+        k(
+            &kc,
+            &[
+                "patch",
+                "cm",
+                "web-config",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"data":{"m":"merge"}}"#
+            ]
+        )
+        .await
+        .ok
+    );
+    assert!(
+        k(
+            &kc,
+            &[
+                "patch",
+                "cm",
+                "web-config",
+                "--type",
+                "json",
+                "-p",
+                r#"[{"op":"add","path":"/data/j","value":"json"}]"#
+            ]
+        )
+        .await
+        .ok
+    );
+    assert!(
+        k(
+            &kc,
+            &[
+                "patch",
+                "cm",
+                "web-config",
+                "-p",
+                r#"{"data":{"s":"strategic"}}"#
+            ]
+        )
+        .await
+        .ok
+    );
+    let out = k(&kc, &["get", "cm", "web-config", "-o", "json"]).await;
+    let cm: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(cm["metadata"]["labels"]["env"], "prod");
+    assert_eq!(cm["metadata"]["annotations"]["note"], "hello");
+    assert_eq!(cm["data"]["m"], "merge");
+    assert_eq!(cm["data"]["j"], "json");
+    assert_eq!(cm["data"]["s"], "strategic");
+    // A JSON patch that cannot apply is refused and changes nothing.
+    let out = k(
+        &kc,
+        &[
+            "patch",
+            "cm",
+            "web-config",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"replace","path":"/data/nope","value":"x"}]"#,
+        ],
+    )
+    .await;
+    assert!(!out.ok);
+
+    // A stale resourceVersion is a Conflict.
+    let stale = out_json(&k(&kc, &["get", "cm", "db-config", "-o", "json"]).await);
+    assert!(
+        k(&kc, &["label", "cm", "db-config", "touched=yes"])
+            .await
+            .ok
+    );
+    let out = k_in(
+        None,
+        &kc,
+        &["replace", "--validate=false", "-f", "-"],
+        Some(&stale.to_string()),
+    )
+    .await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("Operation cannot be fulfilled on configmaps \"db-config\": the object has been modified; please apply your changes to the latest version and try again"),
+        "{}",
+        out.stderr
+    );
+
+    // Validation errors: 422 with the field, as kube-apiserver words it.
+    let bad = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"},"data":{"bad key":"x"}}"#;
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some(bad),
+    )
+    .await;
+    assert!(!out.ok);
+    // kubectl lists the causes of the Status, one per line.
+    assert!(out.stderr.contains("The ConfigMap \"Bad_Name\" is invalid: \n* metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain"), "{}", out.stderr);
+    assert!(out.stderr.contains("\n* data[bad key]: Invalid value: \"bad key\": a valid config key must consist of alphanumeric characters"), "{}", out.stderr);
+
+    // Watch: a change and a delete arrive as events.
+    let watcher = {
+        let kc = kc.clone();
+        tokio::spawn(async move {
+            k(
+                &kc,
+                &[
+                    "get",
+                    "cm",
+                    "web-config",
+                    "-w",
+                    "--output-watch-events",
+                    "-o",
+                    "jsonpath={.type} {.object.metadata.name}{\"\\n\"}",
+                    "--request-timeout=8s",
+                ],
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        k(&kc, &["label", "cm", "web-config", "watched=yes"])
+            .await
+            .ok
+    );
+    let out = k(&kc, &["delete", "cm", "web-config"]).await;
+    assert_eq!(
+        out.stdout.trim(),
+        "configmap \"web-config\" deleted",
+        "{}",
+        out.stderr
+    );
+    let out = watcher.await.unwrap();
+    let events: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        events,
+        [
+            "ADDED web-config",
+            "MODIFIED web-config",
+            "DELETED web-config"
+        ],
+        "{}",
+        out.stderr
+    );
+
+    let out = k(&kc, &["get", "cm", "web-config"]).await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr
+            .contains("Error from server (NotFound): configmaps \"web-config\" not found"),
+        "{}",
+        out.stderr
+    );
+
+    // Unknown namespace: NotFound for the namespace.
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-n", "nowhere", "-f", "-"],
+        Some(
+            bad.replace("Bad_Name", "ok")
+                .replace("bad key", "k")
+                .as_str(),
+        ),
+    )
+    .await;
+    assert!(
+        out.stderr.contains("namespaces \"nowhere\" not found"),
+        "{}",
+        out.stderr
+    );
+
+    // kubectl 1.33 reads the same server.
+    let out = k_in(
+        Some("1.33"),
+        &kc,
+        &["get", "cm", "db-config", "-o", "name"],
+        None,
+    )
+    .await;
+    assert_eq!(out.stdout.trim(), "configmap/db-config", "{}", out.stderr);
+}
+
+fn out_json(out: &Out) -> serde_json::Value {
+    assert!(out.ok, "{}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paginated_lists() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let mut docs = String::new();
+    for i in 0..25 {
+        docs.push_str(&format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-{i:02}\n  labels: {{parity: \"{}\"}}\n",
+            i % 2
+        ));
+    }
+    assert!(
+        k_in(
+            None,
+            &kc,
+            &["create", "--validate=false", "-f", "-"],
+            Some(&docs)
+        )
+        .await
+        .ok
+    );
+    // kubectl pages with limit/continue and must see every object once.
+    let out = k(&kc, &["get", "cm", "--chunk-size=4", "-o", "name"]).await;
+    let names: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(names.len(), 25, "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "cm",
+            "--chunk-size=3",
+            "-l",
+            "parity=1",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout.lines().count(), 12, "{}", out.stderr);
+    // The raw list carries remainingItemCount and a continue token.
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/configmaps?limit=10",
+        ],
+    )
+    .await;
+    let list: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(list["kind"], "ConfigMapList");
+    assert_eq!(list["items"].as_array().unwrap().len(), 10);
+    assert_eq!(list["metadata"]["remainingItemCount"], 15);
+    assert!(
+        list["items"][0].get("kind").is_none(),
+        "list items carry no kind"
+    );
+    let token = list["metadata"]["continue"].as_str().unwrap();
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "--raw",
+            &format!("/api/v1/namespaces/default/configmaps?limit=10&continue={token}"),
+        ],
+    )
+    .await;
+    let page2: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(page2["items"][0]["metadata"]["name"], "cm-10");
+    assert_eq!(
+        page2["metadata"]["resourceVersion"],
+        list["metadata"]["resourceVersion"]
+    );
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/configmaps?limit=10&continue=garbage",
+        ],
+    )
+    .await;
+    assert!(
+        out.stderr.contains("BadRequest") || out.stderr.contains("continue"),
+        "{}",
+        out.stderr
+    );
+}
