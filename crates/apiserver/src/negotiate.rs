@@ -115,6 +115,12 @@ pub fn decode_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, Api
             serde_json::to_value(v)
                 .map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))?
         }
+        "application/vnd.kubernetes.protobuf" => kumo_apimachinery::protobuf::decode(body)
+            .map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the object provided is unrecognized (must be of type object): {e}"
+                ))
+            })?,
         other => return Err(ApiError::unsupported_media_type(other)),
     };
     if depth(&value) > MAX_DEPTH {
@@ -180,6 +186,10 @@ mod tests {
             decode_body(Some("application/vnd.kubernetes.protobuf"), b"x")
                 .unwrap_err()
                 .code,
+            400
+        );
+        assert_eq!(
+            decode_body(Some("application/cbor"), b"x").unwrap_err().code,
             415
         );
         let deep = "[".repeat(200) + &"]".repeat(200);

@@ -549,3 +549,119 @@ async fn paginated_lists() {
         out.stderr
     );
 }
+
+/// `kubectl create <type>` sends protobuf bodies (client-go's typed clients do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_create_commands_send_protobuf() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let out = k(&kc, &["create", "namespace", "team-a"]).await;
+    assert_eq!(
+        out.stdout.trim(),
+        "namespace/team-a created",
+        "{}",
+        out.stderr
+    );
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "team-a",
+            "create",
+            "configmap",
+            "settings",
+            "--from-literal=color=blue",
+            "--from-literal=size=10",
+        ],
+    )
+    .await;
+    assert_eq!(
+        out.stdout.trim(),
+        "configmap/settings created",
+        "{}",
+        out.stderr
+    );
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "team-a",
+            "create",
+            "secret",
+            "generic",
+            "pw",
+            "--from-literal=password=s3cret",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout.trim(), "secret/pw created", "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "team-a",
+            "get",
+            "cm",
+            "settings",
+            "-o",
+            "jsonpath={.data.color}/{.data.size}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "blue/10", "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "team-a",
+            "get",
+            "secret",
+            "pw",
+            "-o",
+            "jsonpath={.type} {.data.password}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "Opaque czNjcmV0", "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "ns",
+            "team-a",
+            "-o",
+            "jsonpath={.status.phase} {.metadata.labels}",
+        ],
+    )
+    .await;
+    assert_eq!(
+        out.stdout, "Active {\"kubernetes.io/metadata.name\":\"team-a\"}",
+        "{}",
+        out.stderr
+    );
+    // Validation of a protobuf body reads like any other.
+    let out = k(&kc, &["create", "namespace", "Team_B"]).await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("The Namespace \"Team_B\" is invalid: metadata.name: Invalid value: \"Team_B\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-'"),
+        "{}",
+        out.stderr
+    );
+    // Deleting a namespace marks it Terminating (the namespace controller finishes it).
+    let out = k(&kc, &["delete", "namespace", "team-a", "--wait=false"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(
+        &kc,
+        &["get", "ns", "team-a", "-o", "jsonpath={.status.phase}"],
+    )
+    .await;
+    assert_eq!(out.stdout, "Terminating", "{}", out.stderr);
+    let out = k(&kc, &["-n", "team-a", "create", "configmap", "late"]).await;
+    assert!(
+        out.stderr.contains(
+            "unable to create new content in namespace team-a because it is being terminated"
+        ),
+        "{}",
+        out.stderr
+    );
+}
