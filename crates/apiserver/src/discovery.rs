@@ -112,6 +112,8 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
     if resources.is_empty() {
         return None;
     }
+    // kube-apiserver lists resources and their subresources by name.
+    resources.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
     let gv = if group.is_empty() {
         version.to_owned()
     } else {

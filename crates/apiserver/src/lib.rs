@@ -18,6 +18,7 @@ pub mod pki;
 pub mod registry;
 pub mod rest;
 pub mod server;
+pub mod strategic;
 pub mod time;
 
 pub use server::{ApiServer, ApiServerConfig};

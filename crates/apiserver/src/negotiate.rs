@@ -189,7 +189,9 @@ mod tests {
             400
         );
         assert_eq!(
-            decode_body(Some("application/cbor"), b"x").unwrap_err().code,
+            decode_body(Some("application/cbor"), b"x")
+                .unwrap_err()
+                .code,
             415
         );
         let deep = "[".repeat(200) + &"]".repeat(200);

@@ -79,16 +79,23 @@ fn storage_error(res: &Resource, name: &str, e: StorageError) -> ApiError {
     }
 }
 
-/// Decodes a stored object and stamps its resourceVersion.
-fn decode_stored(bytes: &[u8], rv: Revision) -> Result<Value, ApiError> {
+/// Decodes a stored object as the endpoint `res` serves it and stamps its resourceVersion.
+fn decode_stored(res: &Resource, bytes: &[u8], rv: Revision) -> Result<Value, ApiError> {
+    let obj = decode_raw(bytes, rv)?;
+    Ok(res.strategy.served_form(obj))
+}
+
+/// Decodes a stored object in its stored form.
+fn decode_raw(bytes: &[u8], rv: Revision) -> Result<Value, ApiError> {
     let mut obj: Value = serde_json::from_slice(bytes).map_err(ApiError::internal)?;
     set_meta(&mut obj, "resourceVersion", json!(rv.to_string()));
     Ok(obj)
 }
 
-/// Encodes an object for storage: without its resourceVersion, which is the store's.
-fn encode_stored(obj: &Value) -> Result<Vec<u8>, ApiError> {
-    let mut obj = obj.clone();
+/// Encodes an object for storage, in its stored form and without its resourceVersion,
+/// which is the store's.
+fn encode_stored(res: &Resource, obj: &Value) -> Result<Vec<u8>, ApiError> {
+    let mut obj = res.strategy.stored_form(obj.clone());
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");
     }
@@ -357,11 +364,9 @@ fn table(
                 "Object" => o.clone(),
                 _ => partial_metadata(o),
             };
-            let mut row = json!({"cells": res.strategy.cells(o)});
-            if !object.is_null() {
-                row["object"] = object;
-            }
-            row
+            // `includeObject=None` still carries the field, as null (upstream's empty
+            // RawExtension).
+            json!({"cells": res.strategy.cells(o), "object": object})
         })
         .collect();
     json!({
@@ -405,7 +410,10 @@ impl Rest {
             .await
             .map_err(|e| storage_error(res, name, e))?;
         let kv = kv.ok_or_else(|| ApiError::not_found(&res.group_resource(), name))?;
-        Ok((decode_stored(&kv.value, kv.mod_revision)?, kv.mod_revision))
+        Ok((
+            decode_stored(res, &kv.value, kv.mod_revision)?,
+            kv.mod_revision,
+        ))
     }
 
     /// NamespaceLifecycle: objects are created only in namespaces that exist and are not
@@ -484,13 +492,27 @@ impl Rest {
             }
         }
         res.strategy.prepare_create(&mut obj);
+        // NamespaceLifecycle comes first among the admission plugins.
+        if let Some(ns) = ns.filter(|_| res.namespaced) {
+            self.check_namespace(ns).await?;
+        }
+        // Admission plugins that change or refuse the object, with the objects they look
+        // up (ServiceAccount, Priority, ...).
+        let mut found = Vec::new();
+        for l in res.strategy.admission_lookups(&obj) {
+            let (kv, _) = self
+                .store
+                .get(l.key.as_bytes(), None)
+                .await
+                .map_err(ApiError::internal)?;
+            let kv = kv.ok_or(l.missing)?;
+            found.push((l.what, decode_raw(&kv.value, kv.mod_revision)?));
+        }
+        res.strategy.admit_create(&mut obj, &found)?;
         let mut errs = validate_meta(res, &obj);
         errs.extend(res.strategy.validate(&obj));
         if !errs.is_empty() {
             return Err(invalid(res, &name, &errs));
-        }
-        if let Some(ns) = ns.filter(|_| res.namespaced) {
-            self.check_namespace(ns).await?;
         }
         if dry_run {
             return Ok(Reply::Json(201, render_one(res, req, obj)));
@@ -498,7 +520,7 @@ impl Rest {
         let key = res.key(ns, &name);
         let kv = self
             .store
-            .create(key.as_bytes(), encode_stored(&obj)?)
+            .create(key.as_bytes(), encode_stored(res, &obj)?)
             .await
             .map_err(|e| storage_error(res, &name, e))?;
         set_meta(
@@ -534,7 +556,7 @@ impl Rest {
             .await
             .map_err(|e| storage_error(res, name, e))?;
         let kv = kv.ok_or_else(|| ApiError::not_found(&res.group_resource(), name))?;
-        let obj = decode_stored(&kv.value, kv.mod_revision)?;
+        let obj = decode_stored(res, &kv.value, kv.mod_revision)?;
         Ok(Reply::Json(200, render_one(res, req, obj)))
     }
 
@@ -616,7 +638,7 @@ impl Rest {
             let mut last_key = None;
             for kv in page.kvs {
                 last_key = Some(kv.key.clone());
-                let obj = decode_stored(&kv.value, kv.mod_revision)?;
+                let obj = decode_stored(res, &kv.value, kv.mod_revision)?;
                 if selectors.matches(res, &obj) {
                     items.push(obj);
                 }
@@ -682,7 +704,7 @@ impl Rest {
                 "kind": "PartialObjectMetadataList",
                 "apiVersion": "meta.k8s.io/v1",
                 "metadata": list_meta,
-                "items": items.iter().map(|o| as_list_item(partial_metadata(o))).collect::<Vec<_>>(),
+                "items": items.iter().map(partial_metadata).collect::<Vec<_>>(),
             }),
             Output::Object => json!({
                 "kind": format!("{}List", res.kind),
@@ -790,7 +812,7 @@ impl Rest {
             Some(r) if !r.is_empty() => Some(parse_rv(r)?),
             _ => None,
         };
-        self.write_update(res, ns, name, body_rv, dry_run, req, |old| {
+        self.write_update(res, ns, name, subresource, body_rv, dry_run, req, |old| {
             let mut new = obj.clone();
             if subresource == Some("status") {
                 // Only status changes through /status.
@@ -848,7 +870,7 @@ impl Rest {
             Some(r) if !r.is_empty() && kind != "application/json-patch+json" => Some(parse_rv(r)?),
             _ => None,
         };
-        self.write_update(res, ns, name, patch_rv, dry_run, req, |old| {
+        self.write_update(res, ns, name, subresource, patch_rv, dry_run, req, |old| {
             let mut doc = old.clone();
             match kind.as_str() {
                 "application/json-patch+json" => {
@@ -863,7 +885,11 @@ impl Rest {
                             "error decoding patch: expected a JSON object",
                         ));
                     }
-                    json_patch::merge(&mut doc, &patch);
+                    if kind == "application/strategic-merge-patch+json" {
+                        crate::strategic::apply(&mut doc, &patch);
+                    } else {
+                        json_patch::merge(&mut doc, &patch);
+                    }
                 }
             }
             if subresource == Some("status") {
@@ -889,6 +915,7 @@ impl Rest {
         res: &Resource,
         ns: Option<&str>,
         name: &str,
+        subresource: Option<&str>,
         precondition: Option<Revision>,
         dry_run: bool,
         req: &Request<'_>,
@@ -923,7 +950,11 @@ impl Rest {
                     }
                 }
             }
-            res.strategy.prepare_update(&mut new, &old);
+            if subresource == Some("status") {
+                res.strategy.prepare_status_update(&mut new, &old);
+            } else {
+                res.strategy.prepare_update(&mut new, &old);
+            }
             if res.strategy.tracks_generation() && spec_changed(&old, &new) {
                 let g = meta(&old)
                     .and_then(|m| m.get("generation"))
@@ -943,7 +974,7 @@ impl Rest {
             }
             match self
                 .store
-                .update(key.as_bytes(), encode_stored(&new)?, Some(old_rev))
+                .update(key.as_bytes(), encode_stored(res, &new)?, Some(old_rev))
                 .await
             {
                 Ok(kv) => {
@@ -987,29 +1018,19 @@ impl Rest {
                 .and_then(|m| m.get("finalizers"))
                 .and_then(Value::as_array)
                 .is_some_and(|f| !f.is_empty());
-            let graceful = res.plural == "namespaces";
-            if finalizers || graceful {
-                // Mark for deletion; whoever owns the finalizers completes it.
-                let mut new = old.clone();
-                if meta_str(&new, "deletionTimestamp").is_none() {
-                    set_meta(
-                        &mut new,
-                        "deletionTimestamp",
-                        json!(crate::time::now_rfc3339()),
-                    );
-                    set_meta(&mut new, "deletionGracePeriodSeconds", json!(0));
-                }
-                if graceful {
-                    if let Some(o) = new.as_object_mut() {
-                        o.insert("status".into(), json!({"phase": "Terminating"}));
-                    }
-                }
+            let mut new = old.clone();
+            let grace = res.strategy.graceful_delete(&old, &opts);
+            let pending = res.strategy.delete_pending(&mut new);
+            if finalizers || pending || grace.is_some_and(|g| g > 0) {
+                // Mark for deletion; whoever owns the finalizers (or the kubelet, after
+                // the grace period) completes it.
+                mark_deleting(&mut new, grace);
                 if new == old || dry_run {
                     return Ok(Reply::Json(200, render_one(res, req, new)));
                 }
                 match self
                     .store
-                    .update(key.as_bytes(), encode_stored(&new)?, Some(old_rev))
+                    .update(key.as_bytes(), encode_stored(res, &new)?, Some(old_rev))
                     .await
                 {
                     Ok(kv) => {
@@ -1024,20 +1045,40 @@ impl Rest {
                     Err(e) => return Err(storage_error(res, name, e)),
                 }
             }
-            let uid = meta_str(&old, "uid").unwrap_or("").to_owned();
-            if dry_run {
-                return Ok(Reply::Json(
-                    200,
-                    success_status(&res.group_resource(), name, &uid),
-                ));
+            if grace.is_some() {
+                // Graceful deletion with no grace left: marked, then removed at once.
+                mark_deleting(&mut new, grace);
             }
-            match self.store.delete(key.as_bytes(), Some(old_rev)).await {
-                Ok(_) => {
-                    return Ok(Reply::Json(
-                        200,
-                        success_status(&res.group_resource(), name, &uid),
-                    ))
+            let uid = meta_str(&old, "uid").unwrap_or("").to_owned();
+            let answer = |old: Value| {
+                if res.strategy.returns_deleted_object() {
+                    Reply::Json(200, render_one(res, req, old))
+                } else {
+                    Reply::Json(200, success_status(&res.group_resource(), name, &uid))
                 }
+            };
+            if dry_run {
+                return Ok(answer(new));
+            }
+            // A graceless delete of a graceful resource stores the mark first, as upstream
+            // does, so watchers see the object terminating before it goes.
+            let mut rev = old_rev;
+            if new != old {
+                match self
+                    .store
+                    .update(key.as_bytes(), encode_stored(res, &new)?, Some(old_rev))
+                    .await
+                {
+                    Ok(kv) => {
+                        rev = kv.mod_revision;
+                        set_meta(&mut new, "resourceVersion", json!(rev.to_string()));
+                    }
+                    Err(StorageError::Conflict { .. }) => continue,
+                    Err(e) => return Err(storage_error(res, name, e)),
+                }
+            }
+            match self.store.delete(key.as_bytes(), Some(rev)).await {
+                Ok(_) => return Ok(answer(new)),
                 Err(StorageError::Conflict { .. }) => continue,
                 Err(e) => return Err(storage_error(res, name, e)),
             }
@@ -1102,6 +1143,28 @@ impl Rest {
                 "items": deleted,
             }),
         ))
+    }
+}
+
+/// Marks an object as being deleted, as upstream's BeforeDelete: deletionTimestamp is when
+/// the grace period ends. A later DELETE only ever shortens the grace period.
+fn mark_deleting(obj: &mut Value, grace: Option<i64>) {
+    let grace = grace.unwrap_or(0);
+    let current = meta(obj)
+        .and_then(|m| m.get("deletionGracePeriodSeconds"))
+        .and_then(Value::as_i64);
+    if meta_str(obj, "deletionTimestamp").is_some() && current.is_none_or(|c| c <= grace) {
+        return;
+    }
+    let at = crate::time::format_rfc3339(crate::time::now_secs() + grace);
+    set_meta(obj, "deletionTimestamp", json!(at));
+    set_meta(obj, "deletionGracePeriodSeconds", json!(grace));
+    if let Some(g) = meta(obj)
+        .and_then(|m| m.get("generation"))
+        .and_then(Value::as_i64)
+        .filter(|g| *g > 0)
+    {
+        set_meta(obj, "generation", json!(g + 1));
     }
 }
 
@@ -1224,7 +1287,7 @@ impl WatchRun {
                 start = page.revision;
                 let last = page.kvs.last().map(|kv| kv.key.clone());
                 for kv in page.kvs {
-                    let Ok(obj) = decode_stored(&kv.value, kv.mod_revision) else {
+                    let Ok(obj) = decode_stored(&self.res, &kv.value, kv.mod_revision) else {
                         continue;
                     };
                     if self.selectors.matches(&self.res, &obj) && !self.send("ADDED", obj).await {
@@ -1290,7 +1353,9 @@ impl WatchRun {
     /// Translates a store event, honouring selector transitions: an object that starts
     /// matching is ADDED, one that stops is DELETED.
     async fn on_event(&mut self, ev: WatchEvent) -> bool {
-        let decode = |kv: &kumo_storage::KeyValue| decode_stored(&kv.value, kv.mod_revision).ok();
+        let res = self.res.clone();
+        let decode =
+            |kv: &kumo_storage::KeyValue| decode_stored(&res, &kv.value, kv.mod_revision).ok();
         match ev {
             WatchEvent::Put { kv, prev } => {
                 let Some(obj) = decode(&kv) else { return true };

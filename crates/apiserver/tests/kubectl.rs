@@ -665,3 +665,491 @@ async fn typed_create_commands_send_protobuf() {
         out.stderr
     );
 }
+
+const POD: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: api
+  labels: {app: api}
+spec:
+  containers:
+  - name: main
+    image: registry.k8s.io/pause:3.10
+    ports: [{containerPort: 8080}]
+    resources:
+      requests: {cpu: 100m, memory: 64Mi}
+      limits: {cpu: 100m, memory: 64Mi}
+";
+
+/// Pods: defaults and admission, the printed table, validation, field selectors, delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    // The ServiceAccount admission refuses pods until the account exists (the
+    // service-account controller makes `default` in a full cluster).
+    let out = k(&kc, &["run", "web", "--image=nginx:1.27"]).await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("error looking up service account default/default: serviceaccount \"default\" not found"),
+        "{}",
+        out.stderr
+    );
+    let out = k(&kc, &["create", "serviceaccount", "default"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&kc, &["run", "web", "--image=nginx:1.27"]).await;
+    assert_eq!(out.stdout.trim(), "pod/web created", "{}", out.stderr);
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some(POD),
+    )
+    .await;
+    assert_eq!(out.stdout.trim(), "pod/api created", "{}", out.stderr);
+
+    let out = k(&kc, &["get", "pods"]).await;
+    let rows: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
+        "{}",
+        out.stderr
+    );
+    assert_eq!(rows[1][..4], ["api", "0/1", "Pending", "0"]);
+    assert_eq!(rows[2][..4], ["web", "0/1", "Pending", "0"]);
+    let out = k(&kc, &["get", "po", "web", "-o", "wide"]).await;
+    let line = out.stdout.lines().nth(1).unwrap_or("").to_owned();
+    assert_eq!(
+        line.split_whitespace().skip(5).collect::<Vec<_>>(),
+        ["<none>", "<none>", "<none>", "<none>"],
+        "{}",
+        out.stdout
+    );
+
+    // Defaults (SetDefaults_*) and admission (ServiceAccount, Priority,
+    // DefaultTolerationSeconds).
+    let pod = out_json(&k(&kc, &["get", "pod", "web", "-o", "json"]).await);
+    let spec = &pod["spec"];
+    assert_eq!(spec["restartPolicy"], "Always");
+    assert_eq!(spec["dnsPolicy"], "ClusterFirst");
+    assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+    assert_eq!(spec["schedulerName"], "default-scheduler");
+    assert_eq!(spec["serviceAccountName"], "default");
+    assert_eq!(spec["priority"], 0);
+    assert_eq!(spec["containers"][0]["imagePullPolicy"], "IfNotPresent");
+    assert_eq!(
+        spec["containers"][0]["terminationMessagePath"],
+        "/dev/termination-log"
+    );
+    assert_eq!(
+        spec["containers"][0]["volumeMounts"][0]["mountPath"],
+        "/var/run/secrets/kubernetes.io/serviceaccount"
+    );
+    assert_eq!(pod["status"]["phase"], "Pending");
+    assert_eq!(pod["status"]["qosClass"], "BestEffort");
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.spec.restartPolicy} {.spec.dnsPolicy} {.spec.containers[0].imagePullPolicy} {.spec.tolerations[*].key} {.spec.tolerations[*].tolerationSeconds}",
+        ],
+    )
+    .await;
+    assert_eq!(
+        out.stdout,
+        "Always ClusterFirst IfNotPresent node.kubernetes.io/not-ready node.kubernetes.io/unreachable 300 300",
+        "{}",
+        out.stderr
+    );
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "pod",
+            "api",
+            "-o",
+            "jsonpath={.status.qosClass} {.spec.containers[0].ports[0].protocol}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "Guaranteed TCP", "{}", out.stderr);
+
+    // Validation, with upstream's fields and messages.
+    let bad = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"restartPolicy":"Sometimes","containers":[{"name":"c"}]}}"#;
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some(bad),
+    )
+    .await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("The Pod \"bad\" is invalid: \n* spec.containers[0].image: Required value\n* spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"OnFailure\", \"Never\""),
+        "{}",
+        out.stderr
+    );
+    // Priority admission computes the priority from the class.
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some(&bad.replace("\"restartPolicy\":\"Sometimes\"", "\"priority\":5")),
+    )
+    .await;
+    assert!(
+        out.stderr.contains("pods \"bad\" is forbidden: the integer value of priority (5) must not be provided in pod spec"),
+        "{}",
+        out.stderr
+    );
+    // The spec of a pod is immutable but for a few fields.
+    let out = k(
+        &kc,
+        &[
+            "patch",
+            "pod",
+            "web",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"restartPolicy":"Never"}}"#,
+        ],
+    )
+    .await;
+    assert!(
+        out.stderr
+            .contains("spec: Forbidden: pod updates may not change fields other than"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        k(
+            &kc,
+            &[
+                "patch",
+                "pod",
+                "web",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"activeDeadlineSeconds":60},"status":{"phase":"Running"}}"#
+            ],
+        )
+        .await
+        .ok
+    );
+    // Status changes only through pods/status.
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.spec.activeDeadlineSeconds} {.status.phase}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "60 Pending", "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "patch",
+            "pod",
+            "api",
+            "--subresource=status",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"status":{"phase":"Running"}}"#,
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+
+    // A strategic merge patch merges containers by name: a new image is allowed.
+    let out = k(&kc, &["set", "image", "pod/web", "web=nginx:1.28"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.spec.containers[0].image} {.spec.containers[0].imagePullPolicy}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "nginx:1.28 IfNotPresent", "{}", out.stderr);
+
+    // Field selectors.
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "pods",
+            "--field-selector",
+            "status.phase=Pending",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout.trim(), "pod/web", "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "pods",
+            "--field-selector",
+            "spec.nodeName=,spec.restartPolicy=Always",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout.lines().count(), 2, "{}", out.stderr);
+
+    // A pod without a node goes at once; the answer is the pod.
+    let out = k(&kc, &["delete", "pod", "web"]).await;
+    assert_eq!(out.stdout.trim(), "pod \"web\" deleted", "{}", out.stderr);
+    let out = k(&kc, &["get", "pod", "web"]).await;
+    assert!(
+        out.stderr.contains("pods \"web\" not found"),
+        "{}",
+        out.stderr
+    );
+    // A pod on a node is deleted gracefully: marked, the kubelet finishes.
+    let on_node = POD
+        .replace("name: api", "name: bound")
+        .replace("spec:\n", "spec:\n  nodeName: node-1\n");
+    assert!(
+        k_in(
+            None,
+            &kc,
+            &["create", "--validate=false", "-f", "-"],
+            Some(&on_node)
+        )
+        .await
+        .ok
+    );
+    let out = k(&kc, &["delete", "pod", "bound", "--wait=false"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "pod",
+            "bound",
+            "-o",
+            "jsonpath={.metadata.deletionGracePeriodSeconds}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "30", "{}", out.stderr);
+    let out = k(&kc, &["get", "pod", "bound"]).await;
+    assert!(out.stdout.contains("Terminating"), "{}", out.stdout);
+    let out = k(
+        &kc,
+        &["delete", "pod", "bound", "--grace-period=0", "--force"],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&kc, &["get", "pod", "bound"]).await;
+    assert!(out.stderr.contains("not found"), "{}", out.stderr);
+}
+
+/// ServiceAccounts (protobuf bodies), Events and Leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_accounts_events_and_leases() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let out = k(&kc, &["create", "serviceaccount", "x"]).await;
+    assert_eq!(
+        out.stdout.trim(),
+        "serviceaccount/x created",
+        "{}",
+        out.stderr
+    );
+    let out = k(&kc, &["get", "sa"]).await;
+    let rows: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["NAME", "AGE"], "{}", out.stderr);
+    assert_eq!(rows[1][0], "x");
+
+    let lease = "apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: node-a, namespace: kube-node-lease}
+spec: {holderIdentity: node-a, leaseDurationSeconds: 40}
+";
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some(lease),
+    )
+    .await;
+    assert_eq!(
+        out.stdout.trim(),
+        "lease.coordination.k8s.io/node-a created",
+        "{}",
+        out.stderr
+    );
+    let out = k(&kc, &["get", "leases", "-n", "kube-node-lease"]).await;
+    let rows: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["NAME", "HOLDER", "AGE"], "{}", out.stderr);
+    assert_eq!(rows[1][..2], ["node-a", "node-a"]);
+
+    let event = "apiVersion: v1
+kind: Event
+metadata: {name: web.1}
+involvedObject: {kind: Pod, namespace: default, name: web}
+reason: Scheduled
+message: Successfully assigned default/web to node-1
+type: Normal
+source: {component: default-scheduler}
+";
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some(event),
+    )
+    .await;
+    assert_eq!(out.stdout.trim(), "event/web.1 created", "{}", out.stderr);
+    let out = k(&kc, &["get", "events"]).await;
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+        "{}",
+        out.stderr
+    );
+    assert!(
+        lines[1].contains("Normal")
+            && lines[1].contains("pod/web")
+            && lines[1].contains("Successfully assigned"),
+        "{}",
+        out.stdout
+    );
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "ev",
+            "--field-selector",
+            "involvedObject.kind=Pod,reason=Scheduled",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout.trim(), "event/web.1", "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "ev",
+            "--field-selector",
+            "source=nobody",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert!(
+        out.ok && out.stdout.trim().is_empty(),
+        "{} {}",
+        out.stdout,
+        out.stderr
+    );
+    // The events.k8s.io/v1 view of the same objects.
+    let out = out_json(
+        &k(
+            &kc,
+            &["get", "events.v1.events.k8s.io", "web.1", "-o", "json"],
+        )
+        .await,
+    );
+    assert_eq!(out["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(out["regarding"]["name"], "web");
+    assert_eq!(out["note"], "Successfully assigned default/web to node-1");
+    assert_eq!(out["deprecatedSource"]["component"], "default-scheduler");
+    let new_event = "apiVersion: events.k8s.io/v1
+kind: Event
+metadata: {name: web.2}
+eventTime: \"2026-01-01T00:00:00.000000Z\"
+reportingController: kubelet
+reportingInstance: node-1
+action: Pulling
+reason: Pulling
+type: Normal
+note: pulling image
+regarding: {kind: Pod, namespace: default, name: web}
+";
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some(new_event),
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "ev",
+            "web.2",
+            "-o",
+            "jsonpath={.involvedObject.name} {.message} {.reportingComponent}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "web pulling image kubelet", "{}", out.stderr);
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "--validate=false", "-f", "-"],
+        Some("{\"apiVersion\":\"events.k8s.io/v1\",\"kind\":\"Event\",\"metadata\":{\"name\":\"bad\"}}"),
+    )
+    .await;
+    assert!(
+        out.stderr.contains("* eventTime: Required value"),
+        "{}",
+        out.stderr
+    );
+    // Discovery lists the new groups.
+    let out = k(
+        &kc,
+        &[
+            "api-resources",
+            "--api-group=coordination.k8s.io",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert_eq!(
+        out.stdout.trim(),
+        "leases.coordination.k8s.io",
+        "{}",
+        out.stderr
+    );
+}

@@ -98,6 +98,15 @@ impl Strategy for Namespaces {
         }
     }
 
+    fn delete_pending(&self, obj: &mut Value) -> bool {
+        // Deletion marks the namespace Terminating; the namespace controller empties it
+        // and removes the `kubernetes` finalizer.
+        if let Some(o) = obj.as_object_mut() {
+            o.insert("status".into(), json!({"phase": "Terminating"}));
+        }
+        true
+    }
+
     fn columns(&self) -> Vec<Column> {
         vec![
             Column::NAME,

@@ -5,7 +5,10 @@
 //! table columns, selectable fields. Everything else (the verbs, storage, watch, errors) is
 //! shared in [`crate::rest`], so adding a resource is one small strategy.
 
+mod coordination;
 mod core;
+mod events;
+mod pods;
 
 use std::sync::Arc;
 
@@ -61,6 +64,42 @@ pub trait Strategy: Send + Sync {
     fn prepare_create(&self, _obj: &mut Value) {}
     /// Defaults and carried-over fields on an update, before validation.
     fn prepare_update(&self, _new: &mut Value, _old: &Value) {}
+    /// The same for an update through the `status` subresource (`rest` has already taken
+    /// everything but the status from the stored object).
+    fn prepare_status_update(&self, _new: &mut Value, _old: &Value) {}
+    /// Objects that admission looks up on create (storage keys), each with the error to
+    /// answer when it is missing; e.g. the pod's service account.
+    fn admission_lookups(&self, _obj: &Value) -> Vec<Lookup> {
+        Vec::new()
+    }
+    /// Admission on create, after defaulting and before validation, with the objects
+    /// `admission_lookups` found (by their `what`). An error refuses the object.
+    fn admit_create(
+        &self,
+        _obj: &mut Value,
+        _found: &[(&'static str, Value)],
+    ) -> Result<(), kumo_apimachinery::status::ApiError> {
+        Ok(())
+    }
+    /// Graceful deletion (upstream's CheckGracefulDelete): `Some(grace period seconds)`
+    /// marks the object (deletionTimestamp, deletionGracePeriodSeconds) and leaves it to
+    /// whoever finishes it after the period; `Some(0)` marks it and removes it at once
+    /// (unless it has finalizers). `None`: the resource has no graceful deletion. `opts`
+    /// are the DeleteOptions.
+    fn graceful_delete(&self, _obj: &Value, _opts: &Value) -> Option<i64> {
+        None
+    }
+    /// Whether a DELETE only marks the object, which stays until a controller finishes
+    /// it (namespaces, until their spec.finalizers are gone). The hook may change `obj`
+    /// (e.g. its phase).
+    fn delete_pending(&self, _obj: &mut Value) -> bool {
+        false
+    }
+    /// Whether a DELETE that removes the object answers with the object (pods) rather than
+    /// a success `Status`.
+    fn returns_deleted_object(&self) -> bool {
+        false
+    }
     /// Problems with an object name (a DNS-1123 subdomain by default).
     fn validate_name(&self, name: &str) -> Vec<String> {
         kumo_apimachinery::validation::is_dns1123_subdomain(name)
@@ -72,6 +111,15 @@ pub trait Strategy: Send + Sync {
     /// Validation of an update.
     fn validate_update(&self, new: &Value, _old: &Value) -> Vec<FieldError> {
         self.validate(new)
+    }
+    /// The stored form of an object this endpoint serves (when it serves another
+    /// version's objects, e.g. events.k8s.io/v1 Events are stored as core/v1 Events).
+    fn stored_form(&self, obj: Value) -> Value {
+        obj
+    }
+    /// The endpoint's form of a stored object.
+    fn served_form(&self, obj: Value) -> Value {
+        obj
     }
     /// Whether `metadata.generation` counts changes of everything but metadata and status.
     fn tracks_generation(&self) -> bool {
@@ -90,6 +138,14 @@ pub trait Strategy: Send + Sync {
     fn selectable_fields(&self, _obj: &Value) -> Vec<(&'static str, String)> {
         Vec::new()
     }
+}
+
+/// An object admission needs, by storage key, with the error when it does not exist.
+pub struct Lookup {
+    /// What the object is to the strategy (e.g. `serviceaccount`).
+    pub what: &'static str,
+    pub key: String,
+    pub missing: kumo_apimachinery::status::ApiError,
 }
 
 /// A served resource.
@@ -159,7 +215,13 @@ impl Registry {
     /// The built-in resources.
     pub fn builtin() -> Registry {
         Registry {
-            resources: core::resources().into_iter().map(Arc::new).collect(),
+            resources: core::resources()
+                .into_iter()
+                .chain(pods::resources())
+                .chain(events::resources())
+                .chain(coordination::resources())
+                .map(Arc::new)
+                .collect(),
         }
     }
 
@@ -195,9 +257,41 @@ impl Registry {
                 None => out.push((r.group, vec![r.version])),
             }
         }
+        // In kube-apiserver's order of its built-in groups.
+        out.sort_by_key(|(g, _)| {
+            GROUP_ORDER
+                .iter()
+                .position(|o| o == g)
+                .unwrap_or(GROUP_ORDER.len())
+        });
         out
     }
 }
+
+/// The order in which kube-apiserver lists its built-in groups in `/apis`.
+const GROUP_ORDER: &[&str] = &[
+    "apiregistration.k8s.io",
+    "apps",
+    "events.k8s.io",
+    "authentication.k8s.io",
+    "authorization.k8s.io",
+    "autoscaling",
+    "batch",
+    "certificates.k8s.io",
+    "networking.k8s.io",
+    "policy",
+    "rbac.authorization.k8s.io",
+    "storage.k8s.io",
+    "admissionregistration.k8s.io",
+    "apiextensions.k8s.io",
+    "scheduling.k8s.io",
+    "coordination.k8s.io",
+    "node.k8s.io",
+    "discovery.k8s.io",
+    "resource.k8s.io",
+    "flowcontrol.apiserver.k8s.io",
+    "storagemigration.k8s.io",
+];
 
 /// `metadata.name` of an object ("" when absent).
 pub fn name_of(obj: &Value) -> &str {
@@ -212,4 +306,30 @@ pub fn age_of(obj: &Value) -> String {
         obj.pointer("/metadata/creationTimestamp")
             .and_then(Value::as_str),
     )
+}
+
+/// A string at a JSON pointer ("" when absent).
+pub fn str_at<'a>(obj: &'a Value, pointer: &str) -> &'a str {
+    obj.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+/// `s`, or `<none>` when empty (the printers' placeholder).
+pub fn or_none(s: &str) -> String {
+    if s.is_empty() {
+        "<none>".to_owned()
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Inserts `k: v` into a JSON object if `k` is absent or null.
+pub fn default_field(obj: &mut Value, k: &str, v: Value) {
+    if let Some(o) = obj.as_object_mut() {
+        match o.get(k) {
+            None | Some(Value::Null) => {
+                o.insert(k.to_owned(), v);
+            }
+            Some(_) => {}
+        }
+    }
 }

@@ -1,0 +1,1090 @@
+//! core/v1 Pods and ServiceAccounts.
+//!
+//! Pods get upstream's defaults (SetDefaults_Pod, SetDefaults_PodSpec, SetDefaults_Container)
+//! and the work of the admission plugins that change a new pod: ServiceAccount (the
+//! `default` account, which must exist, and its token volume), Priority (priority 0 unless
+//! a built-in class is named) and DefaultTolerationSeconds.
+
+use kumo_apimachinery::status::{ApiError, GroupResource};
+use kumo_apimachinery::validation::{is_dns1123_label, FieldError, Path};
+use serde_json::{json, Map, Value};
+
+use super::{age_of, default_field, name_of, or_none, str_at, Column, Lookup, Resource, Strategy};
+
+pub(super) fn resources() -> Vec<Resource> {
+    vec![
+        Resource {
+            group: "",
+            version: "v1",
+            kind: "Pod",
+            plural: "pods",
+            singular: "pod",
+            namespaced: true,
+            short_names: &["po"],
+            categories: &["all"],
+            subresources: &["status"],
+            strategy: Box::new(Pods),
+        },
+        Resource {
+            group: "",
+            version: "v1",
+            kind: "ServiceAccount",
+            plural: "serviceaccounts",
+            singular: "serviceaccount",
+            namespaced: true,
+            short_names: &["sa"],
+            categories: &[],
+            subresources: &[],
+            strategy: Box::new(ServiceAccounts),
+        },
+    ]
+}
+
+struct Pods;
+
+const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
+
+/// The container lists of a pod spec that defaulting and validation walk.
+const CONTAINER_LISTS: [&str; 2] = ["initContainers", "containers"];
+
+fn containers_mut<'a>(obj: &'a mut Value, list: &str) -> Vec<&'a mut Value> {
+    obj.get_mut("spec")
+        .and_then(|s| s.get_mut(list))
+        .and_then(Value::as_array_mut)
+        .map(|a| a.iter_mut().collect())
+        .unwrap_or_default()
+}
+
+fn containers<'a>(obj: &'a Value, list: &str) -> &'a [Value] {
+    obj.get("spec")
+        .and_then(|s| s.get(list))
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+/// The list at `obj[key]` (empty when absent).
+fn list_at<'a>(obj: &'a Value, key: &str) -> &'a [Value] {
+    obj.get(key)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+/// SetDefaults_Container and the container parts of SetDefaults_Pod.
+fn default_container(c: &mut Value) {
+    if !c.is_object() {
+        return;
+    }
+    let image = str_at(c, "/image");
+    if str_at(c, "/imagePullPolicy").is_empty() {
+        // The tag is what follows the last ':' after the last '/'; a digest pins the image.
+        let last = image.rsplit('/').next().unwrap_or("");
+        let tag = if image.contains('@') {
+            Some("digest")
+        } else {
+            last.split_once(':').map(|(_, t)| t)
+        };
+        let policy = match tag {
+            None | Some("latest") => "Always",
+            Some(_) => "IfNotPresent",
+        };
+        c["imagePullPolicy"] = json!(policy);
+    }
+    default_field(c, "terminationMessagePath", json!("/dev/termination-log"));
+    default_field(c, "terminationMessagePolicy", json!("File"));
+    default_field(c, "resources", json!({}));
+    // Requests default to the limits.
+    if let Some(r) = c.get_mut("resources").and_then(Value::as_object_mut) {
+        if let Some(limits) = r.get("limits").and_then(Value::as_object).cloned() {
+            let req = r.entry("requests").or_insert_with(|| json!({}));
+            if let Some(req) = req.as_object_mut() {
+                for (k, v) in limits {
+                    req.entry(k).or_insert(v);
+                }
+            }
+        }
+    }
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        if let Some(p) = c.get_mut(probe).filter(|p| p.is_object()) {
+            default_field(p, "timeoutSeconds", json!(1));
+            default_field(p, "periodSeconds", json!(10));
+            default_field(p, "successThreshold", json!(1));
+            default_field(p, "failureThreshold", json!(3));
+            default_handler(p);
+        }
+    }
+    for hook in ["postStart", "preStop"] {
+        if let Some(h) = c.pointer_mut(&format!("/lifecycle/{hook}")) {
+            default_handler(h);
+        }
+    }
+    if let Some(env) = c.get_mut("env").and_then(Value::as_array_mut) {
+        for e in env {
+            if let Some(f) = e.pointer_mut("/valueFrom/fieldRef") {
+                default_field(f, "apiVersion", json!("v1"));
+            }
+        }
+    }
+    if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
+        for p in ports {
+            if str_at(p, "/protocol").is_empty() && p.is_object() {
+                p["protocol"] = json!("TCP");
+            }
+        }
+    }
+}
+
+/// SetDefaults_HTTPGetAction and SetDefaults_GRPCAction in a probe or lifecycle handler.
+fn default_handler(h: &mut Value) {
+    if let Some(g) = h.get_mut("httpGet").filter(|g| g.is_object()) {
+        default_field(g, "path", json!("/"));
+        default_field(g, "scheme", json!("HTTP"));
+    }
+    if let Some(g) = h.get_mut("grpc").filter(|g| g.is_object()) {
+        default_field(g, "service", json!(""));
+    }
+}
+
+/// SetDefaults_Volume and the defaultMode of the volume sources that have one.
+fn default_volume(v: &mut Value) {
+    let Some(o) = v.as_object_mut() else { return };
+    if o.keys().all(|k| k == "name") {
+        o.insert("emptyDir".into(), json!({}));
+    }
+    for source in ["secret", "configMap", "projected", "downwardAPI"] {
+        if let Some(s) = o.get_mut(source).filter(|s| s.is_object()) {
+            default_field(s, "defaultMode", json!(420));
+            if let Some(items) = s.get_mut("items").and_then(Value::as_array_mut) {
+                for i in items {
+                    if let Some(f) = i.get_mut("fieldRef") {
+                        default_field(f, "apiVersion", json!("v1"));
+                    }
+                }
+            }
+        }
+    }
+    if let Some(h) = o.get_mut("hostPath").filter(|h| h.is_object()) {
+        default_field(h, "type", json!(""));
+    }
+}
+
+/// A Quantity as a number (enough to compare requests with limits).
+fn quantity(v: &Value) -> Option<f64> {
+    let s = match v {
+        Value::String(s) => s.trim(),
+        Value::Number(n) => return n.as_f64(),
+        _ => return None,
+    };
+    let split = s
+        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        _ => return None,
+    };
+    Some(n * mult)
+}
+
+/// The QoS class of a pod, as upstream's ComputePodQOS (cpu and memory only).
+fn qos_class(pod: &Value) -> &'static str {
+    let mut requests: Map<String, Value> = Map::new();
+    let mut limits: Map<String, Value> = Map::new();
+    let mut guaranteed = true;
+    let positive = |v: &Value| quantity(v).is_some_and(|q| q > 0.0);
+    for list in CONTAINER_LISTS {
+        for c in containers(pod, list) {
+            let res = |k: &str| {
+                c.pointer(&format!("/resources/{k}"))
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            for (k, v) in res("requests") {
+                if (k == "cpu" || k == "memory") && positive(&v) {
+                    let sum = quantity(&v).unwrap_or(0.0)
+                        + requests.get(&k).and_then(quantity).unwrap_or(0.0);
+                    requests.insert(k, json!(sum));
+                }
+            }
+            let mut found = 0;
+            for (k, v) in res("limits") {
+                if (k == "cpu" || k == "memory") && positive(&v) {
+                    found += 1;
+                    let sum = quantity(&v).unwrap_or(0.0)
+                        + limits.get(&k).and_then(quantity).unwrap_or(0.0);
+                    limits.insert(k, json!(sum));
+                }
+            }
+            if found < 2 {
+                guaranteed = false;
+            }
+        }
+    }
+    if requests.is_empty() && limits.is_empty() {
+        return "BestEffort";
+    }
+    if guaranteed {
+        for (k, v) in &requests {
+            let l = limits.get(k).and_then(quantity);
+            if l.is_none_or(|l| (l - quantity(v).unwrap_or(0.0)).abs() > 1e-12) {
+                guaranteed = false;
+            }
+        }
+    }
+    if guaranteed && requests.len() == limits.len() {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+/// Five characters of upstream's generated-name alphabet.
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    uuid::Uuid::new_v4().into_bytes()[..5]
+        .iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
+}
+
+/// The projected volume of the service account token.
+fn token_volume_source() -> Value {
+    json!({
+        "defaultMode": 420,
+        "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"items": [{"key": "ca.crt", "path": "ca.crt"}], "name": "kube-root-ca.crt"}},
+            {"downwardAPI": {"items": [{"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}, "path": "namespace"}]}},
+        ],
+    })
+}
+
+/// The ServiceAccount admission plugin's mountServiceAccountToken.
+fn mount_token(pod: &mut Value) {
+    let volumes = containers(pod, "volumes");
+    let existing = volumes
+        .iter()
+        .map(|v| str_at(v, "/name"))
+        .find(|n| n.starts_with(TOKEN_VOLUME_PREFIX))
+        .map(str::to_owned);
+    let has_volume = existing.is_some();
+    let name = existing.unwrap_or_else(|| format!("{TOKEN_VOLUME_PREFIX}{}", random_suffix()));
+    let mount = json!({"name": name, "readOnly": true, "mountPath": TOKEN_MOUNT_PATH});
+    let mut needed = false;
+    for list in CONTAINER_LISTS {
+        for c in containers_mut(pod, list) {
+            let Some(o) = c.as_object_mut() else { continue };
+            let mounts = o.entry("volumeMounts").or_insert_with(|| json!([]));
+            let Some(m) = mounts.as_array_mut() else {
+                continue;
+            };
+            if !m
+                .iter()
+                .any(|v| str_at(v, "/mountPath") == TOKEN_MOUNT_PATH)
+            {
+                m.push(mount.clone());
+                needed = true;
+            }
+            if m.is_empty() {
+                o.remove("volumeMounts");
+            }
+        }
+    }
+    if needed && !has_volume {
+        if let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) {
+            let v = spec.entry("volumes").or_insert_with(|| json!([]));
+            if let Some(v) = v.as_array_mut() {
+                v.push(json!({"name": name, "projected": token_volume_source()}));
+            }
+        }
+    }
+}
+
+/// The PriorityClasses kube-apiserver creates at start-up.
+fn builtin_priority(class: &str) -> Option<i64> {
+    match class {
+        "system-node-critical" => Some(2_000_001_000),
+        "system-cluster-critical" => Some(2_000_000_000),
+        _ => None,
+    }
+}
+
+const DEFAULT_TOLERATIONS: [&str; 2] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+
+impl Strategy for Pods {
+    fn prepare_create(&self, obj: &mut Value) {
+        if let Some(o) = obj.as_object_mut() {
+            if !o.get("spec").is_some_and(Value::is_object) {
+                o.insert("spec".into(), json!({}));
+            }
+        }
+        for list in CONTAINER_LISTS {
+            for c in containers_mut(obj, list) {
+                default_container(c);
+            }
+        }
+        let spec = &mut obj["spec"];
+        if let Some(vs) = spec.get_mut("volumes").and_then(Value::as_array_mut) {
+            for v in vs {
+                default_volume(v);
+            }
+        }
+        default_field(spec, "restartPolicy", json!("Always"));
+        default_field(spec, "terminationGracePeriodSeconds", json!(30));
+        default_field(spec, "dnsPolicy", json!("ClusterFirst"));
+        default_field(spec, "securityContext", json!({}));
+        default_field(spec, "schedulerName", json!("default-scheduler"));
+        default_field(spec, "enableServiceLinks", json!(true));
+        if spec.get("hostNetwork") == Some(&json!(true)) {
+            // Host-network pods expose their container ports on the host.
+            for list in CONTAINER_LISTS {
+                if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
+                    for c in cs {
+                        for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+                            if let Some(p) = c.get_mut(probe).filter(|p| p.is_object()) {
+                                default_field(p, "timeoutSeconds", json!(1));
+                                default_field(p, "periodSeconds", json!(10));
+                                default_field(p, "successThreshold", json!(1));
+                                default_field(p, "failureThreshold", json!(3));
+                                default_handler(p);
+                            }
+                        }
+                        for hook in ["postStart", "preStop"] {
+                            if let Some(h) = c.pointer_mut(&format!("/lifecycle/{hook}")) {
+                                default_handler(h);
+                            }
+                        }
+                        if let Some(env) = c.get_mut("env").and_then(Value::as_array_mut) {
+                            for e in env {
+                                if let Some(f) = e.pointer_mut("/valueFrom/fieldRef") {
+                                    default_field(f, "apiVersion", json!("v1"));
+                                }
+                            }
+                        }
+                        if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
+                            for p in ports {
+                                if p.get("hostPort").is_none() {
+                                    let cp = p.get("containerPort").cloned();
+                                    if let Some(cp) = cp {
+                                        p["hostPort"] = cp;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // DefaultTolerationSeconds admission.
+        if let Some(s) = spec.as_object_mut() {
+            let t = s.entry("tolerations").or_insert_with(|| json!([]));
+            if let Some(t) = t.as_array_mut() {
+                for key in DEFAULT_TOLERATIONS {
+                    let present = t.iter().any(|x| {
+                        let k = str_at(x, "/key");
+                        let effect = str_at(x, "/effect");
+                        (k == key || k.is_empty()) && (effect.is_empty() || effect == "NoExecute")
+                    });
+                    if !present {
+                        t.push(json!({
+                            "key": key,
+                            "operator": "Exists",
+                            "effect": "NoExecute",
+                            "tolerationSeconds": 300,
+                        }));
+                    }
+                }
+            }
+        }
+        // ServiceAccount admission: the default account.
+        if str_at(spec, "/serviceAccountName").is_empty() {
+            let sa = match str_at(spec, "/serviceAccount") {
+                "" => "default".to_owned(),
+                s => s.to_owned(),
+            };
+            spec["serviceAccountName"] = json!(sa);
+        }
+        let sa = str_at(spec, "/serviceAccountName").to_owned();
+        spec["serviceAccount"] = json!(sa);
+        let qos = qos_class(obj);
+        obj["status"] = json!({"phase": "Pending", "qosClass": qos});
+    }
+
+    fn admission_lookups(&self, obj: &Value) -> Vec<Lookup> {
+        let ns = str_at(obj, "/metadata/namespace");
+        let sa = str_at(obj, "/spec/serviceAccountName");
+        let pods = GroupResource::new("", "pods");
+        let mut out = Vec::new();
+        // Mirror pods (static pods of the kubelet) keep their spec.
+        if obj
+            .pointer("/metadata/annotations/kubernetes.io~1config.mirror")
+            .is_none()
+        {
+            out.push(Lookup {
+                what: "serviceaccount",
+                key: format!("/registry/serviceaccounts/{ns}/{sa}"),
+                missing: ApiError::forbidden(
+                    &pods,
+                    name_of(obj),
+                    &format!(
+                        "error looking up service account {ns}/{sa}: serviceaccount \"{sa}\" not found"
+                    ),
+                ),
+            });
+        }
+        let class = str_at(obj, "/spec/priorityClassName");
+        if !class.is_empty() && builtin_priority(class).is_none() {
+            out.push(Lookup {
+                what: "priorityclass",
+                key: format!("/registry/priorityclasses/{class}"),
+                missing: ApiError::forbidden(
+                    &pods,
+                    name_of(obj),
+                    &format!("no PriorityClass with name {class} was found"),
+                ),
+            });
+        }
+        out
+    }
+
+    fn admit_create(
+        &self,
+        obj: &mut Value,
+        found: &[(&'static str, Value)],
+    ) -> Result<(), ApiError> {
+        let get = |what: &str| found.iter().find(|(w, _)| *w == what).map(|(_, v)| v);
+        // Priority: the class's value (0 without a class), which the pod may not contradict.
+        let class = str_at(obj, "/spec/priorityClassName").to_owned();
+        let (priority, policy) = match (builtin_priority(&class), get("priorityclass")) {
+            (Some(p), _) => (p, "PreemptLowerPriority".to_owned()),
+            (None, Some(pc)) => (
+                pc.get("value").and_then(Value::as_i64).unwrap_or(0),
+                match str_at(pc, "/preemptionPolicy") {
+                    "" => "PreemptLowerPriority".to_owned(),
+                    p => p.to_owned(),
+                },
+            ),
+            (None, None) => (0, "PreemptLowerPriority".to_owned()),
+        };
+        let pods = GroupResource::new("", "pods");
+        if let Some(given) = obj.pointer("/spec/priority").and_then(Value::as_i64) {
+            if given != priority {
+                return Err(ApiError::forbidden(
+                    &pods,
+                    name_of(obj),
+                    &format!("the integer value of priority ({given}) must not be provided in pod spec; priority admission controller computed {priority} from the given PriorityClass name"),
+                ));
+            }
+        }
+        let given_policy = str_at(obj, "/spec/preemptionPolicy").to_owned();
+        if !given_policy.is_empty() && given_policy != policy {
+            return Err(ApiError::forbidden(
+                &pods,
+                name_of(obj),
+                &format!("the string value of PreemptionPolicy ({given_policy}) must not be provided in pod spec; priority admission controller computed {policy} from the given PriorityClass name"),
+            ));
+        }
+        obj["spec"]["priority"] = json!(priority);
+        obj["spec"]["preemptionPolicy"] = json!(policy);
+        let Some(sa) = get("serviceaccount") else {
+            return Ok(());
+        };
+        let automount = obj
+            .pointer("/spec/automountServiceAccountToken")
+            .and_then(Value::as_bool)
+            .or_else(|| {
+                sa.get("automountServiceAccountToken")
+                    .and_then(Value::as_bool)
+            })
+            .unwrap_or(true);
+        if automount {
+            mount_token(obj);
+        }
+        let has_secrets = obj
+            .pointer("/spec/imagePullSecrets")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty());
+        if !has_secrets {
+            if let Some(ips) = sa
+                .get("imagePullSecrets")
+                .and_then(Value::as_array)
+                .filter(|a| !a.is_empty())
+            {
+                obj["spec"]["imagePullSecrets"] = json!(ips);
+            }
+        }
+        Ok(())
+    }
+
+    fn prepare_update(&self, new: &mut Value, old: &Value) {
+        // Status changes only through pods/status.
+        if let Some(o) = new.as_object_mut() {
+            o.insert(
+                "status".into(),
+                old.get("status").cloned().unwrap_or_else(|| json!({})),
+            );
+        }
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        validate_pod_spec(obj)
+    }
+
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        // Upstream's ValidatePodUpdate checks what may change, not the whole spec again.
+        let mut errs = Vec::new();
+        // Only images, activeDeadlineSeconds, added tolerations and the grace period may
+        // change.
+        let mask = |pod: &Value| -> Value {
+            let mut spec = pod.get("spec").cloned().unwrap_or_else(|| json!({}));
+            for list in CONTAINER_LISTS {
+                if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
+                    for c in cs {
+                        if let Some(c) = c.as_object_mut() {
+                            c.remove("image");
+                        }
+                    }
+                }
+            }
+            if let Some(s) = spec.as_object_mut() {
+                s.remove("activeDeadlineSeconds");
+                s.remove("tolerations");
+                s.remove("terminationGracePeriodSeconds");
+            }
+            spec
+        };
+        let tolerations_removed = {
+            let get = |p: &Value| {
+                p.pointer("/spec/tolerations")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let (o, n) = (get(old), get(new));
+            o.iter().any(|t| !n.contains(t))
+        };
+        if mask(new) != mask(old) || tolerations_removed {
+            errs.push(FieldError::forbidden(
+                &Path::new("spec"),
+                "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+            ));
+        }
+        errs
+    }
+
+    fn tracks_generation(&self) -> bool {
+        true
+    }
+
+    fn graceful_delete(&self, obj: &Value, opts: &Value) -> Option<i64> {
+        // Upstream's CheckGracefulDelete: pods on a node get their grace period; the
+        // kubelet removes them. Pods without a node, or finished, go at once.
+        let period = opts
+            .get("gracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .or_else(|| {
+                obj.pointer("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+            })
+            .unwrap_or(0);
+        let phase = str_at(obj, "/status/phase");
+        if str_at(obj, "/spec/nodeName").is_empty() || matches!(phase, "Failed" | "Succeeded") {
+            return Some(0);
+        }
+        Some(if period < 0 { 1 } else { period })
+    }
+
+    fn returns_deleted_object(&self) -> bool {
+        true
+    }
+
+    fn columns(&self) -> Vec<Column> {
+        vec![
+            Column::NAME,
+            Column {
+                name: "Ready",
+                type_: "string",
+                format: "",
+                description: "The aggregate readiness state of this pod for accepting traffic.",
+                priority: 0,
+            },
+            Column {
+                name: "Status",
+                type_: "string",
+                format: "",
+                description: "The aggregate status of the containers in this pod.",
+                priority: 0,
+            },
+            Column {
+                name: "Restarts",
+                type_: "string",
+                format: "",
+                description: "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted.",
+                priority: 0,
+            },
+            Column::AGE,
+            Column {
+                name: "IP",
+                type_: "string",
+                format: "",
+                description: "podIP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated.",
+                priority: 1,
+            },
+            Column {
+                name: "Node",
+                type_: "string",
+                format: "",
+                description: "NodeName indicates in which node this pod is scheduled. If empty, this pod is a candidate for scheduling by the scheduler defined in schedulerName. Once this field is set, the kubelet for this node becomes responsible for the lifecycle of this pod. This field should not be used to express a desire for the pod to be scheduled on a specific node. https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#nodename",
+                priority: 1,
+            },
+            Column {
+                name: "Nominated Node",
+                type_: "string",
+                format: "",
+                description: "nominatedNodeName is set only when this pod preempts other pods on the node, but it cannot be scheduled right away as preemption victims receive their graceful termination periods. This field does not guarantee that the pod will be scheduled on this node. Scheduler may decide to place the pod elsewhere if other nodes become available sooner. Scheduler may also decide to give the resources on this node to a higher priority pod that is created after preemption. As a result, this field may be different than PodSpec.nodeName when the pod is scheduled.",
+                priority: 1,
+            },
+            Column {
+                name: "Readiness Gates",
+                type_: "string",
+                format: "",
+                description: "If specified, all readiness gates will be evaluated for pod readiness. A pod is ready when all its containers are ready AND all conditions specified in the readiness gates have status equal to \"True\" More info: https://git.k8s.io/enhancements/keps/sig-network/580-pod-readiness-gates",
+                priority: 1,
+            },
+        ]
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let row = pod_row(obj);
+        vec![
+            json!(name_of(obj)),
+            json!(format!("{}/{}", row.ready, row.total)),
+            json!(row.reason),
+            json!(row.restarts),
+            json!(age_of(obj)),
+            json!(or_none(str_at(obj, "/status/podIP"))),
+            json!(or_none(str_at(obj, "/spec/nodeName"))),
+            json!(or_none(str_at(obj, "/status/nominatedNodeName"))),
+            json!(readiness_gates(obj)),
+        ]
+    }
+
+    fn selectable_fields(&self, obj: &Value) -> Vec<(&'static str, String)> {
+        let host_network = obj
+            .pointer("/spec/hostNetwork")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let pod_ip = obj
+            .pointer("/status/podIPs/0/ip")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        vec![
+            ("spec.nodeName", str_at(obj, "/spec/nodeName").to_owned()),
+            (
+                "spec.restartPolicy",
+                str_at(obj, "/spec/restartPolicy").to_owned(),
+            ),
+            (
+                "spec.schedulerName",
+                str_at(obj, "/spec/schedulerName").to_owned(),
+            ),
+            (
+                "spec.serviceAccountName",
+                str_at(obj, "/spec/serviceAccountName").to_owned(),
+            ),
+            ("spec.hostNetwork", host_network.to_string()),
+            ("status.phase", str_at(obj, "/status/phase").to_owned()),
+            ("status.podIP", pod_ip.to_owned()),
+            // Accepted by upstream's field label conversion but absent from the pod's
+            // field set, so it only ever matches "".
+            ("status.podIPs", String::new()),
+            (
+                "status.nominatedNodeName",
+                str_at(obj, "/status/nominatedNodeName").to_owned(),
+            ),
+        ]
+    }
+}
+
+/// What the pod printer shows.
+struct PodRow {
+    ready: usize,
+    total: usize,
+    reason: String,
+    restarts: String,
+}
+
+/// Upstream's printPod, without the sidecar and init-container details.
+fn pod_row(pod: &Value) -> PodRow {
+    let total = containers(pod, "containers").len();
+    let mut reason = str_at(pod, "/status/phase").to_owned();
+    if !str_at(pod, "/status/reason").is_empty() {
+        reason = str_at(pod, "/status/reason").to_owned();
+    }
+    let mut restarts = 0i64;
+    let mut last_restart: Option<i64> = None;
+    let mut ready = 0;
+    let mut has_running = false;
+    let statuses = pod
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    // Init containers that have not finished explain the status first.
+    let mut initializing = false;
+    let init_total = containers(pod, "initContainers").len();
+    if let Some(inits) = pod
+        .pointer("/status/initContainerStatuses")
+        .and_then(Value::as_array)
+    {
+        for (i, s) in inits.iter().enumerate() {
+            restarts += s.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
+            let term = s.pointer("/state/terminated");
+            if term.and_then(|t| t.get("exitCode")).and_then(Value::as_i64) == Some(0) {
+                continue;
+            }
+            initializing = true;
+            let waiting = str_at(s, "/state/waiting/reason");
+            reason = if let Some(t) = term {
+                match str_at(t, "/reason") {
+                    "" => match t.get("signal").and_then(Value::as_i64).unwrap_or(0) {
+                        0 => format!(
+                            "Init:ExitCode:{}",
+                            t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)
+                        ),
+                        sig => format!("Init:Signal:{sig}"),
+                    },
+                    r => format!("Init:{r}"),
+                }
+            } else if !waiting.is_empty() && waiting != "PodInitializing" {
+                format!("Init:{waiting}")
+            } else {
+                format!("Init:{i}/{init_total}")
+            };
+            break;
+        }
+    }
+    for s in statuses.iter().rev() {
+        restarts += s.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
+        if let Some(t) = s
+            .pointer("/lastState/terminated/finishedAt")
+            .and_then(Value::as_str)
+            .and_then(crate::time::parse_rfc3339)
+        {
+            last_restart = Some(last_restart.map_or(t, |l: i64| l.max(t)));
+        }
+        if initializing {
+            continue;
+        }
+        let waiting = str_at(s, "/state/waiting/reason");
+        let term = s.pointer("/state/terminated");
+        if !waiting.is_empty() {
+            reason = waiting.to_owned();
+        } else if let Some(t) = term {
+            reason = match str_at(t, "/reason") {
+                "" => match t.get("signal").and_then(Value::as_i64).unwrap_or(0) {
+                    0 => format!(
+                        "ExitCode:{}",
+                        t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)
+                    ),
+                    sig => format!("Signal:{sig}"),
+                },
+                r => r.to_owned(),
+            };
+        } else if s.get("ready") == Some(&json!(true)) && s.pointer("/state/running").is_some() {
+            has_running = true;
+            ready += 1;
+        }
+    }
+    if !initializing && reason == "Completed" && has_running {
+        let pod_ready = pod
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| str_at(c, "/type") == "Ready" && str_at(c, "/status") == "True")
+            });
+        reason = if pod_ready { "Running" } else { "NotReady" }.to_owned();
+    }
+    let phase = str_at(pod, "/status/phase");
+    if pod.pointer("/metadata/deletionTimestamp").is_some() {
+        if str_at(pod, "/status/reason") == "NodeLost" {
+            reason = "Unknown".to_owned();
+        } else if phase != "Failed" && phase != "Succeeded" {
+            reason = "Terminating".to_owned();
+        }
+    }
+    let restarts = match last_restart {
+        Some(t) if restarts > 0 => format!(
+            "{restarts} ({} ago)",
+            crate::time::human_duration(crate::time::now_secs() - t)
+        ),
+        _ => restarts.to_string(),
+    };
+    PodRow {
+        ready,
+        total,
+        reason,
+        restarts,
+    }
+}
+
+fn readiness_gates(pod: &Value) -> String {
+    let gates = pod
+        .pointer("/spec/readinessGates")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if gates.is_empty() {
+        return "<none>".to_owned();
+    }
+    let conditions = pod
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let met = gates
+        .iter()
+        .filter(|g| {
+            let t = str_at(g, "/conditionType");
+            conditions
+                .iter()
+                .any(|c| str_at(c, "/type") == t && str_at(c, "/status") == "True")
+        })
+        .count();
+    format!("{met}/{}", gates.len())
+}
+
+fn port_range(errs: &mut Vec<FieldError>, path: &Path, v: i64) {
+    if !(1..=65535).contains(&v) {
+        errs.push(FieldError::invalid(
+            path,
+            json!(v),
+            "must be between 1 and 65535, inclusive",
+        ));
+    }
+}
+
+/// The essentials of upstream's ValidatePodSpec, with its paths and messages.
+fn validate_pod_spec(pod: &Value) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let spec_path = Path::new("spec");
+    let mut names = std::collections::BTreeSet::new();
+    let mut volumes = std::collections::BTreeSet::new();
+    for (i, v) in containers(pod, "volumes").iter().enumerate() {
+        let path = spec_path.child("volumes").index(i).child("name");
+        let name = str_at(v, "/name");
+        if name.is_empty() {
+            errs.push(FieldError::required(&path, ""));
+        } else {
+            for msg in is_dns1123_label(name) {
+                errs.push(FieldError::invalid(&path, name.to_owned(), msg));
+            }
+            if !volumes.insert(name.to_owned()) {
+                errs.push(FieldError::duplicate(&path, name.to_owned()));
+            }
+        }
+    }
+    if containers(pod, "containers").is_empty() {
+        errs.push(FieldError::required(&spec_path.child("containers"), ""));
+    }
+    for list in CONTAINER_LISTS {
+        for (i, c) in containers(pod, list).iter().enumerate() {
+            let path = spec_path.child(list).index(i);
+            let name = str_at(c, "/name");
+            if name.is_empty() {
+                errs.push(FieldError::required(&path.child("name"), ""));
+            } else {
+                for msg in is_dns1123_label(name) {
+                    errs.push(FieldError::invalid(
+                        &path.child("name"),
+                        name.to_owned(),
+                        msg,
+                    ));
+                }
+                if !names.insert(name.to_owned()) {
+                    errs.push(FieldError::duplicate(&path.child("name"), name.to_owned()));
+                }
+            }
+            if str_at(c, "/image").trim().is_empty() {
+                errs.push(FieldError::required(&path.child("image"), ""));
+            }
+            if let Some(ports) = c.get("ports").and_then(Value::as_array) {
+                for (j, p) in ports.iter().enumerate() {
+                    let pp = path.child("ports").index(j);
+                    match p.get("containerPort").and_then(Value::as_i64).unwrap_or(0) {
+                        0 => errs.push(FieldError::required(&pp.child("containerPort"), "")),
+                        v => port_range(&mut errs, &pp.child("containerPort"), v),
+                    }
+                    if let Some(h) = p.get("hostPort").and_then(Value::as_i64) {
+                        if h != 0 {
+                            port_range(&mut errs, &pp.child("hostPort"), h);
+                        }
+                    }
+                    let proto = str_at(p, "/protocol");
+                    if !matches!(proto, "TCP" | "UDP" | "SCTP") {
+                        errs.push(FieldError::not_supported(
+                            &pp.child("protocol"),
+                            proto.to_owned(),
+                            &["SCTP", "TCP", "UDP"],
+                        ));
+                    }
+                }
+            }
+            for (j, e) in list_at(c, "env").iter().enumerate() {
+                let ep = path.child("env").index(j).child("name");
+                let name = str_at(e, "/name");
+                if name.is_empty() {
+                    errs.push(FieldError::required(&ep, ""));
+                } else {
+                    // RelaxedEnvironmentVariableValidation (GA): printable ASCII but '='.
+                    if name
+                        .chars()
+                        .any(|ch| !(' '..='~').contains(&ch) || ch == '=')
+                    {
+                        errs.push(FieldError::invalid(
+                            &ep,
+                            name.to_owned(),
+                            "a valid environment variable name must consist only of printable ASCII characters other than '='",
+                        ));
+                    }
+                }
+            }
+            for (j, m) in list_at(c, "volumeMounts").iter().enumerate() {
+                let mp = path.child("volumeMounts").index(j);
+                let name = str_at(m, "/name");
+                if name.is_empty() {
+                    errs.push(FieldError::required(&mp.child("name"), ""));
+                } else if !volumes.contains(name) {
+                    errs.push(FieldError::not_found(&mp.child("name"), name.to_owned()));
+                }
+                if str_at(m, "/mountPath").is_empty() {
+                    errs.push(FieldError::required(&mp.child("mountPath"), ""));
+                }
+            }
+            // Requests may not exceed limits.
+            let limits = c
+                .pointer("/resources/limits")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            if let Some(requests) = c.pointer("/resources/requests").and_then(Value::as_object) {
+                for (k, v) in requests {
+                    let Some(l) = limits.get(k) else { continue };
+                    if let (Some(rq), Some(lq)) = (quantity(v), quantity(l)) {
+                        if rq > lq + 1e-12 {
+                            let shown = |q: &Value| match q {
+                                Value::String(s) => s.clone(),
+                                other => other.to_string(),
+                            };
+                            errs.push(FieldError::invalid(
+                                &path.child("resources").child("requests"),
+                                shown(v),
+                                format!("must be less than or equal to {k} limit of {}", shown(l)),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let rp = str_at(pod, "/spec/restartPolicy");
+    if !matches!(rp, "Always" | "OnFailure" | "Never") {
+        errs.push(FieldError::not_supported(
+            &spec_path.child("restartPolicy"),
+            rp.to_owned(),
+            &["Always", "OnFailure", "Never"],
+        ));
+    }
+    let dns = str_at(pod, "/spec/dnsPolicy");
+    if !matches!(
+        dns,
+        "ClusterFirstWithHostNet" | "ClusterFirst" | "Default" | "None"
+    ) {
+        errs.push(FieldError::not_supported(
+            &spec_path.child("dnsPolicy"),
+            dns.to_owned(),
+            &["ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"],
+        ));
+    }
+    errs
+}
+
+struct ServiceAccounts;
+
+impl Strategy for ServiceAccounts {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pull_policy(image: &str) -> String {
+        let mut c = json!({"name": "c", "image": image});
+        default_container(&mut c);
+        c["imagePullPolicy"].as_str().unwrap_or("").to_owned()
+    }
+
+    #[test]
+    fn image_pull_policy_follows_the_tag() {
+        assert_eq!(pull_policy("nginx"), "Always");
+        assert_eq!(pull_policy("nginx:latest"), "Always");
+        assert_eq!(pull_policy("registry:5000/nginx"), "Always");
+        assert_eq!(pull_policy("registry:5000/nginx:1.27"), "IfNotPresent");
+        assert_eq!(pull_policy("nginx@sha256:abcd"), "IfNotPresent");
+    }
+
+    fn pod(resources: Value) -> Value {
+        let mut c = json!({"name": "c", "image": "x", "resources": resources});
+        default_container(&mut c);
+        json!({"spec": {"containers": [c]}})
+    }
+
+    #[test]
+    fn qos_classes() {
+        assert_eq!(qos_class(&pod(json!({}))), "BestEffort");
+        assert_eq!(
+            qos_class(&pod(json!({"limits": {"cpu": "1", "memory": "1Gi"}}))),
+            "Guaranteed"
+        );
+        assert_eq!(
+            qos_class(&pod(json!({
+                "requests": {"cpu": "1000m", "memory": "1024Mi"},
+                "limits": {"cpu": "1", "memory": "1Gi"},
+            }))),
+            "Guaranteed"
+        );
+        assert_eq!(
+            qos_class(&pod(json!({"requests": {"cpu": "100m"}}))),
+            "Burstable"
+        );
+        assert_eq!(
+            qos_class(&pod(json!({
+                "requests": {"cpu": "100m", "memory": "64Mi"},
+                "limits": {"cpu": "200m", "memory": "64Mi"},
+            }))),
+            "Burstable"
+        );
+    }
+}
