@@ -1,5 +1,6 @@
 //! `kumo bench ...`: benchmarks that print their figures, kumo beside the reference.
 
+mod api;
 mod storage;
 
 use anyhow::Result;
@@ -9,11 +10,14 @@ use clap::Subcommand;
 pub enum Bench {
     /// The embedded store and a real etcd, side by side, both durable.
     Storage(storage::Args),
+    /// Load on any Kubernetes API server: throughput and latency per verb and concurrency.
+    Api(Box<api::Args>),
 }
 
 pub async fn run(what: Bench) -> Result<()> {
     match what {
         Bench::Storage(args) => storage::run(args).await,
+        Bench::Api(args) => api::run(*args).await,
     }
 }
 
