@@ -1,0 +1,58 @@
+//! The conformance tests kumo is recorded as passing (conformance/kumo-passing.txt) still
+//! pass against `kumo apiserver`: no regressions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Command;
+
+use kumo_apiserver::{ApiServer, ApiServerConfig};
+use kumo_e2e::{repo_root, require_reference_binaries, run};
+
+/// Names listed in the passing list (comments and blank lines skipped).
+fn listed() -> Vec<String> {
+    let text = std::fs::read_to_string(repo_root().join("conformance/kumo-passing.txt")).unwrap();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_conformance_tests_still_pass_on_kumo() {
+    require_reference_binaries(&["e2e.test"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ApiServerConfig::new(dir.path().join("kumo"));
+    cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let server = ApiServer::start(cfg).await.unwrap();
+    let kubeconfig = server.admin_kubeconfig.clone();
+    let out_dir = dir.path().join("conformance");
+    let out = tokio::task::spawn_blocking(move || {
+        run(Command::new(repo_root().join("scripts/conformance"))
+            .arg("--check-passing")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--out")
+            .arg(&out_dir))
+        .unwrap()
+    })
+    .await
+    .unwrap();
+    let names = listed();
+    let last = out.stdout.lines().last().unwrap_or("").to_owned();
+    if names.is_empty() {
+        assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+        assert!(out.stdout.contains("0 tests listed"), "{}", out.stdout);
+    } else {
+        assert!(
+            out.status.success(),
+            "a recorded test regressed:\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+        assert!(
+            last.starts_with(&format!("{} passed, 0 failed", names.len())),
+            "{last}"
+        );
+    }
+}
