@@ -18,8 +18,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the whole system (API server on the embedded store, controllers, cloud).
-    Up,
+    /// Run kumo: today the API server on the embedded store (controllers, scheduler,
+    /// kubelet and the cloud join as they land).
+    Up(UpArgs),
     /// The API server alone: HTTPS on --secure-port over the embedded store or etcd.
     Apiserver(ApiserverArgs),
     /// Benchmarks that measure kumo side by side with the reference.
@@ -67,6 +68,45 @@ struct ApiserverArgs {
     etcd_servers: Vec<String>,
 }
 
+/// Flags of `kumo up`.
+#[derive(clap::Args)]
+struct UpArgs {
+    /// Where the cluster's state lives (default: $HOME/.kumo/default).
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
+    /// The API server's port on 127.0.0.1.
+    #[arg(long, default_value_t = 6443)]
+    port: u16,
+}
+
+async fn up(args: UpArgs) -> Result<()> {
+    let data_dir = match args.data_dir {
+        Some(d) => d,
+        None => {
+            let home = std::env::var_os("HOME")
+                .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass --data-dir"))?;
+            std::path::PathBuf::from(home).join(".kumo").join("default")
+        }
+    };
+    let mut cfg = kumo_apiserver::ApiServerConfig::new(&data_dir);
+    cfg.bind = std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), args.port);
+    let server = kumo_apiserver::ApiServer::start(cfg).await?;
+    println!(
+        "kumo: API server ready at https://{} in {} ms (state in {})",
+        server.local_addr,
+        server.startup.as_millis(),
+        data_dir.display()
+    );
+    println!(
+        "kumo: not running yet: controller-manager, scheduler, kubelet, cloud (see the open issues)"
+    );
+    println!(
+        "To use it:\n  export KUBECONFIG={}\n  kubectl get namespaces",
+        server.admin_kubeconfig.display()
+    );
+    server.wait().await
+}
+
 async fn apiserver(args: ApiserverArgs) -> Result<()> {
     use kumo_apiserver::server::StoreConfig;
     let mut cfg = kumo_apiserver::ApiServerConfig::new(&args.data_dir);
@@ -99,12 +139,11 @@ fn main() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up => {
-            eprintln!(
-                "kumo up is coming: the storage layer has landed; the API server, controllers \
-                 and cloud follow (see the open issues)."
-            );
-            std::process::exit(2);
+        Command::Up(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(up(args))
         }
         Command::Apiserver(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
