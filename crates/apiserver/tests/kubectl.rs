@@ -372,32 +372,44 @@ async fn kubectl_drives_the_api_server() {
     assert!(out.stderr.contains("The ConfigMap \"Bad_Name\" is invalid: \n* metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain"), "{}", out.stderr);
     assert!(out.stderr.contains("\n* data[bad key]: Invalid value: \"bad key\": a valid config key must consist of alphanumeric characters"), "{}", out.stderr);
 
-    // Watch: a change and a delete arrive as events.
-    let watcher = {
-        let kc = kc.clone();
-        tokio::spawn(async move {
-            k(
-                &kc,
-                &[
-                    "get",
-                    "cm",
-                    "web-config",
-                    "-w",
-                    "--output-watch-events",
-                    "-o",
-                    "jsonpath={.type} {.object.metadata.name}{\"\\n\"}",
-                    "--request-timeout=8s",
-                ],
-            )
-            .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Watch: a change and a delete arrive as events. The changes are made only after the
+    // watcher printed the object's ADDED event, so a slow start cannot reorder them.
+    let mut watcher = Command::new(kubectl_bin(None))
+        .args([
+            "get",
+            "cm",
+            "web-config",
+            "-w",
+            "--output-watch-events",
+            "-o",
+            "jsonpath={.type} {.object.metadata.name}{\"\\n\"}",
+            "--request-timeout=30s",
+        ])
+        .env("KUBECONFIG", &kc)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let stdout = watcher.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    assert_eq!(next_line(&mut rx).await, "ADDED web-config");
     assert!(
         k(&kc, &["label", "cm", "web-config", "watched=yes"])
             .await
             .ok
     );
+    assert_eq!(next_line(&mut rx).await, "MODIFIED web-config");
     let out = k(&kc, &["delete", "cm", "web-config"]).await;
     assert_eq!(
         out.stdout.trim(),
@@ -405,18 +417,9 @@ async fn kubectl_drives_the_api_server() {
         "{}",
         out.stderr
     );
-    let out = watcher.await.unwrap();
-    let events: Vec<&str> = out.stdout.lines().collect();
-    assert_eq!(
-        events,
-        [
-            "ADDED web-config",
-            "MODIFIED web-config",
-            "DELETED web-config"
-        ],
-        "{}",
-        out.stderr
-    );
+    assert_eq!(next_line(&mut rx).await, "DELETED web-config");
+    let _ = watcher.kill();
+    let _ = watcher.wait();
 
     let out = k(&kc, &["get", "cm", "web-config"]).await;
     assert!(!out.ok);
@@ -454,6 +457,14 @@ async fn kubectl_drives_the_api_server() {
     )
     .await;
     assert_eq!(out.stdout.trim(), "configmap/db-config", "{}", out.stderr);
+}
+
+/// The next line a watcher printed, failing after 20 s.
+async fn next_line(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("watch event within 20 s")
+        .expect("watcher still running")
 }
 
 fn out_json(out: &Out) -> serde_json::Value {
