@@ -950,10 +950,25 @@ impl Rest {
                     }
                 }
             }
-            if subresource == Some("status") {
-                res.strategy.prepare_status_update(&mut new, &old);
-            } else {
-                res.strategy.prepare_update(&mut new, &old);
+            match subresource {
+                Some("status") => res.strategy.prepare_status_update(&mut new, &old),
+                Some("finalize") => {
+                    // Only spec.finalizers changes through /finalize.
+                    let finalizers = new.pointer("/spec/finalizers").cloned();
+                    let mut merged = old.clone();
+                    if let Some(o) = merged.as_object_mut() {
+                        let spec = o.entry("spec").or_insert_with(|| json!({}));
+                        if let Some(sp) = spec.as_object_mut() {
+                            match finalizers {
+                                Some(f) => sp.insert("finalizers".into(), f),
+                                None => sp.remove("finalizers"),
+                            };
+                        }
+                    }
+                    new = merged;
+                    res.strategy.prepare_finalize_update(&mut new, &old);
+                }
+                _ => res.strategy.prepare_update(&mut new, &old),
             }
             if res.strategy.tracks_generation() && spec_changed(&old, &new) {
                 let g = meta(&old)
@@ -971,6 +986,19 @@ impl Rest {
             if new == old || dry_run {
                 // A no-op update writes nothing and keeps the resourceVersion.
                 return Ok(Reply::Json(200, render_one(res, req, new)));
+            }
+            if meta_str(&new, "deletionTimestamp").is_some()
+                && !res.strategy.finalizers_pending(&new)
+            {
+                // The last finalizer of an object being deleted is gone: delete it.
+                match self.store.delete(key.as_bytes(), Some(old_rev)).await {
+                    Ok((_, rev)) => {
+                        set_meta(&mut new, "resourceVersion", json!(rev.to_string()));
+                        return Ok(Reply::Json(200, render_one(res, req, new)));
+                    }
+                    Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
+                    Err(e) => return Err(storage_error(res, name, e)),
+                }
             }
             match self
                 .store

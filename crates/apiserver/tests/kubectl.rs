@@ -675,6 +675,31 @@ async fn typed_create_commands_send_protobuf() {
         "{}",
         out.stderr
     );
+    // The namespace controller's last step: emptying spec.finalizers through /finalize
+    // deletes the namespace.
+    let mut ns = out_json(&k(&kc, &["get", "ns", "team-a", "-o", "json"]).await);
+    ns["spec"]["finalizers"] = serde_json::json!([]);
+    let file = _dir.path().join("ns.json");
+    std::fs::write(&file, ns.to_string()).unwrap();
+    let out = k(
+        &kc,
+        &[
+            "replace",
+            "--raw",
+            "/api/v1/namespaces/team-a/finalize",
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&kc, &["get", "ns", "team-a"]).await;
+    assert!(
+        out.stderr.contains("namespaces \"team-a\" not found"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
 }
 
 const POD: &str = "apiVersion: v1
@@ -1161,6 +1186,65 @@ regarding: {kind: Pod, namespace: default, name: web}
         out.stdout.trim(),
         "leases.coordination.k8s.io",
         "{}",
+        out.stderr
+    );
+}
+
+/// An object with finalizers is only marked for deletion; removing the last finalizer
+/// deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalizers_hold_deletion() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let cm = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"held","finalizers":["example.com/hold"]}}"#;
+    assert!(
+        k_in(
+            None,
+            &kc,
+            &["create", "--validate=false", "-f", "-"],
+            Some(cm)
+        )
+        .await
+        .ok
+    );
+    let out = k(&kc, &["delete", "cm", "held", "--wait=false"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "cm",
+            "held",
+            "-o",
+            "jsonpath={.metadata.deletionTimestamp} {.metadata.finalizers}",
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        out.stdout.ends_with(" [\"example.com/hold\"]") && out.stdout.len() > 20,
+        "{}",
+        out.stdout
+    );
+    let out = k(
+        &kc,
+        &[
+            "patch",
+            "cm",
+            "held",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&kc, &["get", "cm", "held"]).await;
+    assert!(
+        out.stderr.contains("configmaps \"held\" not found"),
+        "{}{}",
+        out.stdout,
         out.stderr
     );
 }

@@ -100,11 +100,30 @@ impl Strategy for Namespaces {
 
     fn delete_pending(&self, obj: &mut Value) -> bool {
         // Deletion marks the namespace Terminating; the namespace controller empties it
-        // and removes the `kubernetes` finalizer.
+        // and removes the `kubernetes` finalizer through `finalize`.
         if let Some(o) = obj.as_object_mut() {
             o.insert("status".into(), json!({"phase": "Terminating"}));
         }
-        true
+        self.finalizers_pending(obj)
+    }
+
+    fn finalizers_pending(&self, obj: &Value) -> bool {
+        let non_empty = |p: &str| {
+            obj.pointer(p)
+                .and_then(Value::as_array)
+                .is_some_and(|f| !f.is_empty())
+        };
+        non_empty("/metadata/finalizers") || non_empty("/spec/finalizers")
+    }
+
+    fn prepare_finalize_update(&self, new: &mut Value, _old: &Value) {
+        let name = name_of(new).to_owned();
+        if let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+            let labels = meta.entry("labels").or_insert_with(|| json!({}));
+            if let Some(l) = labels.as_object_mut() {
+                l.insert(NAMESPACE_NAME_LABEL.into(), json!(name));
+            }
+        }
     }
 
     fn columns(&self) -> Vec<Column> {

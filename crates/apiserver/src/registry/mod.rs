@@ -67,6 +67,17 @@ pub trait Strategy: Send + Sync {
     /// The same for an update through the `status` subresource (`rest` has already taken
     /// everything but the status from the stored object).
     fn prepare_status_update(&self, _new: &mut Value, _old: &Value) {}
+    /// The same for an update through the `finalize` subresource (`rest` has taken
+    /// everything but `spec.finalizers` from the stored object).
+    fn prepare_finalize_update(&self, _new: &mut Value, _old: &Value) {}
+    /// Whether something still holds up the deletion of an object marked for deletion:
+    /// its `metadata.finalizers` by default (namespaces also wait for `spec.finalizers`).
+    /// An update that leaves a deleted object with nothing pending deletes it.
+    fn finalizers_pending(&self, obj: &Value) -> bool {
+        obj.pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty())
+    }
     /// Objects that admission looks up on create (storage keys), each with the error to
     /// answer when it is missing; e.g. the pod's service account.
     fn admission_lookups(&self, _obj: &Value) -> Vec<Lookup> {
