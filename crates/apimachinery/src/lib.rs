@@ -7,3 +7,16 @@ pub mod protobuf;
 pub mod selector;
 pub mod status;
 pub mod validation;
+
+/// Timestamps as the API writes them: RFC 3339 in UTC, whole seconds (`metav1.Time`).
+pub mod time {
+    /// Seconds since the epoch as `2026-12-02T17:05:00Z`; `None` outside years 0000–9999.
+    pub fn format_rfc3339(secs: i64) -> Option<String> {
+        crate::protobuf::gotime::format_rfc3339(secs, None)
+    }
+
+    /// Parses RFC 3339 as Go's `time.Parse(time.RFC3339, ...)`; seconds since the epoch.
+    pub fn parse_rfc3339(s: &str) -> Option<i64> {
+        crate::protobuf::gotime::parse_rfc3339(s).map(|(secs, _)| secs)
+    }
+}

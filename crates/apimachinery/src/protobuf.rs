@@ -27,7 +27,7 @@
 //! k8s.io/apiextensions-apiserver v0.37.2 by `scripts/gen-proto-schema` into
 //! `protobuf/schema.txt`, and parsed once on first use.
 
-mod gotime;
+pub(crate) mod gotime;
 mod schema;
 mod wire;
 

@@ -812,20 +812,8 @@ impl Rest {
             Some(r) if !r.is_empty() => Some(parse_rv(r)?),
             _ => None,
         };
-        self.write_update(res, ns, name, subresource, body_rv, dry_run, req, |old| {
-            let mut new = obj.clone();
-            if subresource == Some("status") {
-                // Only status changes through /status.
-                let mut merged = old.clone();
-                if let Some(o) = merged.as_object_mut() {
-                    o.insert(
-                        "status".into(),
-                        new.get("status").cloned().unwrap_or(Value::Null),
-                    );
-                }
-                new = merged;
-            }
-            Ok(new)
+        self.write_update(res, ns, name, subresource, body_rv, dry_run, req, |_old| {
+            Ok(obj.clone())
         })
         .await
     }
@@ -892,16 +880,6 @@ impl Rest {
                     }
                 }
             }
-            if subresource == Some("status") {
-                let mut merged = old.clone();
-                if let Some(o) = merged.as_object_mut() {
-                    o.insert(
-                        "status".into(),
-                        doc.get("status").cloned().unwrap_or(Value::Null),
-                    );
-                }
-                doc = merged;
-            }
             Ok(doc)
         })
         .await
@@ -951,7 +929,16 @@ impl Rest {
                 }
             }
             match subresource {
-                Some("status") => res.strategy.prepare_status_update(&mut new, &old),
+                Some("status") => {
+                    // Only status changes through /status.
+                    let status = new.get("status").cloned().unwrap_or(Value::Null);
+                    let mut merged = old.clone();
+                    if let Some(o) = merged.as_object_mut() {
+                        o.insert("status".into(), status);
+                    }
+                    new = merged;
+                    res.strategy.prepare_status_update(&mut new, &old);
+                }
                 Some("finalize") => {
                     // Only spec.finalizers changes through /finalize.
                     let finalizers = new.pointer("/spec/finalizers").cloned();
