@@ -361,28 +361,8 @@ impl Strategy for Pods {
             // Host-network pods expose their container ports on the host.
             for list in CONTAINER_LISTS {
                 if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
+                    // (The rest of each container was defaulted above.)
                     for c in cs {
-                        for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
-                            if let Some(p) = c.get_mut(probe).filter(|p| p.is_object()) {
-                                default_field(p, "timeoutSeconds", json!(1));
-                                default_field(p, "periodSeconds", json!(10));
-                                default_field(p, "successThreshold", json!(1));
-                                default_field(p, "failureThreshold", json!(3));
-                                default_handler(p);
-                            }
-                        }
-                        for hook in ["postStart", "preStop"] {
-                            if let Some(h) = c.pointer_mut(&format!("/lifecycle/{hook}")) {
-                                default_handler(h);
-                            }
-                        }
-                        if let Some(env) = c.get_mut("env").and_then(Value::as_array_mut) {
-                            for e in env {
-                                if let Some(f) = e.pointer_mut("/valueFrom/fieldRef") {
-                                    default_field(f, "apiVersion", json!("v1"));
-                                }
-                            }
-                        }
                         if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
                             for p in ports {
                                 if p.get("hostPort").is_none() {
