@@ -11,6 +11,7 @@
 //!
 //! Only this crate talks to storage (see ARCHITECTURE.md).
 
+pub mod cache;
 pub mod discovery;
 pub mod handler;
 pub mod negotiate;

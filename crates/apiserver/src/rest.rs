@@ -17,6 +17,7 @@ use kumo_storage::{RangeRequest, Revision, StorageError, Store, WatchEvent};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use crate::cache::{CacheEvent, WatchCaches};
 use crate::negotiate::{Accept, Output};
 use crate::registry::Resource;
 
@@ -30,7 +31,13 @@ pub enum Reply {
 /// Shared state of the verbs.
 pub struct Rest {
     pub store: Arc<dyn Store>,
+    /// Lists and watches are served from here when they can be.
+    pub caches: WatchCaches,
 }
+
+/// How long a list or watch waits for the watch cache to reach the revision it needs
+/// before it reads the store instead (kube-apiserver waits up to 3 s).
+const CACHE_WAIT: Duration = Duration::from_secs(3);
 
 /// The parts of a request the verbs need.
 pub struct Request<'a> {
@@ -378,6 +385,48 @@ fn table(
     })
 }
 
+/// The answer to a list: the items in the representation asked for, with the list's
+/// revision, continue token (`next_start`: where the next page starts, after the prefix)
+/// and remaining item count.
+fn list_reply(
+    res: &Resource,
+    req: &Request<'_>,
+    items: Vec<Value>,
+    at: Revision,
+    next_start: Option<String>,
+    remaining: Option<usize>,
+) -> Reply {
+    let mut list_meta = json!({"resourceVersion": at.to_string()});
+    if let Some(s) = &next_start {
+        list_meta["continue"] = json!(encode_continue(at, s));
+    }
+    if let Some(r) = remaining {
+        list_meta["remainingItemCount"] = json!(r);
+    }
+    let body = match req.accept.output {
+        Output::Table => table(
+            res,
+            &items,
+            list_meta,
+            true,
+            req.param("includeObject").unwrap_or("Metadata"),
+        ),
+        Output::Metadata => json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": list_meta,
+            "items": items.iter().map(partial_metadata).collect::<Vec<_>>(),
+        }),
+        Output::Object => json!({
+            "kind": format!("{}List", res.kind),
+            "apiVersion": res.api_version(),
+            "metadata": list_meta,
+            "items": items.into_iter().map(as_list_item).collect::<Vec<_>>(),
+        }),
+    };
+    Reply::Json(200, body)
+}
+
 /// Renders one object in the representation asked for.
 fn render_one(res: &Resource, req: &Request<'_>, obj: Value) -> Value {
     match req.accept.output {
@@ -397,6 +446,14 @@ fn render_one(res: &Resource, req: &Request<'_>, obj: Value) -> Value {
 }
 
 impl Rest {
+    /// The verbs over `store`.
+    pub fn new(store: Arc<dyn Store>) -> Rest {
+        Rest {
+            caches: WatchCaches::new(store.clone()),
+            store,
+        }
+    }
+
     async fn get_current(
         &self,
         res: &Resource,
@@ -611,6 +668,54 @@ impl Rest {
                 }
             }
         }
+        // Everything but an exact revision or a continued list is served by the watch cache,
+        // once it has caught up with the revision the list needs: the store's current one
+        // for a consistent list, the client's for NotOlderThan, any for "0".
+        if revision.is_none() {
+            let need = match req.param("resourceVersion") {
+                None | Some("") => self
+                    .store
+                    .current_revision()
+                    .await
+                    .map_err(ApiError::internal)?,
+                Some(rv) => parse_rv(rv)?.max(1),
+            };
+            let cache = self.caches.get(&res.key_prefix(None));
+            if cache.wait_for(need, CACHE_WAIT).await.is_some() {
+                let snap = cache.snapshot(&prefix);
+                let mut items = Vec::new();
+                let (mut next_start, mut remaining) = (None, None);
+                let unselective = selectors.labels.is_empty() && selectors.fields.is_empty();
+                for (i, (_, obj)) in snap.objects.iter().enumerate() {
+                    if limit > 0 && items.len() >= limit {
+                        // Continue after the last key handed out, as the store path does.
+                        if let Some((last, _)) = i.checked_sub(1).and_then(|j| snap.objects.get(j))
+                        {
+                            next_start = Some(format!("{}\0", &last[prefix.len()..]));
+                        }
+                        if unselective {
+                            remaining = Some(snap.objects.len() - i);
+                        }
+                        break;
+                    }
+                    if !selectors.labels.is_empty() && !selectors.labels.matches(&labels_of(obj)) {
+                        continue;
+                    }
+                    let served = res.strategy.served_form((**obj).clone());
+                    if selectors.matches(res, &served) {
+                        items.push(served);
+                    }
+                }
+                return Ok(list_reply(
+                    res,
+                    req,
+                    items,
+                    snap.revision,
+                    next_start,
+                    remaining,
+                ));
+            }
+        }
         // Read pages from the store until `limit` objects matched or the range ended.
         let mut items = Vec::new();
         let mut next_start: Option<String> = None;
@@ -685,35 +790,7 @@ impl Rest {
                 None => break,
             }
         }
-        let mut list_meta = json!({"resourceVersion": at.to_string()});
-        if let Some(s) = &next_start {
-            list_meta["continue"] = json!(encode_continue(at, s));
-        }
-        if let Some(r) = remaining {
-            list_meta["remainingItemCount"] = json!(r);
-        }
-        let body = match req.accept.output {
-            Output::Table => table(
-                res,
-                &items,
-                list_meta,
-                true,
-                req.param("includeObject").unwrap_or("Metadata"),
-            ),
-            Output::Metadata => json!({
-                "kind": "PartialObjectMetadataList",
-                "apiVersion": "meta.k8s.io/v1",
-                "metadata": list_meta,
-                "items": items.iter().map(partial_metadata).collect::<Vec<_>>(),
-            }),
-            Output::Object => json!({
-                "kind": format!("{}List", res.kind),
-                "apiVersion": res.api_version(),
-                "metadata": list_meta,
-                "items": items.into_iter().map(as_list_item).collect::<Vec<_>>(),
-            }),
-        };
-        Ok(Reply::Json(200, body))
+        Ok(list_reply(res, req, items, at, next_start, remaining))
     }
 
     /// GET of a collection with `watch=1`: a stream of watch events.
@@ -1270,6 +1347,22 @@ impl WatchRun {
         timeout: Duration,
     ) {
         let deadline = tokio::time::Instant::now() + timeout;
+        // The watch cache serves the watch when it has caught up with where the watch
+        // starts and still holds the changes after it.
+        let need = match from {
+            Some(r) => Some(r),
+            None => self.rest.store.current_revision().await.ok(),
+        };
+        if let Some(need) = need {
+            let cache = self.rest.caches.get(&self.res.key_prefix(None));
+            if cache.wait_for(need, CACHE_WAIT).await.is_some() {
+                if let Some(w) = cache.watch(&prefix, from.unwrap_or(0), initial) {
+                    return self
+                        .run_cached(w, &prefix, initial_end_bookmark, bookmarks, deadline)
+                        .await;
+                }
+            }
+        }
         // Where the change stream starts: after the initial state, or the client's revision.
         let mut start = match from {
             Some(r) => r,
@@ -1365,8 +1458,78 @@ impl WatchRun {
         }
     }
 
-    /// Translates a store event, honouring selector transitions: an object that starts
-    /// matching is ADDED, one that stops is DELETED.
+    /// Follows a watch cache: the initial state or the replayed window, then its fan-out.
+    async fn run_cached(
+        mut self,
+        w: crate::cache::CachedWatch,
+        prefix: &str,
+        initial_end_bookmark: bool,
+        bookmarks: bool,
+        deadline: tokio::time::Instant,
+    ) {
+        if let Some(snap) = w.initial {
+            for (_, obj) in snap.objects {
+                let obj = self.res.strategy.served_form((*obj).clone());
+                if self.selectors.matches(&self.res, &obj) && !self.send("ADDED", obj).await {
+                    return;
+                }
+            }
+            if initial_end_bookmark && !self.bookmark(snap.revision, true).await {
+                return;
+            }
+        }
+        for ev in w.replay {
+            if !self.on_cached(&ev).await {
+                return;
+            }
+        }
+        let (at, mut live) = (w.revision, w.live);
+        loop {
+            tokio::select! {
+                ev = live.recv() => match ev {
+                    Ok(ev) => {
+                        let go_on = match &*ev {
+                            CacheEvent::Reset => false,
+                            CacheEvent::Progress(r) => !bookmarks || *r <= at || self.bookmark(*r, false).await,
+                            e if e.revision() <= at || !e.key().is_some_and(|k| k.starts_with(prefix)) => true,
+                            _ => self.on_cached(&ev).await,
+                        };
+                        if !go_on {
+                            return;
+                        }
+                    }
+                    // A watcher that fell this far behind ends; the client resumes from the
+                    // last revision it saw.
+                    Err(_) => return,
+                },
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = self.tx.closed() => return,
+            }
+        }
+    }
+
+    /// Sends a cached change.
+    async fn on_cached(&mut self, ev: &CacheEvent) -> bool {
+        let served = |o: &Arc<Value>| self.res.strategy.served_form((**o).clone());
+        match ev {
+            CacheEvent::Put {
+                revision,
+                obj,
+                prev,
+                ..
+            } => {
+                let (obj, prev) = (served(obj), prev.as_ref().map(served));
+                self.on_change(*revision, Some(obj), prev).await
+            }
+            CacheEvent::Delete { revision, prev, .. } => {
+                let prev = served(prev);
+                self.on_change(*revision, None, Some(prev)).await
+            }
+            CacheEvent::Progress(_) | CacheEvent::Reset => true,
+        }
+    }
+
+    /// Translates a store event.
     async fn on_event(&mut self, ev: WatchEvent) -> bool {
         let res = self.res.clone();
         let decode =
@@ -1374,38 +1537,50 @@ impl WatchRun {
         match ev {
             WatchEvent::Put { kv, prev } => {
                 let Some(obj) = decode(&kv) else { return true };
-                let now = self.selectors.matches(&self.res, &obj);
                 let old = prev.as_ref().and_then(decode);
-                let before = old.as_ref().map(|o| self.selectors.matches(&self.res, o));
-                match (before, now) {
-                    (Some(true), true) => self.send("MODIFIED", obj).await,
-                    (_, true) => self.send("ADDED", obj).await,
-                    (Some(true), false) => {
-                        // It stopped matching: DELETED, carrying the object as it was,
-                        // at the revision of the change (as kube-apiserver does).
-                        let Some(mut old) = old else { return true };
-                        set_meta(
-                            &mut old,
-                            "resourceVersion",
-                            json!(kv.mod_revision.to_string()),
-                        );
-                        self.send("DELETED", old).await
-                    }
-                    (_, false) => true,
-                }
+                self.on_change(kv.mod_revision, Some(obj), old).await
             }
             WatchEvent::Delete { revision, prev, .. } => {
-                let Some(mut obj) = prev.as_ref().and_then(decode) else {
+                let Some(obj) = prev.as_ref().and_then(decode) else {
                     return true;
                 };
-                if !self.selectors.matches(&self.res, &obj) {
-                    return true;
-                }
-                // The deleted object carries the revision of its deletion.
-                set_meta(&mut obj, "resourceVersion", json!(revision.to_string()));
-                self.send("DELETED", obj).await
+                self.on_change(revision, None, Some(obj)).await
             }
             WatchEvent::Progress(_) => true,
+        }
+    }
+
+    /// Sends the change of one object at `revision` (`obj` None: deleted), honouring
+    /// selector transitions: an object that starts matching is ADDED, one that stops is
+    /// DELETED.
+    async fn on_change(
+        &mut self,
+        revision: Revision,
+        obj: Option<Value>,
+        old: Option<Value>,
+    ) -> bool {
+        let before = old.as_ref().map(|o| self.selectors.matches(&self.res, o));
+        let Some(obj) = obj else {
+            let Some(mut old) = old else { return true };
+            if before != Some(true) {
+                return true;
+            }
+            // The deleted object carries the revision of its deletion.
+            set_meta(&mut old, "resourceVersion", json!(revision.to_string()));
+            return self.send("DELETED", old).await;
+        };
+        let now = self.selectors.matches(&self.res, &obj);
+        match (before, now) {
+            (Some(true), true) => self.send("MODIFIED", obj).await,
+            (_, true) => self.send("ADDED", obj).await,
+            (Some(true), false) => {
+                // It stopped matching: DELETED, carrying the object as it was, at the
+                // revision of the change (as kube-apiserver does).
+                let Some(mut old) = old else { return true };
+                set_meta(&mut old, "resourceVersion", json!(revision.to_string()));
+                self.send("DELETED", old).await
+            }
+            (_, false) => true,
         }
     }
 

@@ -151,9 +151,7 @@ impl ApiServer {
         )?;
 
         let tls = tls_config(&ca.cert_pem, &serving)?;
-        let rest = Arc::new(Rest {
-            store: store.clone(),
-        });
+        let rest = Arc::new(Rest::new(store.clone()));
         let registry = Registry::builtin();
         bootstrap_namespaces(&rest, &registry).await?;
         let state = Arc::new(State {

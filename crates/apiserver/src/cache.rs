@@ -1,0 +1,504 @@
+//! The watch cache: one in-memory copy of each resource's objects, kept current by one
+//! store watch, that serves lists and watches so that they do not each reach the store.
+//!
+//! Like kube-apiserver's cacher, a cache holds the decoded objects of one storage prefix
+//! (`/registry/pods/`), the revision they reflect, and a window of recent events. Lists with
+//! `resourceVersion` unset (a consistent read), `0` or a `NotOlderThan` revision are served
+//! from it once it has caught up with the revision they need; watches start from its
+//! snapshot or from its event window and then follow its fan-out. Reads it cannot answer
+//! (an exact revision, a continue token, a revision older than the window) go to the store.
+//!
+//! A cache starts on the first list or watch of its resource, so resources nobody reads cost
+//! nothing. If its store watch fails (history compacted under it, a broken connection), it
+//! lists again and tells its watchers to end; clients re-watch from their last revision.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use kumo_storage::{RangeRequest, Revision, Store, WatchEvent};
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, mpsc, watch};
+
+/// Events kept for watchers that start from a recent revision.
+const HISTORY: usize = 4096;
+/// Events a watcher may fall behind the fan-out before it is ended.
+const FANOUT: usize = 4096;
+/// Objects read per store range while filling a cache.
+const FILL_PAGE: usize = 2000;
+/// How often a cache asks the store for a progress notification (watch bookmarks).
+const PROGRESS_EVERY: Duration = Duration::from_secs(60);
+
+/// One change, as the cache fans it out. Objects are in their stored form, with their
+/// resourceVersion set.
+#[derive(Debug)]
+pub enum CacheEvent {
+    /// Created or updated; `prev` is the object before (None on create).
+    Put {
+        key: String,
+        revision: Revision,
+        obj: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    },
+    /// Deleted at `revision`; `prev` is the object as it was.
+    Delete {
+        key: String,
+        revision: Revision,
+        prev: Arc<Value>,
+    },
+    /// Nothing else changed up to this revision.
+    Progress(Revision),
+    /// The cache lost its store watch and refilled: every watcher following it must end.
+    Reset,
+}
+
+impl CacheEvent {
+    /// The revision of a change (0 for a reset).
+    pub fn revision(&self) -> Revision {
+        match self {
+            CacheEvent::Put { revision, .. } | CacheEvent::Delete { revision, .. } => *revision,
+            CacheEvent::Progress(r) => *r,
+            CacheEvent::Reset => 0,
+        }
+    }
+
+    /// The key of a change.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            CacheEvent::Put { key, .. } | CacheEvent::Delete { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+struct Inner {
+    objects: BTreeMap<String, Arc<Value>>,
+    /// The revision the objects reflect (0 until the first fill).
+    revision: Revision,
+    /// Recent changes, oldest first.
+    history: VecDeque<Arc<CacheEvent>>,
+    /// Every change after this revision is in `history`.
+    floor: Revision,
+}
+
+/// The cache of one storage prefix.
+pub struct WatchCache {
+    prefix: String,
+    /// Most events kept in the window.
+    history: usize,
+    inner: RwLock<Inner>,
+    fanout: broadcast::Sender<Arc<CacheEvent>>,
+    revision: watch::Sender<Revision>,
+    progress: mpsc::Sender<()>,
+}
+
+/// A consistent view of the objects under a key prefix.
+pub struct Snapshot {
+    pub revision: Revision,
+    /// (key, object) in key order.
+    pub objects: Vec<(String, Arc<Value>)>,
+}
+
+/// Where a cached watch starts.
+pub struct CachedWatch {
+    /// The state to send first (as ADDED), when asked for.
+    pub initial: Option<Snapshot>,
+    /// Changes after the start that the window still held.
+    pub replay: Vec<Arc<CacheEvent>>,
+    /// The revision the watch stands at once `initial` and `replay` are sent.
+    pub revision: Revision,
+    /// Changes from then on.
+    pub live: broadcast::Receiver<Arc<CacheEvent>>,
+}
+
+impl WatchCache {
+    /// The revision the cache reflects, waiting up to `wait` for it to reach `at_least`.
+    /// `None` when it did not (the caller reads the store instead).
+    pub async fn wait_for(&self, at_least: Revision, wait: Duration) -> Option<Revision> {
+        let mut rx = self.revision.subscribe();
+        let current = *rx.borrow_and_update();
+        if current >= at_least && current > 0 {
+            return Some(current);
+        }
+        // Other prefixes may have moved the revision; a progress notification brings the
+        // cache's revision up to the store's without any change of its own.
+        let _ = self.progress.try_send(());
+        let reached = tokio::time::timeout(wait, async {
+            loop {
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+                let r = *rx.borrow_and_update();
+                if r >= at_least && r > 0 {
+                    return Some(r);
+                }
+            }
+        })
+        .await;
+        reached.ok().flatten()
+    }
+
+    /// The objects under `key_prefix` (which starts with the cache's prefix).
+    pub fn snapshot(&self, key_prefix: &str) -> Snapshot {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        Snapshot {
+            revision: inner.revision,
+            objects: range(&inner.objects, key_prefix)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// Starts a watch: with `initial`, from the current state (as a snapshot of
+    /// `key_prefix`); otherwise from revision `from`. `None` when the window no longer holds
+    /// the changes after `from`, or the cache is behind `from` (the store must serve it).
+    pub fn watch(&self, key_prefix: &str, from: Revision, initial: bool) -> Option<CachedWatch> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        if inner.revision == 0 {
+            return None;
+        }
+        // Subscribing under the read lock: the writer applies and fans out under the write
+        // lock, so nothing falls between the snapshot (or the replay) and the live stream.
+        let live = self.fanout.subscribe();
+        if initial {
+            let objects = range(&inner.objects, key_prefix)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            return Some(CachedWatch {
+                initial: Some(Snapshot {
+                    revision: inner.revision,
+                    objects,
+                }),
+                replay: Vec::new(),
+                revision: inner.revision,
+                live,
+            });
+        }
+        if from < inner.floor || from > inner.revision {
+            return None;
+        }
+        let replay = inner
+            .history
+            .iter()
+            .filter(|e| e.revision() > from && e.key().is_some_and(|k| k.starts_with(key_prefix)))
+            .cloned()
+            .collect();
+        Some(CachedWatch {
+            initial: None,
+            replay,
+            revision: inner.revision,
+            live,
+        })
+    }
+
+    /// Fills the cache from the store and follows its changes until the watch fails.
+    async fn follow(self: &Arc<Self>, store: &Arc<dyn Store>, progress: &mut mpsc::Receiver<()>) {
+        let Some(at) = self.fill(store).await else {
+            return;
+        };
+        let mut stream = match store.watch(self.prefix.as_bytes(), at).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(prefix = %self.prefix, error = %e, "watch cache: store watch failed");
+                return;
+            }
+        };
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                ev = stream.next() => match ev {
+                    Some(Ok(ev)) => self.apply(ev),
+                    Some(Err(e)) => {
+                        tracing::warn!(prefix = %self.prefix, error = %e, "watch cache: store watch ended");
+                        return;
+                    }
+                    None => return,
+                },
+                Some(()) = progress.recv() => stream.request_progress().await,
+                _ = tick.tick() => stream.request_progress().await,
+            }
+        }
+    }
+
+    /// Lists the prefix at one revision into the cache; ends followers of an earlier fill.
+    async fn fill(&self, store: &Arc<dyn Store>) -> Option<Revision> {
+        let mut objects = BTreeMap::new();
+        let mut start: Option<Vec<u8>> = None;
+        let mut at: Option<Revision> = None;
+        loop {
+            let page = match store
+                .range(RangeRequest {
+                    prefix: self.prefix.clone().into_bytes(),
+                    start: start.clone(),
+                    limit: FILL_PAGE,
+                    revision: at,
+                })
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(prefix = %self.prefix, error = %e, "watch cache: fill failed");
+                    return None;
+                }
+            };
+            at = Some(page.revision);
+            let last = page.kvs.last().map(|kv| kv.key.clone());
+            for kv in page.kvs {
+                if let Some(obj) = decode(&kv.value, kv.mod_revision) {
+                    objects.insert(String::from_utf8_lossy(&kv.key).into_owned(), Arc::new(obj));
+                }
+            }
+            match (page.more, last) {
+                (true, Some(mut k)) => {
+                    k.push(0);
+                    start = Some(k);
+                }
+                _ => break,
+            }
+        }
+        let at = at?;
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let refill = inner.revision != 0;
+        *inner = Inner {
+            objects,
+            revision: at,
+            history: VecDeque::new(),
+            floor: at,
+        };
+        if refill {
+            let _ = self.fanout.send(Arc::new(CacheEvent::Reset));
+        }
+        self.revision.send_replace(at);
+        drop(inner);
+        tracing::debug!(prefix = %self.prefix, revision = at, "watch cache filled");
+        Some(at)
+    }
+
+    /// Applies one store event and fans it out.
+    fn apply(&self, ev: WatchEvent) {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let event = match ev {
+            WatchEvent::Put { kv, .. } => {
+                let key = String::from_utf8_lossy(&kv.key).into_owned();
+                let Some(obj) = decode(&kv.value, kv.mod_revision).map(Arc::new) else {
+                    tracing::warn!(%key, "watch cache: undecodable object skipped");
+                    inner.revision = inner.revision.max(kv.mod_revision);
+                    self.revision.send_replace(inner.revision);
+                    return;
+                };
+                let prev = inner.objects.insert(key.clone(), obj.clone());
+                CacheEvent::Put {
+                    key,
+                    revision: kv.mod_revision,
+                    obj,
+                    prev,
+                }
+            }
+            WatchEvent::Delete { key, revision, .. } => {
+                let key = String::from_utf8_lossy(&key).into_owned();
+                match inner.objects.remove(&key) {
+                    Some(prev) => CacheEvent::Delete {
+                        key,
+                        revision,
+                        prev,
+                    },
+                    None => {
+                        inner.revision = inner.revision.max(revision);
+                        self.revision.send_replace(inner.revision);
+                        return;
+                    }
+                }
+            }
+            WatchEvent::Progress(r) => CacheEvent::Progress(r),
+        };
+        let event = Arc::new(event);
+        inner.revision = inner.revision.max(event.revision());
+        if !matches!(*event, CacheEvent::Progress(_)) {
+            inner.history.push_back(event.clone());
+            while inner.history.len() > self.history {
+                if let Some(old) = inner.history.pop_front() {
+                    inner.floor = old.revision();
+                }
+            }
+        }
+        let _ = self.fanout.send(event);
+        self.revision.send_replace(inner.revision);
+    }
+}
+
+/// Entries of `objects` whose key starts with `prefix`.
+fn range<'a>(
+    objects: &'a BTreeMap<String, Arc<Value>>,
+    prefix: &'a str,
+) -> impl Iterator<Item = (&'a String, &'a Arc<Value>)> + 'a {
+    objects
+        .range::<str, _>((
+            std::ops::Bound::Included(prefix),
+            std::ops::Bound::Unbounded,
+        ))
+        .take_while(move |(k, _)| k.starts_with(prefix))
+}
+
+/// A stored object with its resourceVersion stamped.
+fn decode(bytes: &[u8], rv: Revision) -> Option<Value> {
+    let mut obj: Value = serde_json::from_slice(bytes).ok()?;
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.insert("resourceVersion".into(), json!(rv.to_string()));
+    }
+    Some(obj)
+}
+
+/// Every cache of a server, by storage prefix.
+pub struct WatchCaches {
+    store: Arc<dyn Store>,
+    history: usize,
+    caches: Mutex<HashMap<String, Arc<WatchCache>>>,
+}
+
+impl WatchCaches {
+    pub fn new(store: Arc<dyn Store>) -> WatchCaches {
+        Self::with_history(store, HISTORY)
+    }
+
+    /// Caches whose windows keep `history` events.
+    pub fn with_history(store: Arc<dyn Store>, history: usize) -> WatchCaches {
+        WatchCaches {
+            store,
+            history,
+            caches: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The cache of `prefix` (`/registry/<resource>/`), started on first use.
+    pub fn get(&self, prefix: &str) -> Arc<WatchCache> {
+        let mut caches = self.caches.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = caches.get(prefix) {
+            return c.clone();
+        }
+        let (progress_tx, mut progress_rx) = mpsc::channel(1);
+        let cache = Arc::new(WatchCache {
+            prefix: prefix.to_owned(),
+            history: self.history,
+            inner: RwLock::new(Inner {
+                objects: BTreeMap::new(),
+                revision: 0,
+                history: VecDeque::new(),
+                floor: 0,
+            }),
+            fanout: broadcast::channel(FANOUT).0,
+            revision: watch::channel(0).0,
+            progress: progress_tx,
+        });
+        caches.insert(prefix.to_owned(), cache.clone());
+        let store = self.store.clone();
+        let weak = Arc::downgrade(&cache);
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let Some(cache) = weak.upgrade() else { return };
+                cache.follow(&store, &mut progress_rx).await;
+                drop(cache);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        });
+        cache
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kumo_storage::embedded::{EmbeddedConfig, EmbeddedStore};
+
+    async fn store() -> (Arc<dyn Store>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let s: Arc<dyn Store> = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("s")))
+            .await
+            .unwrap();
+        (s, dir)
+    }
+
+    fn obj(name: &str) -> Vec<u8> {
+        json!({"metadata": {"name": name}}).to_string().into_bytes()
+    }
+
+    #[tokio::test]
+    async fn follows_the_store_and_replays_its_window() {
+        let (store, _dir) = store().await;
+        store.create(b"/registry/x/a", obj("a")).await.unwrap();
+        let caches = WatchCaches::new(store.clone());
+        let cache = caches.get("/registry/x/");
+        let r0 = store.current_revision().await.unwrap();
+        assert_eq!(cache.wait_for(r0, Duration::from_secs(5)).await, Some(r0));
+        assert_eq!(cache.snapshot("/registry/x/").objects.len(), 1);
+
+        let b = store.create(b"/registry/x/b", obj("b")).await.unwrap();
+        store.delete(b"/registry/x/a", None).await.unwrap();
+        // A change elsewhere moves the revision; a progress request catches the cache up.
+        store.create(b"/registry/y/z", obj("z")).await.unwrap();
+        let now = store.current_revision().await.unwrap();
+        assert_eq!(cache.wait_for(now, Duration::from_secs(5)).await, Some(now));
+        let snap = cache.snapshot("/registry/x/");
+        let keys: Vec<&str> = snap.objects.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["/registry/x/b"]);
+        assert_eq!(
+            snap.objects[0].1["metadata"]["resourceVersion"],
+            json!(b.mod_revision.to_string())
+        );
+
+        // From r0: the create of b and the delete of a, in order.
+        let w = cache.watch("/registry/x/", r0, false).unwrap();
+        let kinds: Vec<String> = w
+            .replay
+            .iter()
+            .map(|e| match &**e {
+                CacheEvent::Put { key, .. } => format!("put {key}"),
+                CacheEvent::Delete { key, .. } => format!("delete {key}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(kinds, ["put /registry/x/b", "delete /registry/x/a"]);
+        // Before the window, the store must serve.
+        assert!(cache.watch("/registry/x/", r0 - 1, false).is_none());
+
+        // Live events follow.
+        let mut live = cache.watch("/registry/x/", now, false).unwrap().live;
+        store.create(b"/registry/x/c", obj("c")).await.unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(5), live.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(ev.key(), Some("/registry/x/c"));
+    }
+
+    #[tokio::test]
+    async fn window_is_bounded() {
+        let (store, _dir) = store().await;
+        let caches = WatchCaches::with_history(store.clone(), 3);
+        let cache = caches.get("/registry/x/");
+        let r0 = store.current_revision().await.unwrap();
+        cache.wait_for(r0, Duration::from_secs(5)).await.unwrap();
+        let mut revs = Vec::new();
+        for i in 0..5 {
+            let kv = store
+                .create(format!("/registry/x/{i}").as_bytes(), obj("o"))
+                .await
+                .unwrap();
+            revs.push(kv.mod_revision);
+        }
+        let last = *revs.last().unwrap();
+        cache.wait_for(last, Duration::from_secs(5)).await.unwrap();
+        // The window holds the last three creates: from the revision of the second one on.
+        assert!(cache.watch("/registry/x/", revs[0], false).is_none());
+        let w = cache.watch("/registry/x/", revs[1], false).unwrap();
+        assert_eq!(w.replay.len(), 3);
+        assert_eq!(w.revision, last);
+        // A namespace-like sub-prefix sees only its keys.
+        let w = cache.watch("/registry/x/4", revs[1], false).unwrap();
+        assert_eq!(w.replay.len(), 1);
+        // Ahead of the cache: the store serves.
+        assert!(cache.watch("/registry/x/", last + 100, false).is_none());
+    }
+}

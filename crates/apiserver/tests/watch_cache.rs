@@ -1,0 +1,235 @@
+//! Lists and watches served by the watch cache, seen through the real kubectl: a list right
+//! after a write sees it, watches replay the cache's window with selector transitions, and
+//! `sendInitialEvents` ends its initial state with the `k8s.io/initial-events-end` bookmark.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+
+use serde_json::Value;
+
+/// Watch events printed by `kubectl get --raw` of a watch URL with a timeout.
+fn events(out: &Out) -> Vec<Value> {
+    assert!(out.ok, "{}", out.stderr);
+    out.stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn summary(evs: &[Value]) -> Vec<String> {
+    evs.iter()
+        .map(|e| {
+            format!(
+                "{} {} {}",
+                e["type"].as_str().unwrap(),
+                e["object"]["metadata"]["name"].as_str().unwrap_or(""),
+                e["object"]["metadata"]["resourceVersion"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_read_their_writes() {
+    let (_server, dir) = start().await;
+    let kc = dir.path().join("admin.conf");
+    // Warm the cache, then check every write is visible to the very next list.
+    let out = k(&kc, &["get", "configmaps", "-o", "name"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    for i in 0..12 {
+        let name = format!("c{i}");
+        let out = k(&kc, &["create", "configmap", &name, "--from-literal=k=v"]).await;
+        assert!(out.ok, "{}", out.stderr);
+        let out = k(&kc, &["label", "configmap", &name, &format!("round={i}")]).await;
+        assert!(out.ok, "{}", out.stderr);
+        let out = k(
+            &kc,
+            &[
+                "get",
+                "configmaps",
+                "-l",
+                &format!("round={i}"),
+                "-o",
+                "name",
+            ],
+        )
+        .await;
+        assert!(out.ok, "{}", out.stderr);
+        assert_eq!(out.stdout.trim(), format!("configmap/{name}"));
+    }
+    let out = k(&kc, &["delete", "configmap", "c3"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&kc, &["get", "configmaps", "-o", "name"]).await;
+    assert!(!out.stdout.contains("configmap/c3\n"), "{}", out.stdout);
+    assert_eq!(
+        out.stdout.matches("configmap/c").count(),
+        11,
+        "{}",
+        out.stdout
+    );
+    // resourceVersion=0 is answered from the cache too (after the list above it has the
+    // delete).
+    let all = out_json(
+        &k(
+            &kc,
+            &[
+                "get",
+                "--raw",
+                "/api/v1/namespaces/default/configmaps?resourceVersion=0",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(all["items"].as_array().unwrap().len(), 11);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_replay_the_window_with_selector_transitions() {
+    let (_server, dir) = start().await;
+    let kc = dir.path().join("admin.conf");
+    let list = out_json(
+        &k(
+            &kc,
+            &["get", "--raw", "/api/v1/namespaces/default/configmaps"],
+        )
+        .await,
+    );
+    let from = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for args in [
+        vec!["create", "configmap", "a", "--from-literal=k=v"],
+        vec!["label", "configmap", "a", "team=x"],
+        vec!["create", "configmap", "b", "--from-literal=k=v"],
+        vec!["label", "configmap", "a", "team=y", "--overwrite"],
+        vec!["delete", "configmap", "a"],
+    ] {
+        let out = k(&kc, &args).await;
+        assert!(out.ok, "{}", out.stderr);
+    }
+    let rv = |name: &str, evs: &[Value], i: usize| {
+        assert_eq!(evs[i]["object"]["metadata"]["name"], name);
+        evs[i]["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse::<i64>()
+            .unwrap()
+    };
+    let all = events(
+        &k(
+            &kc,
+            &[
+                "get",
+                "--raw",
+                &format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={from}&timeoutSeconds=1"),
+            ],
+        )
+        .await,
+    );
+    let types: Vec<&str> = all.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        types,
+        ["ADDED", "MODIFIED", "ADDED", "MODIFIED", "DELETED"],
+        "{:?}",
+        summary(&all)
+    );
+    let revs: Vec<i64> = ["a", "a", "b", "a", "a"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| rv(n, &all, i))
+        .collect();
+    assert!(revs.windows(2).all(|w| w[0] < w[1]), "{revs:?}");
+
+    // With a selector: a enters when labelled team=x and leaves (DELETED, at the revision
+    // of the relabel) when it becomes team=y.
+    let sel = events(
+        &k(
+            &kc,
+            &[
+                "get",
+                "--raw",
+                &format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={from}&labelSelector=team%3Dx&timeoutSeconds=1"),
+            ],
+        )
+        .await,
+    );
+    assert_eq!(
+        summary(&sel),
+        [
+            format!("ADDED a {}", revs[1]),
+            format!("DELETED a {}", revs[3])
+        ]
+    );
+
+    // From the middle of the window: only what came after.
+    let tail = events(
+        &k(
+            &kc,
+            &[
+                "get",
+                "--raw",
+                &format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={}&timeoutSeconds=1", revs[2]),
+            ],
+        )
+        .await,
+    );
+    assert_eq!(
+        summary(&tail),
+        [
+            format!("MODIFIED a {}", revs[3]),
+            format!("DELETED a {}", revs[4])
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_initial_events_ends_with_the_bookmark() {
+    let (_server, dir) = start().await;
+    let kc = dir.path().join("admin.conf");
+    for n in ["x1", "x2", "x3"] {
+        let out = k(&kc, &["create", "configmap", n, "--from-literal=k=v"]).await;
+        assert!(out.ok, "{}", out.stderr);
+    }
+    let evs = events(
+        &k(
+            &kc,
+            &[
+                "get",
+                "--raw",
+                "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1",
+            ],
+        )
+        .await,
+    );
+    let names: Vec<String> = evs
+        .iter()
+        .filter(|e| e["type"] == "ADDED")
+        .map(|e| e["object"]["metadata"]["name"].as_str().unwrap().to_owned())
+        .filter(|n| n.starts_with('x'))
+        .collect();
+    assert_eq!(names, ["x1", "x2", "x3"]);
+    let last = evs.last().unwrap();
+    assert_eq!(last["type"], "BOOKMARK");
+    assert_eq!(
+        last["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    // The bookmark's revision is at least the last object's.
+    let bm: i64 = last["object"]["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let x3: i64 = evs
+        .iter()
+        .find(|e| e["object"]["metadata"]["name"] == "x3")
+        .unwrap()["object"]["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(bm >= x3, "{bm} < {x3}");
+}
