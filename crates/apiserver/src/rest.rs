@@ -834,7 +834,7 @@ impl Rest {
         };
         let prefix = res.key_prefix(ns.as_deref());
         let (tx, rx) = mpsc::channel::<Bytes>(256);
-        let table = req.accept.output == Output::Table;
+        let output = req.accept.output;
         let include = req.param("includeObject").unwrap_or("Metadata").to_owned();
         let this = self.clone();
         let initial_end = send_initial == Some(true);
@@ -843,7 +843,7 @@ impl Rest {
                 rest: this,
                 res,
                 selectors,
-                table,
+                output,
                 include,
                 tx,
                 columns_sent: false,
@@ -1332,7 +1332,8 @@ struct WatchRun {
     rest: Arc<Rest>,
     res: Arc<Resource>,
     selectors: Selectors,
-    table: bool,
+    /// The representation of the objects sent (object, Table, PartialObjectMetadata).
+    output: Output,
     include: String,
     tx: mpsc::Sender<Bytes>,
     columns_sent: bool,
@@ -1587,19 +1588,21 @@ impl WatchRun {
     }
 
     async fn send(&mut self, type_: &str, obj: Value) -> bool {
-        let object = if self.table {
-            let rv = meta_str(&obj, "resourceVersion").unwrap_or("").to_owned();
-            let with_columns = !self.columns_sent;
-            self.columns_sent = true;
-            table(
-                &self.res,
-                &[obj],
-                json!({"resourceVersion": rv}),
-                with_columns,
-                &self.include,
-            )
-        } else {
-            obj
+        let object = match self.output {
+            Output::Table => {
+                let rv = meta_str(&obj, "resourceVersion").unwrap_or("").to_owned();
+                let with_columns = !self.columns_sent;
+                self.columns_sent = true;
+                table(
+                    &self.res,
+                    &[obj],
+                    json!({"resourceVersion": rv}),
+                    with_columns,
+                    &self.include,
+                )
+            }
+            Output::Metadata => partial_metadata(&obj),
+            Output::Object => obj,
         };
         self.emit(json!({"type": type_, "object": object})).await
     }
@@ -1609,11 +1612,18 @@ impl WatchRun {
         if initial_end {
             metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        let object = json!({
-            "kind": self.res.kind,
-            "apiVersion": self.res.api_version(),
-            "metadata": metadata,
-        });
+        let object = match self.output {
+            Output::Metadata => json!({
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": metadata,
+            }),
+            _ => json!({
+                "kind": self.res.kind,
+                "apiVersion": self.res.api_version(),
+                "metadata": metadata,
+            }),
+        };
         self.emit(json!({"type": "BOOKMARK", "object": object}))
             .await
     }
