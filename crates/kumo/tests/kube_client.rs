@@ -22,7 +22,7 @@ use serde_json::json;
 
 /// `kumo apiserver` on `port` over `dir`, ready when this returns.
 fn start(dir: &Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_kumo"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kumo"))
         .args([
             "apiserver",
             "--secure-port",
@@ -48,6 +48,8 @@ fn start(dir: &Path, port: u16) -> Child {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("kumo apiserver did not become ready on port {port}");
 }
 
