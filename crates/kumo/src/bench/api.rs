@@ -104,6 +104,8 @@ pub enum Verb {
     List,
     /// LIST of all pre-created objects with limit/continue; each page is one request.
     ListPaged,
+    /// LIST of all pre-created objects in one request (no limit).
+    ListAll,
     /// PUT of the last object seen, with its resourceVersion.
     Update,
     /// PATCH, application/merge-patch+json.
@@ -116,11 +118,12 @@ pub enum Verb {
     Delete,
 }
 
-const ALL_VERBS: [Verb; 9] = [
+const ALL_VERBS: [Verb; 10] = [
     Verb::Create,
     Verb::Get,
     Verb::List,
     Verb::ListPaged,
+    Verb::ListAll,
     Verb::Update,
     Verb::PatchMerge,
     Verb::PatchStrategic,
@@ -131,10 +134,11 @@ const ALL_VERBS: [Verb; 9] = [
 /// The order the steps run in at each concurrency: reads and writes of the pre-created
 /// objects first, so that they always see exactly `--objects` objects in the namespace; then
 /// create, watch, and delete of what those two made (anything left is removed untimed).
-const RUN_ORDER: [Verb; 9] = [
+const RUN_ORDER: [Verb; 10] = [
     Verb::Get,
     Verb::List,
     Verb::ListPaged,
+    Verb::ListAll,
     Verb::Update,
     Verb::PatchMerge,
     Verb::PatchStrategic,
@@ -150,6 +154,7 @@ impl Verb {
             Verb::Get => "get",
             Verb::List => "list",
             Verb::ListPaged => "list-paged",
+            Verb::ListAll => "list-all",
             Verb::Update => "update",
             Verb::PatchMerge => "patch-merge",
             Verb::PatchStrategic => "patch-strategic",
@@ -598,6 +603,30 @@ impl Bench {
                             Ok(l) => rec.err(format!(
                                 "list returned {} items, expected {expected}",
                                 l.items.len()
+                            )),
+                            Err(e) => rec.err(format!("list body: {e}")),
+                        }
+                    }
+                    Ok(r) => rec.err(r.describe()),
+                    Err(e) => rec.err(format!("{e:#}")),
+                }
+            }
+            Verb::ListAll => {
+                let uri = format!(
+                    "{}?labelSelector={}",
+                    self.coll(res),
+                    enc("kumo-bench/set=pre")
+                );
+                let t = Instant::now();
+                match self.call(Method::GET, &uri, None, vec![]).await {
+                    Ok(r) if r.status.is_success() => {
+                        rec.ok(t);
+                        match serde_json::from_slice::<ListBody>(&r.body) {
+                            Ok(l) if l.items.len() == self.objects => {}
+                            Ok(l) => rec.err(format!(
+                                "list returned {} items, expected {}",
+                                l.items.len(),
+                                self.objects
                             )),
                             Err(e) => rec.err(format!("list body: {e}")),
                         }
@@ -1252,6 +1281,7 @@ pub async fn run(args: Args) -> Result<()> {
     );
 
     let started = Instant::now();
+    let mut loaded_lines: Vec<String> = Vec::new();
     let body = async {
         bench.setup(&args.resources).await?;
         eprintln!(
@@ -1259,6 +1289,19 @@ pub async fn run(args: Args) -> Result<()> {
             bench.ns,
             started.elapsed().as_secs_f64()
         );
+        // Resident memory with the pre-created objects stored, before any step runs.
+        for p in &procs {
+            if let Some((rss, _)) = proc_memory(p.pid) {
+                println!(
+                    "memory of {} (pid {}) with the {} objects stored: {:.1} MiB RSS",
+                    p.name,
+                    p.pid,
+                    args.objects,
+                    kib_to_mib(rss)
+                );
+                loaded_lines.push(format!("loaded\t{}\t{}\t{rss}", p.name, p.pid));
+            }
+        }
         let mut rows = Vec::new();
         for &conc in &args.concurrency {
             for &res in &args.resources {
@@ -1416,7 +1459,8 @@ pub async fn run(args: Args) -> Result<()> {
     if let Some(out) = &args.output {
         let mut text = String::from(
             "# step\tresource\tverb\tconc\tops\tops_per_s\tp50_ms\tp99_ms\terrors\tconflicts\tclient_cpu_pct\tserver_cpu_pct\tother_cpu_pct\n\
-             # mem\tprocess\tpid\tidle_kib\tend_kib\tpeak_kib\n",
+             # mem\tprocess\tpid\tidle_kib\tend_kib\tpeak_kib\n\
+             # loaded\tprocess\tpid\trss_kib_with_the_objects_stored\n",
         );
         for r in &rows {
             text.push_str(&format!(
@@ -1437,7 +1481,7 @@ pub async fn run(args: Args) -> Result<()> {
                     .map_or_else(|| "-".to_owned(), |p| format!("{p:.1}")),
             ));
         }
-        for l in mem_lines {
+        for l in mem_lines.into_iter().chain(loaded_lines) {
             text.push_str(&l);
             text.push('\n');
         }
