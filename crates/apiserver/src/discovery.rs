@@ -100,13 +100,20 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
                 "finalize" => &["update"],
                 _ => &["get", "patch", "update"],
             };
-            resources.push(json!({
+            let mut doc = json!({
                 "name": format!("{}/{}", r.plural, sub),
                 "singularName": "",
                 "namespaced": r.namespaced,
                 "kind": r.kind,
                 "verbs": verbs,
-            }));
+            });
+            if *sub == "scale" {
+                // A scale subresource serves autoscaling/v1 Scale objects.
+                doc["group"] = json!("autoscaling");
+                doc["version"] = json!("v1");
+                doc["kind"] = json!("Scale");
+            }
+            resources.push(doc);
         }
     }
     if resources.is_empty() {
@@ -127,4 +134,90 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
     doc["groupVersion"] = json!(gv);
     doc["resources"] = Value::Array(resources);
     Some(doc)
+}
+
+/// The verbs of a subresource.
+fn subresource_verbs(sub: &str) -> &'static [&'static str] {
+    match sub {
+        "finalize" => &["update"],
+        _ => &["get", "patch", "update"],
+    }
+}
+
+/// Content type of an aggregated discovery document (apidiscovery.k8s.io/v2).
+pub const AGGREGATED_CONTENT_TYPE: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// The resources of one group version in aggregated discovery form, by name.
+fn aggregated_resources(registry: &Registry, group: &str, version: &str) -> Vec<Value> {
+    let kind = |k: &str| json!({"group": "", "version": "", "kind": k});
+    let mut out: Vec<Value> = registry
+        .in_group_version(group, version)
+        .map(|r| {
+            let mut doc = json!({
+                "resource": r.plural,
+                "responseKind": kind(r.kind),
+                "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
+                "singularResource": r.singular,
+                "verbs": r.verbs(),
+            });
+            if !r.short_names.is_empty() {
+                doc["shortNames"] = json!(r.short_names);
+            }
+            if !r.categories.is_empty() {
+                doc["categories"] = json!(r.categories);
+            }
+            let mut subs: Vec<&str> = r.subresources.to_vec();
+            subs.sort_unstable();
+            if !subs.is_empty() {
+                doc["subresources"] = subs
+                    .iter()
+                    .map(|s| {
+                        json!({
+                            "subresource": s,
+                            "responseKind": if *s == "scale" {
+                                json!({"group": "autoscaling", "version": "v1", "kind": "Scale"})
+                            } else {
+                                kind(r.kind)
+                            },
+                            "verbs": subresource_verbs(s),
+                        })
+                    })
+                    .collect();
+            }
+            doc
+        })
+        .collect();
+    out.sort_by(|a, b| a["resource"].as_str().cmp(&b["resource"].as_str()));
+    out
+}
+
+/// `/api` (`core`) or `/apis` as an aggregated discovery document: every group, version
+/// and resource served, in one answer.
+pub fn aggregated(registry: &Registry, core: bool) -> Value {
+    let version = |g: &str, v: &str| {
+        json!({
+            "version": v,
+            "resources": aggregated_resources(registry, g, v),
+            "freshness": "Current",
+        })
+    };
+    let items: Vec<Value> = if core {
+        vec![json!({"metadata": {}, "versions": [version("", "v1")]})]
+    } else {
+        registry
+            .groups()
+            .iter()
+            .map(|(g, vs)| {
+                let versions: Vec<Value> = vs.iter().map(|v| version(g, v)).collect();
+                json!({"metadata": {"name": g}, "versions": versions})
+            })
+            .collect()
+    };
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": items,
+    })
 }

@@ -29,6 +29,8 @@ pub struct State {
     pub address: String,
     /// Health checks beyond ping, with their current result.
     pub checks: Vec<Check>,
+    /// The OpenAPI documents of `registry`, built on first request.
+    pub openapi: crate::openapi::Documents,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -39,10 +41,11 @@ fn json_response(code: u16, doc: &Value, yaml: bool) -> Response<Body> {
     let (ct, body) = if yaml {
         match serde_yaml::to_string(doc) {
             Ok(y) => ("application/yaml", Bytes::from(y)),
-            Err(_) => ("application/json", Bytes::from(doc.to_string())),
+            Err(_) => ("application/json", Bytes::from(doc.to_string() + "\n")),
         }
     } else {
-        ("application/json", Bytes::from(doc.to_string()))
+        // Like Go's json.Encoder, which kube-apiserver writes with, end with a newline.
+        ("application/json", Bytes::from(doc.to_string() + "\n"))
     };
     let mut resp = Response::new(full(body));
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -118,6 +121,13 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    // The manager of writes that name none.
+    let user_agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -134,6 +144,38 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
         return health(&state, trimmed, &query);
     }
 
+    if trimmed.starts_with("/openapi/") {
+        let if_none_match = req
+            .headers()
+            .get(header::IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok());
+        if let Some(resp) = crate::openapi::serve(
+            &state.openapi,
+            &state.registry,
+            &method,
+            trimmed,
+            &query,
+            accept_header.as_deref(),
+            if_none_match,
+        ) {
+            return resp.map(full);
+        }
+    }
+    if method == Method::GET
+        && matches!(trimmed, "/api" | "/apis")
+        && negotiate::wants_aggregated_discovery(accept_header.as_deref())
+    {
+        let doc = crate::discovery::aggregated(&state.registry, trimmed == "/api");
+        let mut resp = Response::new(full(doc.to_string() + "\n"));
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(crate::discovery::AGGREGATED_CONTENT_TYPE),
+        );
+        headers.insert(header::VARY, header::HeaderValue::from_static("Accept"));
+        return resp;
+    }
+
     // Read the body, refusing oversized ones without buffering them.
     let body = match read_body(req.into_body()).await {
         Ok(b) => b,
@@ -147,17 +189,27 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
             "application/json;as=Table;v=v1;g=meta.k8s.io",
         ]));
     };
-    match route(
-        &state,
-        &method,
-        trimmed,
-        &query,
-        accept,
-        content_type.as_deref(),
-        &body,
-    )
-    .await
-    {
+    // Warnings the verbs add travel back with the answer.
+    let verbs = async {
+        let result = route(
+            &state,
+            &method,
+            trimmed,
+            &query,
+            accept,
+            content_type.as_deref(),
+            &body,
+        )
+        .await;
+        (result, rest::WARNINGS.with(|w| w.take()))
+    };
+    let (result, warnings) = rest::WARNINGS
+        .scope(
+            std::cell::RefCell::new(Vec::new()),
+            crate::fieldmanager::USER_AGENT.scope(user_agent, verbs),
+        )
+        .await;
+    let mut resp = match result {
         Ok(Reply::Json(code, doc)) => json_response(code, &doc, accept.yaml),
         Ok(Reply::Stream(rx)) => {
             let stream = futures::stream::unfold(rx, |mut rx| async move {
@@ -173,7 +225,17 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
             resp
         }
         Err(e) => error_response(&e),
+    };
+    let mut sent = std::collections::HashSet::new();
+    // Each distinct warning once, as kube-apiserver's recorder does.
+    for w in warnings.into_iter().filter(|w| sent.insert(w.clone())) {
+        // RFC 7234 warn-text: a quoted string, as kube-apiserver sends it.
+        let text = w.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = header::HeaderValue::from_str(&format!("299 - \"{text}\"")) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
     }
+    resp
 }
 
 async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
@@ -283,6 +345,9 @@ async fn route(
         .registry
         .find(group, version, plural)
         .ok_or_else(ApiError::path_not_found)?;
+    if let Some(w) = res.strategy.deprecation() {
+        rest::warn(w.to_owned());
+    }
     if let Some(s) = sub {
         if !res.subresources.contains(&s) {
             return Err(ApiError::path_not_found());
@@ -311,7 +376,10 @@ async fn route(
             }
         }
         (&Method::POST, None) => r.create(&res, ns, &req).await,
-        (&Method::DELETE, None) => r.delete_collection(&res, ns, &req).await,
+        (&Method::DELETE, None) if res.strategy.delete_collection() => {
+            r.delete_collection(&res, ns, &req).await
+        }
+        (&Method::GET, Some(n)) if sub == Some("scale") => r.get_scale(&res, ns, n, &req).await,
         (&Method::GET, Some(n)) => r.get(&res, ns, n, &req).await,
         (&Method::PUT, Some(n)) => r.update(&res, ns, n, sub, &req).await,
         (&Method::PATCH, Some(n)) => r.patch(&res, ns, n, sub, &req).await,

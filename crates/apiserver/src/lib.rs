@@ -13,8 +13,10 @@
 
 pub mod cache;
 pub mod discovery;
+pub mod fieldmanager;
 pub mod handler;
 pub mod negotiate;
+pub mod openapi;
 pub mod pki;
 pub mod registry;
 pub mod rest;

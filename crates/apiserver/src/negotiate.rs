@@ -93,6 +93,27 @@ pub fn choose(header: Option<&str>) -> Option<Accept> {
     None
 }
 
+/// Whether the client prefers the aggregated discovery document (apidiscovery.k8s.io/v2
+/// `APIGroupDiscoveryList`) for `/api` and `/apis`: it is the first range of the Accept
+/// header that is served.
+pub fn wants_aggregated_discovery(header: Option<&str>) -> bool {
+    for r in parse_ranges(header.unwrap_or("")) {
+        if !matches!(r.essence, "application/json" | "application/*" | "*/*") {
+            continue;
+        }
+        let param = |k: &str| r.params.iter().find(|(pk, _)| *pk == k).map(|(_, v)| *v);
+        match (param("g"), param("v"), param("as")) {
+            (Some("apidiscovery.k8s.io"), Some("v2"), Some("APIGroupDiscoveryList")) => {
+                return true
+            }
+            (None, None, None) => return false,
+            // Other versions (v2beta1, gone in 1.33) are not served.
+            _ => continue,
+        }
+    }
+    false
+}
+
 /// Decodes a request body as JSON or YAML according to its Content-Type.
 pub fn decode_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
     if body.len() > MAX_BODY_BYTES {
@@ -165,6 +186,16 @@ mod tests {
         assert_eq!(choose(Some("application/yaml")).map(|a| a.yaml), Some(true));
         assert_eq!(choose(Some("text/html")), None);
         assert_eq!(choose(None).map(|a| a.output), Some(Output::Object));
+    }
+
+    #[test]
+    fn aggregated_discovery_accept() {
+        let kubectl = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+        assert!(wants_aggregated_discovery(Some(kubectl)));
+        assert!(!wants_aggregated_discovery(Some("application/json")));
+        assert!(!wants_aggregated_discovery(None));
+        let old = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+        assert!(!wants_aggregated_discovery(Some(old)));
     }
 
     #[test]

@@ -19,7 +19,18 @@ use tokio::sync::mpsc;
 
 use crate::cache::{CacheEvent, WatchCaches};
 use crate::negotiate::{Accept, Output};
-use crate::registry::Resource;
+use crate::registry::{json_path_pointer, Resource, SelectorForm};
+
+tokio::task_local! {
+    /// Warnings for the reply to the request being handled, sent as `Warning: 299` headers
+    /// (set up by the handler around each request).
+    pub static WARNINGS: std::cell::RefCell<Vec<String>>;
+}
+
+/// Adds a warning to the reply of the request being handled (nothing outside a request).
+pub fn warn(message: String) {
+    let _ = WARNINGS.try_with(|w| w.borrow_mut().push(message));
+}
 
 /// What a verb answers: a JSON document with a status code, or a stream of watch events.
 pub enum Reply {
@@ -126,6 +137,17 @@ fn set_meta(obj: &mut Value, k: &str, v: Value) {
     }
 }
 
+/// A JSON map of strings (a label map).
+fn labels_map(v: Option<&Value>) -> BTreeMap<String, String> {
+    v.and_then(Value::as_object)
+        .map(|l| {
+            l.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn labels_of(obj: &Value) -> BTreeMap<String, String> {
     meta(obj)
         .and_then(|m| m.get("labels"))
@@ -140,14 +162,185 @@ fn labels_of(obj: &Value) -> BTreeMap<String, String> {
 
 /// A 422 Invalid answer for these field errors.
 pub fn invalid(res: &Resource, name: &str, errs: &[FieldError]) -> ApiError {
+    invalid_kind(res.group, res.kind, name, errs)
+}
+
+/// A 422 Invalid answer for an object of `kind` in `group` (the message names the
+/// qualified kind, `Deployment.apps`, as upstream).
+fn invalid_kind(group: &str, kind: &str, name: &str, errs: &[FieldError]) -> ApiError {
     let causes = errs.iter().map(FieldError::to_cause).collect();
+    let qualified = if group.is_empty() {
+        kind.to_owned()
+    } else {
+        format!("{kind}.{group}")
+    };
     ApiError::invalid(
-        res.group,
-        res.kind,
+        group,
+        kind,
         name,
-        validation::invalid_message(res.kind, name, errs),
+        validation::invalid_message(&qualified, name, errs),
         causes,
     )
+}
+
+/// The autoscaling/v1 Scale of an object, read where its strategy says replicas and the
+/// selector live.
+fn scale_of(res: &Resource, obj: &Value) -> Result<Value, ApiError> {
+    let spec = res.strategy.scale().ok_or_else(ApiError::path_not_found)?;
+    let int = |path: &str| {
+        obj.pointer(&json_path_pointer(path))
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+    };
+    let selector = match &spec.selector {
+        None => String::new(),
+        Some((path, form)) => {
+            let at = obj.pointer(&json_path_pointer(path));
+            match form {
+                SelectorForm::Serialized => at.and_then(Value::as_str).unwrap_or("").to_owned(),
+                SelectorForm::LabelSelector => LabelSelector::from_json(at.unwrap_or(&Value::Null))
+                    .map_err(|e| ApiError::bad_request(format!("invalid label selector: {e}")))?
+                    .to_string(),
+                SelectorForm::Map => LabelSelector::from_set(&labels_map(at)).to_string(),
+            }
+        }
+    };
+    let mut metadata = Map::new();
+    for k in [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+    ] {
+        if let Some(v) = meta(obj).and_then(|m| m.get(k)) {
+            metadata.insert(k.to_owned(), v.clone());
+        }
+    }
+    let replicas = int(&spec.spec_replicas);
+    let mut status = json!({"replicas": int(&spec.status_replicas)});
+    if !selector.is_empty() {
+        status["selector"] = json!(selector);
+    }
+    Ok(json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": metadata,
+        // (replicas is omitted when 0, as upstream)
+        "spec": if replicas == 0 { json!({}) } else { json!({"replicas": replicas}) },
+        "status": status,
+    }))
+}
+
+/// The object `old` with the desired replicas of `scale` (validated as upstream's
+/// ValidateScale).
+fn with_scale(res: &Resource, name: &str, old: &Value, scale: &Value) -> Result<Value, ApiError> {
+    let spec = res.strategy.scale().ok_or_else(ApiError::path_not_found)?;
+    let replicas = scale
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    if replicas < 0 {
+        let errs =
+            validation::validate_nonnegative_field(replicas, &Path::new("spec").child("replicas"));
+        return Err(invalid_kind("autoscaling", "Scale", name, &errs));
+    }
+    let mut new = old.clone();
+    let pointer = json_path_pointer(&spec.spec_replicas);
+    let (parent, field) = pointer.rsplit_once('/').unwrap_or(("", ""));
+    let mut cur = &mut new;
+    for key in parent.split('/').filter(|k| !k.is_empty()) {
+        if !cur.get(key).is_some_and(Value::is_object) {
+            cur[key] = json!({});
+        }
+        cur = &mut cur[key];
+    }
+    cur[field] = json!(replicas);
+    Ok(new)
+}
+
+/// A Scale in the representation asked for; its Table is upstream's printScale.
+fn render_scale(req: &Request<'_>, scale: Value) -> Value {
+    match req.accept.output {
+        Output::Object => scale,
+        Output::Metadata => partial_metadata(&scale),
+        Output::Table => {
+            use crate::registry::Column;
+            let columns = [
+                Column {
+                    format: "",
+                    ..Column::NAME
+                },
+                Column {
+                    name: "Desired",
+                    type_: "integer",
+                    format: "",
+                    description: "The desired number of replicas.",
+                    priority: 0,
+                },
+                Column {
+                    name: "Available",
+                    type_: "integer",
+                    format: "",
+                    description: "The observed number of replicas.",
+                    priority: 0,
+                },
+                Column::AGE,
+            ];
+            let int = |p: &str| scale.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+            let cells = json!([
+                meta_str(&scale, "name").unwrap_or(""),
+                int("/spec/replicas"),
+                int("/status/replicas"),
+                crate::time::age(meta_str(&scale, "creationTimestamp")),
+            ]);
+            let object = match req.param("includeObject").unwrap_or("Metadata") {
+                "None" => Value::Null,
+                "Object" => scale.clone(),
+                _ => partial_metadata(&scale),
+            };
+            json!({
+                "kind": "Table",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": {"resourceVersion": meta_str(&scale, "resourceVersion").unwrap_or("")},
+                "columnDefinitions": columns.iter().map(Column::to_json).collect::<Vec<_>>(),
+                "rows": [{"cells": cells, "object": object}],
+            })
+        }
+    }
+}
+
+/// Checks the kind of a Scale sent to a `scale` subresource.
+fn check_scale_type(obj: &mut Value) -> Result<(), ApiError> {
+    let Some(o) = obj.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "the object provided is unrecognized (must be of type object)",
+        ));
+    };
+    let kind = o
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let api_version = o
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    if (!kind.is_empty() && kind != "Scale")
+        || (!api_version.is_empty() && api_version != "autoscaling/v1")
+    {
+        let version = api_version.rsplit('/').next().unwrap_or("");
+        return Err(ApiError::bad_request(format!(
+            "{kind} in version \"{version}\" cannot be handled as a Scale: converting ({version}.{kind}) to (autoscaling.Scale): unknown conversion"
+        )));
+    }
+    o.insert("kind".into(), json!("Scale"));
+    o.insert("apiVersion".into(), json!("autoscaling/v1"));
+    if !o.get("metadata").is_some_and(Value::is_object) {
+        o.insert("metadata".into(), json!({}));
+    }
+    Ok(())
 }
 
 /// Characters of generated name suffixes (no vowels, no look-alikes), as upstream.
@@ -201,6 +394,15 @@ fn check_type(res: &Resource, obj: &mut Value) -> Result<(), ApiError> {
         }
         Some(Value::Object(_)) => {}
         Some(_) => return Err(ApiError::bad_request("metadata: expected an object")),
+    }
+    // Every field must have the JSON type of its schema, as decoding into the typed Go
+    // object demands upstream; strategies rely on it.
+    if let Some(e) = crate::openapi::type_error(res, obj) {
+        return Err(ApiError::bad_request(format!(
+            "{kind} in version \"{version}\" cannot be handled as a {kind}: {e}",
+            kind = res.kind,
+            version = res.version,
+        )));
     }
     Ok(())
 }
@@ -363,8 +565,12 @@ fn table(
     } else {
         Vec::new()
     };
-    let rows: Vec<Value> = objs
-        .iter()
+    // Some printers order the rows of a list (FlowSchemas by precedence); the sort is
+    // stable, so rows the strategy does not order keep the list's order.
+    let mut ordered: Vec<&Value> = objs.iter().collect();
+    ordered.sort_by(|a, b| res.strategy.row_order(a, b));
+    let rows: Vec<Value> = ordered
+        .into_iter()
         .map(|o| {
             let object = match include {
                 "None" => Value::Null,
@@ -510,6 +716,28 @@ impl Rest {
     ) -> Result<Reply, ApiError> {
         let mut obj = crate::negotiate::decode_body(req.content_type, req.body)?;
         check_type(res, &mut obj)?;
+        let problems = crate::openapi::check_fields(
+            res,
+            req.query,
+            "CreateOptions",
+            req.content_type,
+            req.body,
+        )?;
+        problems.into_iter().for_each(warn);
+        crate::openapi::prune(res, &mut obj);
+        self.create_object(res, ns, req, obj, false).await
+    }
+
+    /// Creates `obj`; `applied`: its managed fields are a server-side apply's, else the
+    /// create is recorded as the request's manager's update.
+    async fn create_object(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        req: &Request<'_>,
+        mut obj: Value,
+        applied: bool,
+    ) -> Result<Reply, ApiError> {
         let dry_run = req.dry_run()?;
         if res.namespaced {
             let ns = ns.unwrap_or("");
@@ -549,6 +777,10 @@ impl Rest {
             }
         }
         res.strategy.prepare_create(&mut obj);
+        if !applied {
+            use crate::fieldmanager::{track_update, Options};
+            track_update(res, None, req.query, Options::Create, None, &mut obj)?;
+        }
         // NamespaceLifecycle comes first among the admission plugins.
         if let Some(ns) = ns.filter(|_| res.namespaced) {
             self.check_namespace(ns).await?;
@@ -565,21 +797,56 @@ impl Rest {
             let kv = kv.ok_or(l.missing)?;
             found.push((l.what, decode_raw(&kv.value, kv.mod_revision)?));
         }
+        for (what, prefix) in res.strategy.admission_lists(&obj) {
+            let page = self
+                .store
+                .range(RangeRequest {
+                    prefix: prefix.into_bytes(),
+                    start: None,
+                    limit: 0,
+                    revision: None,
+                })
+                .await
+                .map_err(ApiError::internal)?;
+            let items = page
+                .kvs
+                .iter()
+                .map(|kv| decode_raw(&kv.value, kv.mod_revision))
+                .collect::<Result<Vec<_>, _>>()?;
+            found.push((what, Value::Array(items)));
+        }
         res.strategy.admit_create(&mut obj, &found)?;
+        // Allocation comes before validation, as upstream's BeginCreate: its errors win.
+        if let Some(a) = res.strategy.allocator() {
+            a.allocate(&*self.store, &mut obj, None, dry_run).await?;
+        }
         let mut errs = validate_meta(res, &obj);
         errs.extend(res.strategy.validate(&obj));
         if !errs.is_empty() {
+            if !dry_run {
+                self.release(res, &obj, None).await;
+            }
             return Err(invalid(res, &name, &errs));
         }
         if dry_run {
             return Ok(Reply::Json(201, render_one(res, req, obj)));
         }
         let key = res.key(ns, &name);
-        let kv = self
-            .store
-            .create(key.as_bytes(), encode_stored(res, &obj)?)
-            .await
-            .map_err(|e| storage_error(res, &name, e))?;
+        let written = match encode_stored(res, &obj) {
+            Ok(bytes) => self
+                .store
+                .create(key.as_bytes(), bytes)
+                .await
+                .map_err(|e| storage_error(res, &name, e)),
+            Err(e) => Err(e),
+        };
+        let kv = match written {
+            Ok(kv) => kv,
+            Err(e) => {
+                self.release(res, &obj, None).await;
+                return Err(e);
+            }
+        };
         set_meta(
             &mut obj,
             "resourceVersion",
@@ -592,6 +859,13 @@ impl Rest {
             "created"
         );
         Ok(Reply::Json(201, render_one(res, req, obj)))
+    }
+
+    /// Releases what `held` holds in the store beyond `kept` (see `Allocator`).
+    async fn release(&self, res: &Resource, held: &Value, kept: Option<&Value>) {
+        if let Some(a) = res.strategy.allocator() {
+            a.release(&*self.store, held, kept).await;
+        }
     }
 
     /// GET of one object.
@@ -615,6 +889,18 @@ impl Rest {
         let kv = kv.ok_or_else(|| ApiError::not_found(&res.group_resource(), name))?;
         let obj = decode_stored(res, &kv.value, kv.mod_revision)?;
         Ok(Reply::Json(200, render_one(res, req, obj)))
+    }
+
+    /// GET of the `scale` subresource: the object's autoscaling/v1 Scale.
+    pub async fn get_scale(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let (obj, _) = self.get_current(res, ns, name).await?;
+        Ok(Reply::Json(200, render_scale(req, scale_of(res, &obj)?)))
     }
 
     /// GET of a collection (without `watch`).
@@ -863,8 +1149,22 @@ impl Rest {
         subresource: Option<&str>,
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
+        crate::fieldmanager::manager(req.query, crate::fieldmanager::Options::Update)?;
         let mut obj = crate::negotiate::decode_body(req.content_type, req.body)?;
-        check_type(res, &mut obj)?;
+        if subresource == Some("scale") {
+            check_scale_type(&mut obj)?;
+        } else {
+            check_type(res, &mut obj)?;
+            let problems = crate::openapi::check_fields(
+                res,
+                req.query,
+                "UpdateOptions",
+                req.content_type,
+                req.body,
+            )?;
+            problems.into_iter().for_each(warn);
+            crate::openapi::prune(res, &mut obj);
+        }
         let dry_run = req.dry_run()?;
         match meta_str(&obj, "name") {
             Some(n) if n == name => {}
@@ -910,6 +1210,14 @@ impl Rest {
             .and_then(|c| c.split(';').next())
             .map(str::trim)
             .unwrap_or("");
+        crate::fieldmanager::check_patch_options(
+            req.query,
+            kind == crate::fieldmanager::APPLY_YAML,
+        )?;
+        crate::fieldmanager::manager(req.query, crate::fieldmanager::Options::Patch)?;
+        if kind == crate::fieldmanager::APPLY_YAML {
+            return self.apply(res, ns, name, subresource, req).await;
+        }
         let patch: Value = match kind {
             "application/json-patch+json"
             | "application/merge-patch+json"
@@ -923,7 +1231,11 @@ impl Rest {
                     .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?
             }
             other => {
-                return Err(ApiError::unsupported_media_type(other));
+                // A PATCH of another type answers with the bare 415 upstream's handler gives.
+                let mut e = ApiError::unsupported_media_type(other);
+                e.message = "415: Unsupported Media Type".into();
+                e.details = Some(Box::default());
+                return Err(e);
             }
         };
         let kind = kind.to_owned();
@@ -959,7 +1271,79 @@ impl Rest {
                     }
                 }
             }
+            if subresource != Some("scale") {
+                // The patched object must decode as the type (upstream: 422 on `patch`).
+                if let Some(e) = crate::openapi::type_error(res, &doc) {
+                    let errs = [FieldError::invalid(&Path::new("patch"), doc.to_string(), e)];
+                    return Err(ApiError::invalid(
+                        "",
+                        "",
+                        "",
+                        validation::invalid_message("", "", &errs),
+                        errs.iter().map(FieldError::to_cause).collect(),
+                    ));
+                }
+                // A retry on conflict repeats the warnings; the handler sends each once.
+                crate::openapi::check_patched(res, req.query, &kind, req.body, &doc)?
+                    .into_iter()
+                    .for_each(warn);
+                crate::openapi::prune(res, &mut doc);
+            }
             Ok(doc)
+        })
+        .await
+    }
+
+    /// PATCH with an apply patch: server-side apply (see [`crate::fieldmanager`]), which
+    /// creates the object when it does not exist.
+    async fn apply(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        subresource: Option<&str>,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        use crate::fieldmanager::{apply, decode_apply, manager, Options};
+        let dry_run = req.dry_run()?;
+        let manager = manager(req.query, Options::Patch)?;
+        let force = matches!(req.param("force"), Some("true" | "1"));
+        let mut config = decode_apply(res, req.body)?;
+        match meta_str(&config, "name") {
+            Some(n) if !n.is_empty() && n != name => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )))
+            }
+            _ => set_meta(&mut config, "name", json!(name)),
+        }
+        if res.namespaced {
+            match meta_str(&config, "namespace") {
+                Some(n) if !n.is_empty() && Some(n) != ns => {
+                    return Err(ApiError::bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ))
+                }
+                _ => set_meta(&mut config, "namespace", json!(ns.unwrap_or(""))),
+            }
+        }
+        crate::openapi::prune(res, &mut config);
+        if subresource.is_none() {
+            if let Err(e) = self.get_current(res, ns, name).await {
+                if e.code != 404 {
+                    return Err(e);
+                }
+                let mut live = json!({"apiVersion": res.api_version(), "kind": res.kind});
+                set_meta(&mut live, "name", json!(name));
+                if res.namespaced {
+                    set_meta(&mut live, "namespace", json!(ns.unwrap_or("")));
+                }
+                let obj = apply(res, None, &live, &config, &manager, force)?;
+                return self.create_object(res, ns, req, obj, true).await;
+            }
+        }
+        self.write_update(res, ns, name, subresource, None, dry_run, req, |old| {
+            apply(res, subresource, old, &config, &manager, force)
         })
         .await
     }
@@ -979,6 +1363,15 @@ impl Rest {
         mutate: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<Reply, ApiError> {
         let key = res.key(ns, name);
+        // The `scale` subresource reads and writes the object's Scale.
+        let scale = subresource == Some("scale");
+        let answer = |obj: Value| -> Result<Reply, ApiError> {
+            if scale {
+                Ok(Reply::Json(200, render_scale(req, scale_of(res, &obj)?)))
+            } else {
+                Ok(Reply::Json(200, render_one(res, req, obj)))
+            }
+        };
         for _ in 0..16 {
             let (old, old_rev) = self.get_current(res, ns, name).await?;
             if let Some(p) = precondition {
@@ -986,8 +1379,17 @@ impl Rest {
                     return Err(ApiError::stale_update(&res.group_resource(), name));
                 }
             }
-            let mut new = mutate(&old)?;
+            let mut new = if scale {
+                let scaled = mutate(&scale_of(res, &old)?)?;
+                with_scale(res, name, &old, &scaled)?
+            } else {
+                mutate(&old)?
+            };
             check_type(res, &mut new)?;
+            // An apply computed the managed fields; the subresource merges below start over
+            // from the live object.
+            let applied = crate::fieldmanager::is_apply(req.content_type)
+                .then(|| crate::fieldmanager::managed_fields(&new));
             // Fields that never change through an update.
             for k in [
                 "uid",
@@ -1014,6 +1416,11 @@ impl Rest {
                     let mut merged = old.clone();
                     if let Some(o) = merged.as_object_mut() {
                         o.insert("status".into(), status);
+                        if res.strategy.status_keeps_metadata() {
+                            if let Some(m) = new.get("metadata") {
+                                o.insert("metadata".into(), m.clone());
+                            }
+                        }
                     }
                     new = merged;
                     res.strategy.prepare_status_update(&mut new, &old);
@@ -1034,7 +1441,10 @@ impl Rest {
                     new = merged;
                     res.strategy.prepare_finalize_update(&mut new, &old);
                 }
-                _ => res.strategy.prepare_update(&mut new, &old),
+                Some(other) => res
+                    .strategy
+                    .prepare_subresource_update(other, &mut new, &old),
+                None => res.strategy.prepare_update(&mut new, &old),
             }
             if res.strategy.tracks_generation() && spec_changed(&old, &new) {
                 let g = meta(&old)
@@ -1043,15 +1453,39 @@ impl Rest {
                     .unwrap_or(0);
                 set_meta(&mut new, "generation", json!(g + 1));
             }
+            match applied {
+                Some(m) => crate::fieldmanager::set_managed_fields(&mut new, m),
+                None => {
+                    use crate::fieldmanager::{track_update, Options};
+                    track_update(
+                        res,
+                        subresource,
+                        req.query,
+                        Options::Update,
+                        Some(&old),
+                        &mut new,
+                    )?;
+                }
+            }
             set_meta(&mut new, "resourceVersion", json!(old_rev.to_string()));
+            if let Some(a) = res.strategy.allocator() {
+                a.allocate(&*self.store, &mut new, Some(&old), dry_run)
+                    .await?;
+            }
             let mut errs = validate_meta(res, &new);
-            errs.extend(res.strategy.validate_update(&new, &old));
+            errs.extend(match subresource {
+                Some("status") => res.strategy.validate_status_update(&new, &old),
+                _ => res.strategy.validate_update(&new, &old),
+            });
             if !errs.is_empty() {
+                if !dry_run {
+                    self.release(res, &new, Some(&old)).await;
+                }
                 return Err(invalid(res, name, &errs));
             }
             if new == old || dry_run {
                 // A no-op update writes nothing and keeps the resourceVersion.
-                return Ok(Reply::Json(200, render_one(res, req, new)));
+                return answer(new);
             }
             if meta_str(&new, "deletionTimestamp").is_some()
                 && !res.strategy.finalizers_pending(&new)
@@ -1059,28 +1493,49 @@ impl Rest {
                 // The last finalizer of an object being deleted is gone: delete it.
                 match self.store.delete(key.as_bytes(), Some(old_rev)).await {
                     Ok((_, rev)) => {
+                        self.release(res, &new, None).await;
+                        self.release(res, &old, Some(&new)).await;
                         set_meta(&mut new, "resourceVersion", json!(rev.to_string()));
-                        return Ok(Reply::Json(200, render_one(res, req, new)));
+                        return answer(new);
                     }
-                    Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
-                    Err(e) => return Err(storage_error(res, name, e)),
+                    Err(e) => {
+                        self.release(res, &new, Some(&old)).await;
+                        match e {
+                            StorageError::Conflict { .. } if precondition.is_none() => continue,
+                            e => return Err(storage_error(res, name, e)),
+                        }
+                    }
                 }
             }
+            let bytes = match encode_stored(res, &new) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.release(res, &new, Some(&old)).await;
+                    return Err(e);
+                }
+            };
             match self
                 .store
-                .update(key.as_bytes(), encode_stored(res, &new)?, Some(old_rev))
+                .update(key.as_bytes(), bytes, Some(old_rev))
                 .await
             {
                 Ok(kv) => {
+                    self.release(res, &old, Some(&new)).await;
                     set_meta(
                         &mut new,
                         "resourceVersion",
                         json!(kv.mod_revision.to_string()),
                     );
-                    return Ok(Reply::Json(200, render_one(res, req, new)));
+                    return answer(new);
                 }
-                Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
-                Err(e) => return Err(storage_error(res, name, e)),
+                Err(e) => {
+                    // Nothing was written: give back what this attempt reserved.
+                    self.release(res, &new, Some(&old)).await;
+                    match e {
+                        StorageError::Conflict { .. } if precondition.is_none() => continue,
+                        e => return Err(storage_error(res, name, e)),
+                    }
+                }
             }
         }
         Err(ApiError::stale_update(&res.group_resource(), name))
@@ -1172,7 +1627,10 @@ impl Rest {
                 }
             }
             match self.store.delete(key.as_bytes(), Some(rev)).await {
-                Ok(_) => return Ok(answer(new)),
+                Ok(_) => {
+                    self.release(res, &new, None).await;
+                    return Ok(answer(new));
+                }
                 Err(StorageError::Conflict { .. }) => continue,
                 Err(e) => return Err(storage_error(res, name, e)),
             }

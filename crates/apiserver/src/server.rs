@@ -154,6 +154,8 @@ impl ApiServer {
         let rest = Arc::new(Rest::new(store.clone()));
         let registry = Registry::builtin();
         bootstrap_namespaces(&rest, &registry).await?;
+        crate::registry::bootstrap_policy(&rest, &registry).await?;
+        bootstrap_kubernetes_service(&rest, &registry, host, local_addr.port()).await?;
         let state = Arc::new(State {
             registry,
             rest,
@@ -161,7 +163,18 @@ impl ApiServer {
             checks: vec![
                 ("etcd", Arc::new(|| true)),
                 ("poststarthook/bootstrap-namespaces", Arc::new(|| true)),
+                ("poststarthook/rbac/bootstrap-roles", Arc::new(|| true)),
+                (
+                    "poststarthook/scheduling/bootstrap-system-priority-classes",
+                    Arc::new(|| true),
+                ),
+                (
+                    "poststarthook/priority-and-fairness-config-producer",
+                    Arc::new(|| true),
+                ),
+                ("poststarthook/bootstrap-controller", Arc::new(|| true)),
             ],
+            openapi: Default::default(),
         });
         let acceptor = TlsAcceptor::from(Arc::new(tls));
         let task = tokio::spawn(serve(listener, acceptor, state));
@@ -265,4 +278,219 @@ async fn bootstrap_namespaces(rest: &Rest, registry: &Registry) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Creates `body` (in `ns`) or, when it exists, merge-patches it with `reconcile`; then,
+/// if it was created, merge-patches its status with `status`.
+async fn ensure(
+    rest: &Rest,
+    registry: &Registry,
+    (group, version, plural): (&str, &str, &str),
+    ns: Option<&str>,
+    body: &serde_json::Value,
+    reconcile: Option<&serde_json::Value>,
+    status: Option<&serde_json::Value>,
+) -> Result<()> {
+    let Some(res) = registry.find(group, version, plural) else {
+        return Ok(());
+    };
+    let name = body
+        .pointer("/metadata/name")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    let query = Default::default();
+    let accept = || Accept {
+        output: Output::Object,
+        yaml: false,
+    };
+    let bytes = body.to_string();
+    let req = rest::Request {
+        query: &query,
+        accept: accept(),
+        content_type: Some("application/json"),
+        body: bytes.as_bytes(),
+    };
+    // Look first: creating an existing Service would fail on its cluster IP, not its name.
+    let exists = match rest.get(&res, ns, name, &req).await {
+        Ok(_) => true,
+        Err(e) if e.code == 404 => false,
+        Err(e) => anyhow::bail!("reading {plural} {name}: {}", e.message),
+    };
+    let created = !exists
+        && match rest.create(&res, ns, &req).await {
+            Ok(_) => true,
+            Err(e) if e.code == 409 => false,
+            Err(e) => anyhow::bail!("creating {plural} {name}: {}", e.message),
+        };
+    let patch = match (created, reconcile, status) {
+        (false, Some(p), _) => Some((p, None)),
+        (true, _, Some(p)) => Some((p, Some("status"))),
+        _ => None,
+    };
+    if let Some((patch, sub)) = patch {
+        let bytes = patch.to_string();
+        let req = rest::Request {
+            query: &query,
+            accept: accept(),
+            content_type: Some("application/merge-patch+json"),
+            body: bytes.as_bytes(),
+        };
+        if let Err(e) = rest.patch(&res, ns, name, sub, &req).await {
+            anyhow::bail!("updating {plural} {name}: {}", e.message);
+        }
+    }
+    Ok(())
+}
+
+/// What kube-apiserver keeps in place at start: the default ServiceCIDR, the
+/// `default/kubernetes` Service on the first cluster IP, and its Endpoints and
+/// EndpointSlice naming this server (the endpoint reconciler's work).
+async fn bootstrap_kubernetes_service(
+    rest: &Rest,
+    registry: &Registry,
+    address: IpAddr,
+    port: u16,
+) -> Result<()> {
+    use serde_json::json;
+    let cidr = crate::registry::service_cidr();
+    let name = crate::registry::DEFAULT_SERVICE_CIDR;
+    let ready = json!({"status": {"conditions": [{
+        "type": "Ready",
+        "status": "True",
+        "reason": "",
+        "message": "Kubernetes default Service CIDR is ready",
+        "lastTransitionTime": crate::time::now_rfc3339(),
+    }]}});
+    ensure(
+        rest,
+        registry,
+        ("networking.k8s.io", "v1", "servicecidrs"),
+        None,
+        &json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": {"name": name}, "spec": {"cidrs": [cidr]}}),
+        None,
+        Some(&ready),
+    )
+    .await?;
+    let ports = json!([{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}]);
+    ensure(
+        rest,
+        registry,
+        ("", "v1", "services"),
+        Some("default"),
+        &json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "kubernetes", "namespace": "default",
+                "labels": {"component": "apiserver", "provider": "kubernetes"}},
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.1", "ports": ports,
+                "sessionAffinity": "None"}}),
+        Some(&json!({"spec": {"ports": ports}})),
+        None,
+    )
+    .await?;
+    let ip = address.to_string();
+    let endpoint_ports = json!([{"name": "https", "port": port, "protocol": "TCP"}]);
+    let subsets = json!([{"addresses": [{"ip": ip}], "ports": endpoint_ports}]);
+    put_endpoints(
+        rest,
+        registry,
+        ("", "v1", "endpoints"),
+        json!({"apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": "kubernetes", "namespace": "default",
+                "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+            "subsets": subsets}),
+    )
+    .await?;
+    let family = if address.is_ipv6() { "IPv6" } else { "IPv4" };
+    let endpoints = json!([{"addresses": [ip], "conditions": {"ready": true}}]);
+    put_endpoints(
+        rest,
+        registry,
+        ("discovery.k8s.io", "v1", "endpointslices"),
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "kubernetes", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "kubernetes"}, "generation": 1},
+            "addressType": family, "endpoints": endpoints, "ports": endpoint_ports}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Writes the `default/kubernetes` Endpoints or EndpointSlice straight to the store, as
+/// the endpoint reconciler owns them. Not through validation: that refuses a loopback
+/// address (upstream's reconciler refuses to run on one), and a server on loopback still
+/// has to name itself for in-cluster clients and the conformance tests.
+async fn put_endpoints(
+    rest: &Rest,
+    registry: &Registry,
+    (group, version, plural): (&str, &str, &str),
+    mut obj: serde_json::Value,
+) -> Result<()> {
+    let Some(res) = registry.find(group, version, plural) else {
+        return Ok(());
+    };
+    let key = res.key(Some("default"), "kubernetes");
+    for _ in 0..8 {
+        let (current, _) = rest.store.get(key.as_bytes(), None).await?;
+        let old = match &current {
+            Some(kv) => Some(serde_json::from_slice::<serde_json::Value>(&kv.value)?),
+            None => None,
+        };
+        let meta = |o: &serde_json::Value, k: &str| o.pointer(&format!("/metadata/{k}")).cloned();
+        let uid = old.as_ref().and_then(|o| meta(o, "uid"));
+        let created = old.as_ref().and_then(|o| meta(o, "creationTimestamp"));
+        if let Some(m) = obj
+            .get_mut("metadata")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            m.insert(
+                "uid".into(),
+                uid.unwrap_or_else(|| uuid::Uuid::new_v4().to_string().into()),
+            );
+            m.insert(
+                "creationTimestamp".into(),
+                created.unwrap_or_else(|| crate::time::now_rfc3339().into()),
+            );
+        }
+        let unchanged = old.as_ref().is_some_and(|o| {
+            let strip = |v: &serde_json::Value| {
+                let mut v = v.clone();
+                if let Some(m) = v
+                    .get_mut("metadata")
+                    .and_then(serde_json::Value::as_object_mut)
+                {
+                    m.remove("generation");
+                }
+                v
+            };
+            strip(o) == strip(&obj)
+        });
+        if unchanged {
+            return Ok(());
+        }
+        if let (Some(o), Some(g)) = (&old, obj.pointer_mut("/metadata/generation")) {
+            let before = o
+                .pointer("/metadata/generation")
+                .and_then(serde_json::Value::as_i64)
+                .unwrap_or(0);
+            *g = (before + 1).into();
+        }
+        let bytes = serde_json::to_vec(&obj)?;
+        let written = match &current {
+            Some(kv) => rest
+                .store
+                .update(key.as_bytes(), bytes, Some(kv.mod_revision))
+                .await
+                .map(|_| ()),
+            None => rest.store.create(key.as_bytes(), bytes).await.map(|_| ()),
+        };
+        match written {
+            Ok(()) => return Ok(()),
+            Err(
+                kumo_storage::StorageError::Conflict { .. }
+                | kumo_storage::StorageError::AlreadyExists { .. },
+            ) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("writing {plural} default/kubernetes kept conflicting")
 }

@@ -72,13 +72,7 @@ async fn kubectl_drives_the_api_server() {
     }
 
     // Multi-document create (client-side schema validation needs /openapi, not yet served).
-    let out = k_in(
-        None,
-        &kc,
-        &["create", "--validate=false", "-f", "-"],
-        Some(MANIFEST),
-    )
-    .await;
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(MANIFEST)).await;
     assert!(out.ok, "{}", out.stderr);
     assert_eq!(
         out.stdout.lines().collect::<Vec<_>>(),
@@ -89,13 +83,7 @@ async fn kubectl_drives_the_api_server() {
         ]
     );
     // Creating again: AlreadyExists, with upstream's words.
-    let out = k_in(
-        None,
-        &kc,
-        &["create", "--validate=false", "-f", "-"],
-        Some(MANIFEST),
-    )
-    .await;
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(MANIFEST)).await;
     assert!(!out.ok);
     assert!(
         out.stderr.contains("Error from server (AlreadyExists): error when creating \"STDIN\": configmaps \"web-config\" already exists"),
@@ -267,13 +255,7 @@ async fn kubectl_drives_the_api_server() {
             .await
             .ok
     );
-    let out = k_in(
-        None,
-        &kc,
-        &["replace", "--validate=false", "-f", "-"],
-        Some(&stale.to_string()),
-    )
-    .await;
+    let out = k_in(None, &kc, &["replace", "-f", "-"], Some(&stale.to_string())).await;
     assert!(!out.ok);
     assert!(
         out.stderr.contains("Operation cannot be fulfilled on configmaps \"db-config\": the object has been modified; please apply your changes to the latest version and try again"),
@@ -283,13 +265,7 @@ async fn kubectl_drives_the_api_server() {
 
     // Validation errors: 422 with the field, as kube-apiserver words it.
     let bad = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"},"data":{"bad key":"x"}}"#;
-    let out = k_in(
-        None,
-        &kc,
-        &["create", "--validate=false", "-f", "-"],
-        Some(bad),
-    )
-    .await;
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(bad)).await;
     assert!(!out.ok);
     // kubectl lists the causes of the Status, one per line.
     assert!(out.stderr.contains("The ConfigMap \"Bad_Name\" is invalid: \n* metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain"), "{}", out.stderr);
@@ -357,7 +333,7 @@ async fn kubectl_drives_the_api_server() {
     let out = k_in(
         None,
         &kc,
-        &["create", "--validate=false", "-n", "nowhere", "-f", "-"],
+        &["create", "-n", "nowhere", "-f", "-"],
         Some(
             bad.replace("Bad_Name", "ok")
                 .replace("bad key", "k")
@@ -394,14 +370,9 @@ async fn paginated_lists() {
         ));
     }
     assert!(
-        k_in(
-            None,
-            &kc,
-            &["create", "--validate=false", "-f", "-"],
-            Some(&docs)
-        )
-        .await
-        .ok
+        k_in(None, &kc, &["create", "-f", "-"], Some(&docs))
+            .await
+            .ok
     );
     // kubectl pages with limit/continue and must see every object once.
     let out = k(&kc, &["get", "cm", "--chunk-size=4", "-o", "name"]).await;
@@ -645,13 +616,7 @@ async fn pods() {
     assert!(out.ok, "{}", out.stderr);
     let out = k(&kc, &["run", "web", "--image=nginx:1.27"]).await;
     assert_eq!(out.stdout.trim(), "pod/web created", "{}", out.stderr);
-    let out = k_in(
-        None,
-        &kc,
-        &["create", "--validate=false", "-f", "-"],
-        Some(POD),
-    )
-    .await;
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(POD)).await;
     assert_eq!(out.stdout.trim(), "pod/api created", "{}", out.stderr);
 
     let out = k(&kc, &["get", "pods"]).await;
@@ -730,13 +695,7 @@ async fn pods() {
 
     // Validation, with upstream's fields and messages.
     let bad = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"restartPolicy":"Sometimes","containers":[{"name":"c"}]}}"#;
-    let out = k_in(
-        None,
-        &kc,
-        &["create", "--validate=false", "-f", "-"],
-        Some(bad),
-    )
-    .await;
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(bad)).await;
     assert!(!out.ok);
     assert!(
         out.stderr.contains("The Pod \"bad\" is invalid: \n* spec.containers[0].image: Required value\n* spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"OnFailure\", \"Never\""),
@@ -747,7 +706,7 @@ async fn pods() {
     let out = k_in(
         None,
         &kc,
-        &["create", "--validate=false", "-f", "-"],
+        &["create", "-f", "-"],
         Some(&bad.replace("\"restartPolicy\":\"Sometimes\"", "\"priority\":5")),
     )
     .await;
@@ -879,14 +838,9 @@ async fn pods() {
         .replace("name: api", "name: bound")
         .replace("spec:\n", "spec:\n  nodeName: node-1\n");
     assert!(
-        k_in(
-            None,
-            &kc,
-            &["create", "--validate=false", "-f", "-"],
-            Some(&on_node)
-        )
-        .await
-        .ok
+        k_in(None, &kc, &["create", "-f", "-"], Some(&on_node))
+            .await
+            .ok
     );
     let out = k(&kc, &["delete", "pod", "bound", "--wait=false"]).await;
     assert!(out.ok, "{}", out.stderr);
@@ -940,13 +894,7 @@ kind: Lease
 metadata: {name: node-a, namespace: kube-node-lease}
 spec: {holderIdentity: node-a, leaseDurationSeconds: 40}
 ";
-    let out = k_in(
-        None,
-        &kc,
-        &["create", "--validate=false", "-f", "-"],
-        Some(lease),
-    )
-    .await;
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(lease)).await;
     assert_eq!(
         out.stdout.trim(),
         "lease.coordination.k8s.io/node-a created",
@@ -971,13 +919,7 @@ message: Successfully assigned default/web to node-1
 type: Normal
 source: {component: default-scheduler}
 ";
-    let out = k_in(
-        None,
-        &kc,
-        &["create", "--validate=false", "-f", "-"],
-        Some(event),
-    )
-    .await;
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(event)).await;
     assert_eq!(out.stdout.trim(), "event/web.1 created", "{}", out.stderr);
     let out = k(&kc, &["get", "events"]).await;
     let lines: Vec<&str> = out.stdout.lines().collect();
@@ -1049,13 +991,7 @@ type: Normal
 note: pulling image
 regarding: {kind: Pod, namespace: default, name: web}
 ";
-    let out = k_in(
-        None,
-        &kc,
-        &["create", "--validate=false", "-f", "-"],
-        Some(new_event),
-    )
-    .await;
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(new_event)).await;
     assert!(out.ok, "{}", out.stderr);
     let out = k(
         &kc,
@@ -1072,7 +1008,7 @@ regarding: {kind: Pod, namespace: default, name: web}
     let out = k_in(
         None,
         &kc,
-        &["create", "--validate=false", "-f", "-"],
+        &["create", "-f", "-"],
         Some("{\"apiVersion\":\"events.k8s.io/v1\",\"kind\":\"Event\",\"metadata\":{\"name\":\"bad\"}}"),
     )
     .await;
@@ -1107,16 +1043,7 @@ async fn finalizers_hold_deletion() {
     let (server, _dir) = start().await;
     let kc = server.admin_kubeconfig.clone();
     let cm = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"held","finalizers":["example.com/hold"]}}"#;
-    assert!(
-        k_in(
-            None,
-            &kc,
-            &["create", "--validate=false", "-f", "-"],
-            Some(cm)
-        )
-        .await
-        .ok
-    );
+    assert!(k_in(None, &kc, &["create", "-f", "-"], Some(cm)).await.ok);
     let out = k(&kc, &["delete", "cm", "held", "--wait=false"]).await;
     assert!(out.ok, "{}", out.stderr);
     let out = k(

@@ -6,11 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const VERBS: [&str; 9] = [
+const VERBS: [&str; 10] = [
     "create",
     "get",
     "list",
     "list-paged",
+    "list-all",
     "update",
     "patch-merge",
     "patch-strategic",
@@ -135,6 +136,11 @@ fn bench_api_against_the_reference() {
         rows.len(),
         VERBS.len() * CONCURRENCY.len(),
         "unexpected rows:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("memory of kube-apiserver (pid ")
+            && stdout.contains("with the 50 objects stored: "),
+        "no memory with the objects stored:\n{stdout}"
     );
     assert!(
         stdout.contains("memory of kube-apiserver (pid ")

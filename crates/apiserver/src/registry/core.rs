@@ -53,6 +53,9 @@ struct Namespaces;
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 impl Strategy for Namespaces {
+    fn delete_collection(&self) -> bool {
+        false
+    }
     fn validate_name(&self, name: &str) -> Vec<String> {
         kumo_apimachinery::validation::is_dns1123_label(name)
     }

@@ -5,12 +5,34 @@
 //! table columns, selectable fields. Everything else (the verbs, storage, watch, errors) is
 //! shared in [`crate::rest`], so adding a resource is one small strategy.
 
+mod admissionregistration;
+mod apps;
+mod autoscaling;
+mod batch;
+mod bootstrap;
+mod certificates;
 mod coordination;
 mod core;
+mod core_extra;
 mod events;
+mod flowcontrol;
+mod ingress;
+mod networking;
+mod node;
+mod nodes;
 mod pods;
+mod policy;
+mod printing;
+mod rbac;
+mod scheduling;
+mod services;
+mod storage;
+mod workloads_core;
 
 use std::sync::Arc;
+
+pub use bootstrap::bootstrap_policy;
+pub use services::{service_cidr, DEFAULT_SERVICE_CIDR};
 
 use kumo_apimachinery::status::GroupResource;
 use kumo_apimachinery::validation::FieldError;
@@ -70,6 +92,11 @@ pub trait Strategy: Send + Sync {
     /// The same for an update through the `finalize` subresource (`rest` has taken
     /// everything but `spec.finalizers` from the stored object).
     fn prepare_finalize_update(&self, _new: &mut Value, _old: &Value) {}
+    /// The same for an update through another subresource that changes part of the
+    /// object (a CertificateSigningRequest's `approval`); a plain update by default.
+    fn prepare_subresource_update(&self, _subresource: &str, new: &mut Value, old: &Value) {
+        self.prepare_update(new, old)
+    }
     /// Whether something still holds up the deletion of an object marked for deletion:
     /// its `metadata.finalizers` by default (namespaces also wait for `spec.finalizers`).
     /// An update that leaves a deleted object with nothing pending deletes it.
@@ -81,6 +108,12 @@ pub trait Strategy: Send + Sync {
     /// Objects that admission looks up on create (storage keys), each with the error to
     /// answer when it is missing; e.g. the pod's service account.
     fn admission_lookups(&self, _obj: &Value) -> Vec<Lookup> {
+        Vec::new()
+    }
+    /// Collections admission reads on create, by storage key prefix, each handed to
+    /// `admit_create` as one array under its `what` (e.g. every StorageClass, to find the
+    /// default one).
+    fn admission_lists(&self, _obj: &Value) -> Vec<(&'static str, String)> {
         Vec::new()
     }
     /// Admission on create, after defaulting and before validation, with the objects
@@ -115,6 +148,10 @@ pub trait Strategy: Send + Sync {
     fn validate_name(&self, name: &str) -> Vec<String> {
         kumo_apimachinery::validation::is_dns1123_subdomain(name)
     }
+    /// Whether DELETE of the collection is served (not for namespaces, as upstream).
+    fn delete_collection(&self) -> bool {
+        true
+    }
     /// Validation of a new object (beyond the object metadata, which `rest` checks).
     fn validate(&self, _obj: &Value) -> Vec<FieldError> {
         Vec::new()
@@ -122,6 +159,11 @@ pub trait Strategy: Send + Sync {
     /// Validation of an update.
     fn validate_update(&self, new: &Value, _old: &Value) -> Vec<FieldError> {
         self.validate(new)
+    }
+    /// Validation of an update through the `status` subresource (by default the same as
+    /// any update).
+    fn validate_status_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        self.validate_update(new, old)
     }
     /// The stored form of an object this endpoint serves (when it serves another
     /// version's objects, e.g. events.k8s.io/v1 Events are stored as core/v1 Events).
@@ -140,6 +182,10 @@ pub trait Strategy: Send + Sync {
     fn columns(&self) -> Vec<Column> {
         vec![Column::NAME, Column::AGE]
     }
+    /// How the printer orders the rows of a list table (by default, as listed).
+    fn row_order(&self, _a: &Value, _b: &Value) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
     /// The cells of one row, in column order.
     fn cells(&self, obj: &Value) -> Vec<Value> {
         vec![json!(name_of(obj)), json!(age_of(obj))]
@@ -149,6 +195,98 @@ pub trait Strategy: Send + Sync {
     fn selectable_fields(&self, _obj: &Value) -> Vec<(&'static str, String)> {
         Vec::new()
     }
+    /// Where the object keeps what its `scale` subresource shows, for resources that
+    /// serve one.
+    fn scale(&self) -> Option<ScaleSpec> {
+        None
+    }
+    /// What the resource's objects hold in the store besides themselves (Services: their
+    /// cluster IPs and node ports), reserved and released around every write.
+    fn allocator(&self) -> Option<&dyn Allocator> {
+        None
+    }
+    /// Whether an update through `status` also takes the request's metadata (labels,
+    /// annotations, ...), as most built-in status strategies upstream do; otherwise only
+    /// the status changes.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+    /// The warning every request to a deprecated endpoint carries (core/v1 Endpoints).
+    fn deprecation(&self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// Reservations an object holds in the store besides itself, e.g. the IPAddress objects
+/// and the node port bitmap of Services. `rest` calls `allocate` on a create or update
+/// after defaulting and before validation (as upstream's BeginCreate/BeginUpdate); if
+/// validation or the write then fails, it releases what the new object holds beyond the
+/// old one; once the write is done, what the old object held beyond the new one (all of
+/// it on delete). A dry run reserves and releases nothing. Releases are best effort: a
+/// failed release leaks until a repair, never double-books.
+pub trait Allocator: Send + Sync {
+    /// Reserves what `new` needs and `old` (the stored object, on update) does not hold
+    /// yet, and writes the values chosen into `new`. A dry run chooses without reserving.
+    /// On error, nothing stays reserved. `new` is not validated yet: the allocator checks
+    /// what it relies on.
+    fn allocate<'a>(
+        &'a self,
+        store: &'a dyn kumo_storage::Store,
+        new: &'a mut Value,
+        old: Option<&'a Value>,
+        dry_run: bool,
+    ) -> futures::future::BoxFuture<'a, Result<(), kumo_apimachinery::status::ApiError>>;
+    /// Releases what `held` holds and `kept` does not.
+    fn release<'a>(
+        &'a self,
+        store: &'a dyn kumo_storage::Store,
+        held: &'a Value,
+        kept: Option<&'a Value>,
+    ) -> futures::future::BoxFuture<'a, ()>;
+}
+
+/// Where an object keeps its replica counts and selector, for its `scale` subresource
+/// (an autoscaling/v1 Scale). The same description as a CustomResourceDefinition's
+/// `subresources.scale`, so custom resources can serve `scale` through the same code.
+#[derive(Clone, Debug)]
+pub struct ScaleSpec {
+    /// Path of the desired replicas, e.g. `.spec.replicas`.
+    pub spec_replicas: String,
+    /// Path of the observed replicas, e.g. `.status.replicas`.
+    pub status_replicas: String,
+    /// Path and form of the label selector, if the resource has one.
+    pub selector: Option<(String, SelectorForm)>,
+}
+
+/// How a selector is stored in an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelectorForm {
+    /// Already a selector string (a custom resource's `labelSelectorPath`).
+    Serialized,
+    /// A metav1.LabelSelector (`matchLabels`, `matchExpressions`).
+    LabelSelector,
+    /// A plain map of labels (a ReplicationController's `spec.selector`).
+    Map,
+}
+
+impl ScaleSpec {
+    /// The scale of a built-in workload: `.spec.replicas`, `.status.replicas` and a
+    /// selector at `.spec.selector` in the given form.
+    pub fn builtin(form: SelectorForm) -> ScaleSpec {
+        ScaleSpec {
+            spec_replicas: ".spec.replicas".into(),
+            status_replicas: ".status.replicas".into(),
+            selector: Some((".spec.selector".into(), form)),
+        }
+    }
+}
+
+/// The JSON pointer of a simple JSON path (`.spec.replicas` → `/spec/replicas`).
+pub fn json_path_pointer(path: &str) -> String {
+    path.split('.')
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("/{}", s.replace('~', "~0").replace('/', "~1")))
+        .collect()
 }
 
 /// An object admission needs, by storage key, with the error when it does not exist.
@@ -204,16 +342,22 @@ impl Resource {
 
     /// The verbs discovery lists for the resource itself.
     pub fn verbs(&self) -> &'static [&'static str] {
-        &[
-            "create",
-            "delete",
-            "deletecollection",
-            "get",
-            "list",
-            "patch",
-            "update",
-            "watch",
-        ]
+        if self.strategy.delete_collection() {
+            &[
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch",
+            ]
+        } else {
+            &[
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ]
+        }
     }
 }
 
@@ -231,6 +375,23 @@ impl Registry {
                 .chain(pods::resources())
                 .chain(events::resources())
                 .chain(coordination::resources())
+                .chain(nodes::resources())
+                .chain(services::resources())
+                .chain(networking::resources())
+                .chain(apps::resources())
+                .chain(batch::resources())
+                .chain(workloads_core::resources())
+                .chain(autoscaling::resources())
+                .chain(core_extra::resources())
+                .chain(rbac::resources())
+                .chain(scheduling::resources())
+                .chain(node::resources())
+                .chain(storage::resources())
+                .chain(policy::resources())
+                .chain(ingress::resources())
+                .chain(certificates::resources())
+                .chain(flowcontrol::resources())
+                .chain(admissionregistration::resources())
                 .map(Arc::new)
                 .collect(),
         }

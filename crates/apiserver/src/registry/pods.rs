@@ -95,17 +95,6 @@ fn default_container(c: &mut Value) {
     default_field(c, "terminationMessagePath", json!("/dev/termination-log"));
     default_field(c, "terminationMessagePolicy", json!("File"));
     default_field(c, "resources", json!({}));
-    // Requests default to the limits.
-    if let Some(r) = c.get_mut("resources").and_then(Value::as_object_mut) {
-        if let Some(limits) = r.get("limits").and_then(Value::as_object).cloned() {
-            let req = r.entry("requests").or_insert_with(|| json!({}));
-            if let Some(req) = req.as_object_mut() {
-                for (k, v) in limits {
-                    req.entry(k).or_insert(v);
-                }
-            }
-        }
-    }
     for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
         if let Some(p) = c.get_mut(probe).filter(|p| p.is_object()) {
             default_field(p, "timeoutSeconds", json!(1));
@@ -134,6 +123,89 @@ fn default_container(c: &mut Value) {
             }
         }
     }
+}
+
+/// Requests default to the limits (SetDefaults_Pod: pods only, not templates).
+fn default_requests(c: &mut Value) {
+    if let Some(r) = c.get_mut("resources").and_then(Value::as_object_mut) {
+        if let Some(limits) = r.get("limits").and_then(Value::as_object).cloned() {
+            let req = r.entry("requests").or_insert_with(|| json!({}));
+            if let Some(req) = req.as_object_mut() {
+                for (k, v) in limits {
+                    req.entry(k).or_insert(v);
+                }
+            }
+        }
+    }
+}
+
+/// The defaults of a pod spec, in a pod or a pod template: SetDefaults_PodSpec with the
+/// defaults of its containers and volumes.
+pub(crate) fn default_pod_spec(spec: &mut Value) {
+    if !spec.is_object() {
+        return;
+    }
+    for list in CONTAINER_LISTS {
+        if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
+            for c in cs {
+                default_container(c);
+            }
+        }
+    }
+    if let Some(vs) = spec.get_mut("volumes").and_then(Value::as_array_mut) {
+        for v in vs {
+            default_volume(v);
+        }
+    }
+    default_field(spec, "restartPolicy", json!("Always"));
+    default_field(spec, "terminationGracePeriodSeconds", json!(30));
+    default_field(spec, "dnsPolicy", json!("ClusterFirst"));
+    default_field(spec, "securityContext", json!({}));
+    default_field(spec, "schedulerName", json!("default-scheduler"));
+    // The deprecated serviceAccount mirrors serviceAccountName.
+    if str_at(spec, "/serviceAccountName").is_empty() {
+        let sa = str_at(spec, "/serviceAccount").to_owned();
+        if !sa.is_empty() {
+            spec["serviceAccountName"] = json!(sa);
+        }
+    }
+    let sa = str_at(spec, "/serviceAccountName").to_owned();
+    if !sa.is_empty() {
+        spec["serviceAccount"] = json!(sa);
+    }
+}
+
+/// The checks of upstream's ValidatePodTemplateSpec on a template at `path` (labels and
+/// annotations of its metadata, which upstream reports as `<path>.labels`, then its spec).
+pub(crate) fn validate_pod_template(template: &Value, path: &Path) -> Vec<FieldError> {
+    let string_map = |k: &str| -> std::collections::BTreeMap<String, String> {
+        template
+            .pointer(&format!("/metadata/{k}"))
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut errs = kumo_apimachinery::validation::validate_labels(
+        &string_map("labels"),
+        &path.child("labels"),
+    );
+    errs.extend(kumo_apimachinery::validation::validate_annotations(
+        &string_map("annotations"),
+        &path.child("annotations"),
+    ));
+    let spec = template.get("spec").unwrap_or(&Value::Null);
+    errs.extend(validate_pod_spec(spec, &path.child("spec")));
+    if !list_at(spec, "ephemeralContainers").is_empty() {
+        errs.push(FieldError::forbidden(
+            &path.child("spec").child("ephemeralContainers"),
+            "ephemeral containers not allowed in pod template",
+        ));
+    }
+    errs
 }
 
 /// SetDefaults_HTTPGetAction and SetDefaults_GRPCAction in a probe or lifecycle handler.
@@ -340,22 +412,13 @@ impl Strategy for Pods {
                 o.insert("spec".into(), json!({}));
             }
         }
+        default_pod_spec(&mut obj["spec"]);
         for list in CONTAINER_LISTS {
             for c in containers_mut(obj, list) {
-                default_container(c);
+                default_requests(c);
             }
         }
         let spec = &mut obj["spec"];
-        if let Some(vs) = spec.get_mut("volumes").and_then(Value::as_array_mut) {
-            for v in vs {
-                default_volume(v);
-            }
-        }
-        default_field(spec, "restartPolicy", json!("Always"));
-        default_field(spec, "terminationGracePeriodSeconds", json!(30));
-        default_field(spec, "dnsPolicy", json!("ClusterFirst"));
-        default_field(spec, "securityContext", json!({}));
-        default_field(spec, "schedulerName", json!("default-scheduler"));
         default_field(spec, "enableServiceLinks", json!(true));
         if spec.get("hostNetwork") == Some(&json!(true)) {
             // Host-network pods expose their container ports on the host.
@@ -529,7 +592,7 @@ impl Strategy for Pods {
     }
 
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
-        validate_pod_spec(obj)
+        validate_pod_spec(obj.get("spec").unwrap_or(&Value::Null), &Path::new("spec"))
     }
 
     fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
@@ -867,13 +930,13 @@ fn port_range(errs: &mut Vec<FieldError>, path: &Path, v: i64) {
     }
 }
 
-/// The essentials of upstream's ValidatePodSpec, with its paths and messages.
-fn validate_pod_spec(pod: &Value) -> Vec<FieldError> {
+/// The essentials of upstream's ValidatePodSpec on the pod spec `spec` at `spec_path`
+/// (`spec` of a pod, `spec.template.spec` of a workload), with its paths and messages.
+pub(crate) fn validate_pod_spec(spec: &Value, spec_path: &Path) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    let spec_path = Path::new("spec");
     let mut names = std::collections::BTreeSet::new();
     let mut volumes = std::collections::BTreeSet::new();
-    for (i, v) in containers(pod, "volumes").iter().enumerate() {
+    for (i, v) in list_at(spec, "volumes").iter().enumerate() {
         let path = spec_path.child("volumes").index(i).child("name");
         let name = str_at(v, "/name");
         if name.is_empty() {
@@ -887,11 +950,11 @@ fn validate_pod_spec(pod: &Value) -> Vec<FieldError> {
             }
         }
     }
-    if containers(pod, "containers").is_empty() {
+    if list_at(spec, "containers").is_empty() {
         errs.push(FieldError::required(&spec_path.child("containers"), ""));
     }
     for list in CONTAINER_LISTS {
-        for (i, c) in containers(pod, list).iter().enumerate() {
+        for (i, c) in list_at(spec, list).iter().enumerate() {
             let path = spec_path.child(list).index(i);
             let name = str_at(c, "/name");
             if name.is_empty() {
@@ -990,7 +1053,7 @@ fn validate_pod_spec(pod: &Value) -> Vec<FieldError> {
             }
         }
     }
-    let rp = str_at(pod, "/spec/restartPolicy");
+    let rp = str_at(spec, "/restartPolicy");
     if !matches!(rp, "Always" | "OnFailure" | "Never") {
         errs.push(FieldError::not_supported(
             &spec_path.child("restartPolicy"),
@@ -998,7 +1061,7 @@ fn validate_pod_spec(pod: &Value) -> Vec<FieldError> {
             &["Always", "OnFailure", "Never"],
         ));
     }
-    let dns = str_at(pod, "/spec/dnsPolicy");
+    let dns = str_at(spec, "/dnsPolicy");
     if !matches!(
         dns,
         "ClusterFirstWithHostNet" | "ClusterFirst" | "Default" | "None"
@@ -1038,6 +1101,7 @@ mod tests {
     fn pod(resources: Value) -> Value {
         let mut c = json!({"name": "c", "image": "x", "resources": resources});
         default_container(&mut c);
+        default_requests(&mut c);
         json!({"spec": {"containers": [c]}})
     }
 

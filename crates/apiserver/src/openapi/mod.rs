@@ -1,0 +1,1124 @@
+//! OpenAPI: `/openapi/v2`, `/openapi/v3` and `/openapi/v3/<api|apis/group>/<version>`, and
+//! server-side field validation (`fieldValidation=Strict|Warn|Ignore`) against the same
+//! schemas.
+//!
+//! The schemas of the built-in types are facts of the Kubernetes API, extracted by
+//! `scripts/gen-openapi` into `schemas.json` (no descriptions) and embedded in the binary.
+//! The paths are generated from the [`Registry`], so the documents list exactly the
+//! resources and verbs this server serves. kubectl reads them to decide that the server
+//! validates fields itself (the `fieldValidation` parameter of each PATCH operation, found
+//! by its `x-kubernetes-group-version-kind`), for `kubectl explain`, and for strategic
+//! merge patches in `kubectl apply`.
+//!
+//! Documents are built on first request and kept: an idle server holds none of this.
+
+mod proto;
+mod types;
+mod validate;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use crate::registry::{Registry, Resource};
+
+pub use types::type_error;
+pub use validate::{check_fields, check_patched, prune, Directive, FieldProblems};
+
+/// The schema facts, as `scripts/gen-openapi` wrote them: one definition a line.
+const SCHEMAS_TEXT: &str = include_str!("schemas.txt");
+
+/// Prefix of a reference to a schema in an OpenAPI v3 document.
+const V3_REF: &str = "#/components/schemas/";
+/// Prefix of a reference to a definition in an OpenAPI v2 document.
+const V2_REF: &str = "#/definitions/";
+
+/// One definition: its JSON text in the embedded data, parsed when first needed.
+struct Definition {
+    text: &'static str,
+    parsed: OnceLock<Value>,
+}
+
+/// The built-in schemas, by definition name, with an index by group-version-kind.
+///
+/// Definitions stay text until something needs one as a value (field validation, the v2
+/// conversion): documents copy the text, so serving OpenAPI parses almost nothing.
+pub struct Schemas {
+    defs: HashMap<&'static str, Definition>,
+    by_gvk: HashMap<(&'static str, &'static str, &'static str), &'static str>,
+}
+
+impl Schemas {
+    fn parse(text: &'static str) -> Schemas {
+        let mut defs = HashMap::new();
+        let mut by_gvk = HashMap::new();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let mut parts = line.splitn(3, ' ');
+            let (Some(name), Some(gvks), Some(json)) = (parts.next(), parts.next(), parts.next())
+            else {
+                tracing::error!(line, "malformed line in the embedded OpenAPI schemas");
+                continue;
+            };
+            let gvks: Vec<&str> = gvks.split(',').filter(|g| *g != "-").collect();
+            // DeleteOptions and WatchEvent name every group version; they are no
+            // resource's schema.
+            if let [gvk] = gvks[..] {
+                let mut p = gvk.splitn(3, '/');
+                if let (Some(g), Some(v), Some(k)) = (p.next(), p.next(), p.next()) {
+                    by_gvk.insert((g, v, k), name);
+                }
+            }
+            let d = Definition {
+                text: json,
+                parsed: OnceLock::new(),
+            };
+            defs.insert(name, d);
+        }
+        Schemas { defs, by_gvk }
+    }
+
+    /// A definition by name.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        let d = self.defs.get(name)?;
+        Some(d.parsed.get_or_init(|| {
+            serde_json::from_str(d.text).unwrap_or_else(|e| {
+                tracing::error!(name, error = %e, "malformed embedded OpenAPI schema");
+                Value::Null
+            })
+        }))
+    }
+
+    /// A definition's JSON text.
+    fn text(&self, name: &str) -> Option<&'static str> {
+        self.defs.get(name).map(|d| d.text)
+    }
+
+    /// The definition name of a kind (`io.k8s.api.core.v1.Pod` for `/v1, Kind=Pod`).
+    pub fn for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&'static str> {
+        self.by_gvk.get(&(group, version, kind)).copied()
+    }
+
+    /// The definition a schema refers to (through `$ref` or a one-element `allOf`), or the
+    /// schema itself.
+    pub fn resolve<'a>(&'a self, mut s: &'a Value) -> &'a Value {
+        for _ in 0..8 {
+            let r = s.get("$ref").and_then(Value::as_str).or_else(|| {
+                s.get("allOf")
+                    .and_then(Value::as_array)
+                    .filter(|a| a.len() == 1)
+                    .and_then(|a| a[0].get("$ref"))
+                    .and_then(Value::as_str)
+            });
+            match r
+                .and_then(|r| r.strip_prefix(V3_REF))
+                .and_then(|n| self.get(n))
+            {
+                Some(d) => s = d,
+                None => return s,
+            }
+        }
+        s
+    }
+}
+
+/// The names a JSON text refers to (`"$ref":"#/components/schemas/<name>"`).
+fn refs_in(text: &str) -> impl Iterator<Item = &str> {
+    text.split("\"$ref\":\"")
+        .skip(1)
+        .filter_map(|rest| rest.strip_prefix(V3_REF).and_then(|r| r.split('"').next()))
+}
+
+/// The schemas, read on first use.
+pub fn schemas() -> &'static Schemas {
+    static S: OnceLock<Schemas> = OnceLock::new();
+    S.get_or_init(|| Schemas::parse(SCHEMAS_TEXT))
+}
+
+/// One served document with its content hash (upstream: SHA-512, upper-case hex).
+pub struct Document {
+    pub body: Bytes,
+    pub hash: String,
+}
+
+impl Document {
+    fn new(mut text: String) -> Document {
+        // Kept for the server's lifetime: no spare capacity.
+        text.shrink_to_fit();
+        let body = Bytes::from(text);
+        let digest = ring::digest::digest(&ring::digest::SHA512, &body);
+        let hash = digest.as_ref().iter().map(|b| format!("{b:02X}")).collect();
+        Document { body, hash }
+    }
+}
+
+/// The OpenAPI documents of a registry, built on first request.
+#[derive(Default)]
+pub struct Documents {
+    v3: OnceLock<V3>,
+    v2: OnceLock<Document>,
+    v2_protobuf: OnceLock<Document>,
+}
+
+struct V3 {
+    /// By path key (`api/v1`, `apis/coordination.k8s.io/v1`).
+    groups: BTreeMap<String, Document>,
+    /// `/openapi/v3`.
+    index: Bytes,
+}
+
+impl Documents {
+    fn v3(&self, registry: &Registry) -> &V3 {
+        self.v3.get_or_init(|| {
+            let groups: BTreeMap<String, Document> = group_versions(registry)
+                .into_iter()
+                .map(|(g, v)| {
+                    let key = gv_path(g, v).trim_start_matches('/').to_owned();
+                    (key, v3_document(registry, g, v))
+                })
+                .collect();
+            let paths: Map<String, Value> = groups
+                .iter()
+                .map(|(k, d)| {
+                    (
+                        k.clone(),
+                        json!({"serverRelativeURL": format!("/openapi/v3/{k}?hash={}", d.hash)}),
+                    )
+                })
+                .collect();
+            let index = Bytes::from(json!({ "paths": paths }).to_string());
+            V3 { groups, index }
+        })
+    }
+
+    /// `/openapi/v3`: the index of the group-version documents.
+    pub fn v3_index(&self, registry: &Registry) -> Bytes {
+        self.v3(registry).index.clone()
+    }
+
+    /// `/openapi/v3/<key>`, if served.
+    pub fn v3_group(&self, registry: &Registry, key: &str) -> Option<&Document> {
+        self.v3(registry).groups.get(key)
+    }
+
+    /// `/openapi/v2`: every served path and the definitions they use.
+    pub fn v2(&self, registry: &Registry) -> &Document {
+        self.v2.get_or_init(|| v2_document(registry))
+    }
+
+    /// `/openapi/v2` in protobuf: the definitions only (see [`proto`]).
+    pub fn v2_protobuf(&self, registry: &Registry) -> &Document {
+        self.v2_protobuf.get_or_init(|| {
+            let names = v2_names(registry);
+            let body = proto::document(
+                crate::KUBERNETES_VERSION,
+                names.iter().map(|n| (*n, v2_definition(n))),
+            );
+            let digest = ring::digest::digest(&ring::digest::SHA512, &body);
+            Document {
+                hash: digest.as_ref().iter().map(|b| format!("{b:02X}")).collect(),
+                body: Bytes::from(body),
+            }
+        })
+    }
+}
+
+/// The served group versions, core first, in discovery order.
+fn group_versions(registry: &Registry) -> Vec<(&'static str, &'static str)> {
+    let mut out = Vec::new();
+    if registry.in_group_version("", "v1").next().is_some() {
+        out.push(("", "v1"));
+    }
+    for (g, vs) in registry.groups() {
+        for v in vs {
+            out.push((g, v));
+        }
+    }
+    out
+}
+
+/// `/api/v1` or `/apis/<group>/<version>`.
+fn gv_path(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    }
+}
+
+/// The group as operation ids spell it: `Core`, `Coordination`, `RbacAuthorization`.
+fn group_camel(group: &str) -> String {
+    if group.is_empty() {
+        return "Core".into();
+    }
+    group
+        .trim_end_matches(".k8s.io")
+        .split('.')
+        .map(capitalize)
+        .collect()
+}
+
+fn capitalize(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+fn param(name: &str, in_: &str, type_: &str) -> Value {
+    let mut p = json!({"name": name, "in": in_, "schema": {"type": type_, "uniqueItems": true}});
+    if in_ == "path" {
+        p["required"] = json!(true);
+    }
+    p
+}
+
+fn query(names: &[(&str, &str)]) -> Vec<Value> {
+    names.iter().map(|(n, t)| param(n, "query", t)).collect()
+}
+
+const LIST_PARAMS: &[(&str, &str)] = &[
+    ("allowWatchBookmarks", "boolean"),
+    ("continue", "string"),
+    ("fieldSelector", "string"),
+    ("labelSelector", "string"),
+    ("limit", "integer"),
+    ("resourceVersion", "string"),
+    ("resourceVersionMatch", "string"),
+    ("sendInitialEvents", "boolean"),
+    ("timeoutSeconds", "integer"),
+    ("watch", "boolean"),
+];
+const WRITE_PARAMS: &[(&str, &str)] = &[
+    ("dryRun", "string"),
+    ("fieldManager", "string"),
+    ("fieldValidation", "string"),
+];
+const PATCH_PARAMS: &[(&str, &str)] = &[
+    ("dryRun", "string"),
+    ("fieldManager", "string"),
+    ("fieldValidation", "string"),
+    ("force", "boolean"),
+];
+const DELETE_PARAMS: &[(&str, &str)] = &[
+    ("dryRun", "string"),
+    ("gracePeriodSeconds", "integer"),
+    (
+        "ignoreStoreReadErrorWithClusterBreakingPotential",
+        "boolean",
+    ),
+    ("orphanDependents", "boolean"),
+    ("propagationPolicy", "string"),
+];
+const DELETE_COLLECTION_PARAMS: &[(&str, &str)] = &[
+    ("continue", "string"),
+    ("dryRun", "string"),
+    ("fieldSelector", "string"),
+    ("gracePeriodSeconds", "integer"),
+    (
+        "ignoreStoreReadErrorWithClusterBreakingPotential",
+        "boolean",
+    ),
+    ("labelSelector", "string"),
+    ("limit", "integer"),
+    ("orphanDependents", "boolean"),
+    ("propagationPolicy", "string"),
+    ("resourceVersion", "string"),
+    ("resourceVersionMatch", "string"),
+    ("sendInitialEvents", "boolean"),
+    ("timeoutSeconds", "integer"),
+];
+const PATCH_TYPES: &[&str] = &[
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+];
+/// What the server answers in (JSON and YAML).
+const RESPONSE_TYPES: &[&str] = &["application/json", "application/yaml"];
+
+fn schema_ref(name: &str) -> Value {
+    json!({ "$ref": format!("{V3_REF}{name}") })
+}
+
+fn content(types: &[&str], schema: &str) -> Value {
+    let m: Map<String, Value> = types
+        .iter()
+        .map(|t| ((*t).to_owned(), json!({"schema": schema_ref(schema)})))
+        .collect();
+    Value::Object(m)
+}
+
+/// One operation of a v3 document.
+struct Op<'a> {
+    action: &'a str,
+    id: String,
+    params: Vec<Value>,
+    /// Request body media types and schema.
+    body: Option<(&'a [&'a str], &'a str)>,
+    /// Status codes answered with the schema.
+    responses: &'a [&'a str],
+    response: &'a str,
+}
+
+impl Op<'_> {
+    fn render(self, tag: &str, gvk: Option<&Value>) -> Value {
+        let mut responses = Map::new();
+        for code in self.responses {
+            responses.insert(
+                (*code).to_owned(),
+                json!({"content": content(RESPONSE_TYPES, self.response)}),
+            );
+        }
+        responses.insert("401".into(), json!({}));
+        let mut op = json!({
+            "tags": [tag],
+            "operationId": self.id,
+            "responses": responses,
+        });
+        if !self.params.is_empty() {
+            op["parameters"] = Value::Array(self.params);
+        }
+        if let Some((types, schema)) = self.body {
+            op["requestBody"] = json!({"content": content(types, schema), "required": true});
+        }
+        if !self.action.is_empty() {
+            op["x-kubernetes-action"] = json!(self.action);
+        }
+        if let Some(g) = gvk {
+            op["x-kubernetes-group-version-kind"] = g.clone();
+        }
+        op
+    }
+}
+
+const STATUS: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
+const DELETE_OPTIONS: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions";
+const PATCH: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.Patch";
+const RESOURCE_LIST: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.APIResourceList";
+
+/// The paths of one resource, as kube-apiserver documents them (without the deprecated
+/// `/watch/` paths, which this server does not serve).
+fn resource_paths(r: &Resource, tag: &str, paths: &mut Map<String, Value>) {
+    let s = schemas();
+    let Some(obj) = s.for_kind(r.group, r.version, r.kind) else {
+        tracing::warn!(kind = r.kind, "no OpenAPI schema for a served kind");
+        return;
+    };
+    let list = s
+        .for_kind(r.group, r.version, &format!("{}List", r.kind))
+        .unwrap_or(obj);
+    let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+    let verbs = r.verbs();
+    let has = |v: &str| verbs.contains(&v);
+    let base = gv_path(r.group, r.version);
+    let id = |verb: &str, mid: &str, suffix: &str| {
+        format!(
+            "{verb}{}{}{mid}{}{suffix}",
+            group_camel(r.group),
+            capitalize(r.version),
+            r.kind
+        )
+    };
+    let ns = if r.namespaced { "Namespaced" } else { "" };
+    let (collection, item) = if r.namespaced {
+        (
+            format!("{base}/namespaces/{{namespace}}/{}", r.plural),
+            format!("{base}/namespaces/{{namespace}}/{}/{{name}}", r.plural),
+        )
+    } else {
+        (
+            format!("{base}/{}", r.plural),
+            format!("{base}/{}/{{name}}", r.plural),
+        )
+    };
+    let deleted = if r.strategy.returns_deleted_object() {
+        obj
+    } else {
+        STATUS
+    };
+    let path_params = |item: bool| {
+        let mut p = Vec::new();
+        if item {
+            p.push(param("name", "path", "string"));
+        }
+        if r.namespaced {
+            p.push(param("namespace", "path", "string"));
+        }
+        p.push(param("pretty", "query", "string"));
+        Value::Array(p)
+    };
+
+    // The collection.
+    let mut coll = Map::new();
+    if has("list") {
+        let op = Op {
+            action: "list",
+            id: id("list", ns, ""),
+            params: query(LIST_PARAMS),
+            body: None,
+            responses: &["200"],
+            response: list,
+        };
+        coll.insert("get".into(), op.render(tag, Some(&gvk)));
+    }
+    if has("create") {
+        let op = Op {
+            action: "post",
+            id: id("create", ns, ""),
+            params: query(WRITE_PARAMS),
+            body: Some((&["*/*"], obj)),
+            responses: &["200", "201", "202"],
+            response: obj,
+        };
+        coll.insert("post".into(), op.render(tag, Some(&gvk)));
+    }
+    if has("deletecollection") {
+        let op = Op {
+            action: "deletecollection",
+            id: id("delete", &format!("Collection{ns}"), ""),
+            params: query(DELETE_COLLECTION_PARAMS),
+            body: Some((&["*/*"], DELETE_OPTIONS)),
+            responses: &["200"],
+            response: STATUS,
+        };
+        coll.insert("delete".into(), op.render(tag, Some(&gvk)));
+    }
+    if !coll.is_empty() {
+        coll.insert("parameters".into(), path_params(false));
+        paths.insert(collection, Value::Object(coll));
+    }
+    if r.namespaced && has("list") {
+        let op = Op {
+            action: "list",
+            id: id("list", "", "ForAllNamespaces"),
+            params: query(LIST_PARAMS),
+            body: None,
+            responses: &["200"],
+            response: list,
+        };
+        let mut m = Map::new();
+        m.insert("get".into(), op.render(tag, Some(&gvk)));
+        m.insert(
+            "parameters".into(),
+            json!([param("pretty", "query", "string")]),
+        );
+        paths.insert(format!("{base}/{}", r.plural), Value::Object(m));
+    }
+
+    // One object, and its subresources.
+    let mut one = Map::new();
+    item_ops(&mut one, &has, tag, &gvk, obj, deleted, &|verb| {
+        id(verb, ns, "")
+    });
+    if !one.is_empty() {
+        one.insert("parameters".into(), path_params(true));
+        paths.insert(item.clone(), Value::Object(one));
+    }
+    let scale_gvk = json!({"group": "autoscaling", "version": "v1", "kind": "Scale"});
+    for sub in r.subresources {
+        let (sub_verbs, kind, sub_gvk): (&[&str], &str, &Value) = match *sub {
+            "status" => (&["get", "update", "patch"], obj, &gvk),
+            "finalize" => (&["update"], obj, &gvk),
+            "scale" => (
+                &["get", "update", "patch"],
+                "io.k8s.api.autoscaling.v1.Scale",
+                &scale_gvk,
+            ),
+            // Other subresources (connect verbs, bindings) are not documented yet.
+            _ => continue,
+        };
+        let mut m = Map::new();
+        let suffix = capitalize(sub);
+        item_ops(
+            &mut m,
+            &|v| sub_verbs.contains(&v),
+            tag,
+            sub_gvk,
+            kind,
+            STATUS,
+            &|verb| id(verb, ns, &suffix),
+        );
+        m.insert("parameters".into(), path_params(true));
+        paths.insert(format!("{item}/{sub}"), Value::Object(m));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn item_ops(
+    m: &mut Map<String, Value>,
+    has: &dyn Fn(&str) -> bool,
+    tag: &str,
+    gvk: &Value,
+    obj: &str,
+    deleted: &str,
+    id: &dyn Fn(&str) -> String,
+) {
+    if has("get") {
+        let op = Op {
+            action: "get",
+            id: id("read"),
+            params: Vec::new(),
+            body: None,
+            responses: &["200"],
+            response: obj,
+        };
+        m.insert("get".into(), op.render(tag, Some(gvk)));
+    }
+    if has("update") {
+        let op = Op {
+            action: "put",
+            id: id("replace"),
+            params: query(WRITE_PARAMS),
+            body: Some((&["*/*"], obj)),
+            responses: &["200", "201"],
+            response: obj,
+        };
+        m.insert("put".into(), op.render(tag, Some(gvk)));
+    }
+    if has("delete") {
+        let op = Op {
+            action: "delete",
+            id: id("delete"),
+            params: query(DELETE_PARAMS),
+            body: Some((&["*/*"], DELETE_OPTIONS)),
+            responses: &["200", "202"],
+            response: deleted,
+        };
+        m.insert("delete".into(), op.render(tag, Some(gvk)));
+    }
+    if has("patch") {
+        let op = Op {
+            action: "patch",
+            id: id("patch"),
+            params: query(PATCH_PARAMS),
+            body: Some((PATCH_TYPES, PATCH)),
+            responses: &["200", "201"],
+            response: obj,
+        };
+        m.insert("patch".into(), op.render(tag, Some(gvk)));
+    }
+}
+
+/// The paths of one group version.
+fn gv_paths(registry: &Registry, group: &str, version: &str) -> Map<String, Value> {
+    let camel = group_camel(group);
+    let tag = format!(
+        "{}{}_{version}",
+        camel.get(..1).unwrap_or("").to_lowercase(),
+        camel.get(1..).unwrap_or("")
+    );
+    let mut paths = Map::new();
+    let discovery = Op {
+        action: "",
+        id: format!("get{camel}{}APIResources", capitalize(version)),
+        params: Vec::new(),
+        body: None,
+        responses: &["200"],
+        response: RESOURCE_LIST,
+    };
+    paths.insert(
+        format!("{}/", gv_path(group, version)),
+        json!({"get": discovery.render(&tag, None)}),
+    );
+    for r in registry.in_group_version(group, version) {
+        resource_paths(r, &tag, &mut paths);
+    }
+    paths
+}
+
+/// Every definition `text` refers to, recursively.
+fn referenced(text: &str, out: &mut BTreeSet<&'static str>) {
+    let mut stack: Vec<&str> = vec![text];
+    while let Some(t) = stack.pop() {
+        for name in refs_in(t) {
+            let Some(d) = schemas().text(name) else {
+                continue;
+            };
+            if let Some((n, _)) = schemas().defs.get_key_value(name) {
+                if out.insert(n) {
+                    stack.push(d);
+                }
+            }
+        }
+    }
+}
+
+/// The OpenAPI v3 document of one group version: its paths, and the definitions they use
+/// copied as text.
+fn v3_document(registry: &Registry, group: &str, version: &str) -> Document {
+    let paths = Value::Object(gv_paths(registry, group, version)).to_string();
+    let mut names = BTreeSet::new();
+    referenced(&paths, &mut names);
+    let mut out = String::with_capacity(paths.len() + names.len() * 512);
+    out.push_str("{\"openapi\":\"3.0.0\",\"info\":");
+    out.push_str(&json!({"title": "Kubernetes", "version": version_string()}).to_string());
+    out.push_str(",\"paths\":");
+    out.push_str(&paths);
+    out.push_str(",\"components\":{\"schemas\":{");
+    for (i, n) in names.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&json!(n).to_string());
+        out.push(':');
+        out.push_str(schemas().text(n).unwrap_or("{}"));
+    }
+    out.push_str("},\"securitySchemes\":");
+    out.push_str(&security_scheme().to_string());
+    out.push_str("}}");
+    Document::new(out)
+}
+
+fn security_scheme() -> Value {
+    json!({"BearerToken": {"type": "apiKey", "name": "authorization", "in": "header"}})
+}
+
+/// `info.version` as kube-apiserver sets it (`v1.37.2` → `1.37`).
+fn version_string() -> String {
+    let v = crate::KUBERNETES_VERSION.trim_start_matches('v');
+    let mut parts = v.split('.');
+    match (parts.next(), parts.next()) {
+        (Some(a), Some(b)) => format!("{a}.{b}"),
+        _ => v.to_owned(),
+    }
+}
+
+/// A v3 schema in v2 form: `#/definitions/` references, and a reference wrapped in
+/// `allOf` (v3's way to give it siblings) as a plain `$ref`.
+fn schema_to_v2(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            if let Some(r) = m
+                .get("allOf")
+                .and_then(Value::as_array)
+                .filter(|a| a.len() == 1)
+                .and_then(|a| a[0].get("$ref"))
+            {
+                return json!({"$ref": r.as_str().unwrap_or("").replace(V3_REF, V2_REF)});
+            }
+            // v2 has no oneOf: IntOrString and Quantity are strings there, and kube-apiserver
+            // publishes no defaults in v2.
+            let mut out: Map<String, Value> = m
+                .iter()
+                .filter(|(k, _)| *k != "oneOf" && *k != "default")
+                .map(|(k, x)| match (k.as_str(), x) {
+                    ("$ref", Value::String(r)) => (k.clone(), json!(r.replace(V3_REF, V2_REF))),
+                    // Property names are data, not schemas.
+                    ("properties", Value::Object(props)) => (
+                        k.clone(),
+                        Value::Object(
+                            props
+                                .iter()
+                                .map(|(p, s)| (p.clone(), schema_to_v2(s)))
+                                .collect(),
+                        ),
+                    ),
+                    // Extension values are data.
+                    (e, _) if e.starts_with("x-") => (k.clone(), x.clone()),
+                    _ => (k.clone(), schema_to_v2(x)),
+                })
+                .collect();
+            if m.contains_key("oneOf") && !m.contains_key("type") {
+                out.insert("type".into(), json!("string"));
+            }
+            Value::Object(out)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(schema_to_v2).collect()),
+        other => other.clone(),
+    }
+}
+
+/// A v3 operation in v2 form.
+fn operation_to_v2(op: &Value) -> Value {
+    let mut out = Map::new();
+    let mut params: Vec<Value> = Vec::new();
+    let mut consumes: Vec<Value> = Vec::new();
+    for (k, v) in op.as_object().into_iter().flatten() {
+        match k.as_str() {
+            "parameters" => params.extend(v.as_array().into_iter().flatten().map(param_to_v2)),
+            "requestBody" => {
+                let c = v.get("content").and_then(Value::as_object);
+                let schema = c
+                    .and_then(|c| c.values().next())
+                    .and_then(|x| x.get("schema"))
+                    .map(schema_to_v2)
+                    .unwrap_or(Value::Null);
+                consumes.extend(c.into_iter().flat_map(|c| c.keys()).map(|k| json!(k)));
+                params.push(
+                    json!({"name": "body", "in": "body", "required": true, "schema": schema}),
+                );
+            }
+            "responses" => {
+                let mut rs = Map::new();
+                for (code, r) in v.as_object().into_iter().flatten() {
+                    let mut x = json!({"description": status_text(code)});
+                    if let Some(s) = r
+                        .get("content")
+                        .and_then(Value::as_object)
+                        .and_then(|c| c.values().next())
+                        .and_then(|c| c.get("schema"))
+                    {
+                        x["schema"] = schema_to_v2(s);
+                    }
+                    rs.insert(code.clone(), x);
+                }
+                out.insert(k.clone(), Value::Object(rs));
+            }
+            _ => {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    if !consumes.is_empty() {
+        out.insert("consumes".into(), Value::Array(consumes));
+    }
+    out.insert("produces".into(), json!(RESPONSE_TYPES));
+    out.insert("schemes".into(), json!(["https"]));
+    if !params.is_empty() {
+        out.insert("parameters".into(), Value::Array(params));
+    }
+    Value::Object(out)
+}
+
+fn param_to_v2(p: &Value) -> Value {
+    let mut out = json!({
+        "name": p.get("name").cloned().unwrap_or(Value::Null),
+        "in": p.get("in").cloned().unwrap_or(Value::Null),
+        "type": p.pointer("/schema/type").cloned().unwrap_or(json!("string")),
+        "uniqueItems": true,
+    });
+    if p.get("required") == Some(&json!(true)) {
+        out["required"] = json!(true);
+    }
+    out
+}
+
+fn status_text(code: &str) -> &'static str {
+    match code {
+        "200" => "OK",
+        "201" => "Created",
+        "202" => "Accepted",
+        "401" => "Unauthorized",
+        _ => "",
+    }
+}
+
+/// The definitions the served paths use (the names are the same in both forms).
+fn v2_names(registry: &Registry) -> BTreeSet<&'static str> {
+    let mut names = BTreeSet::new();
+    for (g, v) in group_versions(registry) {
+        referenced(
+            &Value::Object(gv_paths(registry, g, v)).to_string(),
+            &mut names,
+        );
+    }
+    names
+}
+
+/// One definition in v2 form, parsed for the conversion only (the value is not kept).
+fn v2_definition(name: &str) -> Value {
+    let def: Value = schemas()
+        .text(name)
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_else(|| json!({}));
+    schema_to_v2(&def)
+}
+
+/// The OpenAPI v2 document: every served group version's paths, in v2 form. Each
+/// definition is converted and written on its own, so building it holds few values at once.
+fn v2_document(registry: &Registry) -> Document {
+    let mut out = String::new();
+    out.push_str("{\"swagger\":\"2.0\",\"info\":");
+    out.push_str(&json!({"title": "Kubernetes", "version": crate::KUBERNETES_VERSION}).to_string());
+    out.push_str(",\"paths\":{");
+    let mut first = true;
+    for (g, v) in group_versions(registry) {
+        for (p, item) in gv_paths(registry, g, v) {
+            let m: Map<String, Value> = item
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, x)| {
+                    let x = if k == "parameters" {
+                        let ps = x.as_array().into_iter().flatten();
+                        Value::Array(ps.map(param_to_v2).collect())
+                    } else {
+                        operation_to_v2(x)
+                    };
+                    (k.clone(), x)
+                })
+                .collect();
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            out.push_str(&json!(p).to_string());
+            out.push(':');
+            out.push_str(&Value::Object(m).to_string());
+        }
+    }
+    out.push_str("},\"definitions\":{");
+    for (i, n) in v2_names(registry).iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&json!(n).to_string());
+        out.push(':');
+        out.push_str(&v2_definition(n).to_string());
+    }
+    out.push_str("},\"securityDefinitions\":");
+    out.push_str(&security_scheme().to_string());
+    out.push_str(",\"security\":[{\"BearerToken\":[]}]}");
+    Document::new(out)
+}
+
+/// Media type of the protobuf form of `/openapi/v2` as clients ask for it.
+const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+/// ... and as kube-apiserver labels its answer.
+const V2_PROTOBUF_TYPE: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+enum V2Format {
+    Json,
+    Protobuf,
+}
+
+/// The form of `/openapi/v2` the Accept header prefers, if any is served.
+fn v2_format(accept: Option<&str>) -> Option<V2Format> {
+    let Some(a) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Some(V2Format::Json);
+    };
+    a.split(',')
+        .find_map(|r| match r.split(';').next().unwrap_or("").trim() {
+            "application/json" | "application/*" | "*/*" => Some(V2Format::Json),
+            V2_PROTOBUF | V2_PROTOBUF_TYPE => Some(V2Format::Protobuf),
+            _ => None,
+        })
+}
+
+/// Answers `GET /openapi/v2`, `/openapi/v3` and `/openapi/v3/<group version>`; `None` for
+/// any other path or method (the caller answers 404).
+pub fn serve(
+    docs: &Documents,
+    registry: &Registry,
+    method: &http::Method,
+    path: &str,
+    query: &BTreeMap<String, String>,
+    accept: Option<&str>,
+    if_none_match: Option<&str>,
+) -> Option<http::Response<Bytes>> {
+    if method != http::Method::GET && method != http::Method::HEAD {
+        return None;
+    }
+    if path == "/openapi/v2" {
+        let (d, content_type) = match v2_format(accept) {
+            Some(V2Format::Json) => (docs.v2(registry), "application/json"),
+            Some(V2Format::Protobuf) => (docs.v2_protobuf(registry), V2_PROTOBUF_TYPE),
+            None => return Some(not_acceptable()),
+        };
+        let mut resp = document_response(d, "no-cache, private", if_none_match);
+        set(&mut resp, "content-type", content_type);
+        return Some(resp);
+    }
+    if path == "/openapi/v3" {
+        let mut resp = http::Response::new(docs.v3_index(registry));
+        set(&mut resp, "content-type", "text/plain; charset=utf-8");
+        set(&mut resp, "cache-control", "no-cache, private");
+        return Some(resp);
+    }
+    let key = path.strip_prefix("/openapi/v3/")?;
+    let Some(d) = docs.v3_group(registry, key) else {
+        let mut resp = http::Response::new(Bytes::new());
+        *resp.status_mut() = http::StatusCode::NOT_FOUND;
+        set(&mut resp, "cache-control", "no-cache, private");
+        return Some(resp);
+    };
+    if !accepts_json(accept) {
+        return Some(not_acceptable());
+    }
+    match query.get("hash") {
+        // The hash the index named: the document never changes at this URL.
+        Some(h) if *h == d.hash => {
+            let mut resp = document_response(d, "public, immutable", if_none_match);
+            let expires = http_date(crate::time::now_secs() + 365 * 24 * 3600);
+            set(&mut resp, "expires", &expires);
+            Some(resp)
+        }
+        // A stale hash: upstream redirects to the current one.
+        Some(_) => {
+            let mut resp = http::Response::new(Bytes::new());
+            *resp.status_mut() = http::StatusCode::MOVED_PERMANENTLY;
+            set(
+                &mut resp,
+                "location",
+                &format!("/openapi/v3/{key}?hash={}", d.hash),
+            );
+            set(&mut resp, "etag", &format!("\"{}\"", d.hash));
+            set(&mut resp, "cache-control", "no-cache, private");
+            set(&mut resp, "vary", "Accept");
+            Some(resp)
+        }
+        None => Some(document_response(d, "no-cache, private", if_none_match)),
+    }
+}
+
+fn set(resp: &mut http::Response<Bytes>, name: &'static str, value: &str) {
+    if let Ok(v) = http::HeaderValue::from_str(value) {
+        resp.headers_mut().insert(name, v);
+    }
+}
+
+fn document_response(
+    d: &Document,
+    cache_control: &str,
+    if_none_match: Option<&str>,
+) -> http::Response<Bytes> {
+    let etag = format!("\"{}\"", d.hash);
+    let unchanged = if_none_match.is_some_and(|t| t.split(',').any(|t| t.trim() == etag));
+    let mut resp = if unchanged {
+        let mut r = http::Response::new(Bytes::new());
+        *r.status_mut() = http::StatusCode::NOT_MODIFIED;
+        r
+    } else {
+        http::Response::new(d.body.clone())
+    };
+    set(&mut resp, "content-type", "application/json");
+    set(&mut resp, "etag", &etag);
+    set(&mut resp, "cache-control", cache_control);
+    set(&mut resp, "vary", "Accept");
+    resp
+}
+
+fn not_acceptable() -> http::Response<Bytes> {
+    let status = kumo_apimachinery::status::ApiError::not_acceptable(&["application/json"]);
+    let mut resp = http::Response::new(Bytes::from(status.to_status().to_string()));
+    *resp.status_mut() = http::StatusCode::NOT_ACCEPTABLE;
+    set(&mut resp, "content-type", "application/json");
+    set(&mut resp, "cache-control", "no-cache, private");
+    resp
+}
+
+/// Whether an Accept header admits the JSON documents (the protobuf form of the v3
+/// documents is not served).
+fn accepts_json(accept: Option<&str>) -> bool {
+    let Some(a) = accept.filter(|a| !a.trim().is_empty()) else {
+        return true;
+    };
+    a.split(',').any(|r| {
+        let essence = r.split(';').next().unwrap_or("").trim();
+        matches!(essence, "application/json" | "application/*" | "*/*")
+    })
+}
+
+/// An HTTP date as kube-apiserver writes `Expires` (`Thu, 02 Dec 2027 19:56:00 UTC`).
+fn http_date(secs: i64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let rfc = crate::time::format_rfc3339(secs);
+    // 2027-12-02T19:56:00Z
+    let num = |r: std::ops::Range<usize>| rfc.get(r).and_then(|x| x.parse::<usize>().ok());
+    let (Some(y), Some(m), Some(d)) = (num(0..4), num(5..7), num(8..10)) else {
+        return rfc;
+    };
+    let weekday = DAYS[secs.div_euclid(86400).rem_euclid(7) as usize];
+    let month = MONTHS.get(m.wrapping_sub(1)).copied().unwrap_or("Jan");
+    let hms = rfc.get(11..19).unwrap_or("00:00:00");
+    format!("{weekday}, {d:02} {month} {y} {hms} UTC")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_dates() {
+        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 UTC");
+        assert_eq!(http_date(1827777360), "Thu, 02 Dec 2027 19:56:00 UTC");
+        assert!(accepts_json(None));
+        assert!(accepts_json(Some("application/json, */*")));
+        assert!(!accepts_json(Some(
+            "application/com.github.proto-openapi.spec.v3@v1.0+protobuf"
+        )));
+        assert!(matches!(
+            v2_format(Some(V2_PROTOBUF)),
+            Some(V2Format::Protobuf)
+        ));
+        assert!(v2_format(Some("text/html")).is_none());
+    }
+
+    #[test]
+    fn schemas_index_kinds() {
+        let s = schemas();
+        assert_eq!(s.for_kind("", "v1", "Pod"), Some("io.k8s.api.core.v1.Pod"));
+        assert_eq!(
+            s.for_kind("coordination.k8s.io", "v1", "Lease"),
+            Some("io.k8s.api.coordination.v1.Lease")
+        );
+        assert_eq!(s.for_kind("", "v1", "DeleteOptions"), None);
+        let spec = s.get("io.k8s.api.core.v1.PodSpec").unwrap();
+        let containers = &spec["properties"]["containers"];
+        assert_eq!(containers["x-kubernetes-patch-merge-key"], "name");
+        assert_eq!(containers["x-kubernetes-list-type"], "map");
+        assert!(!SCHEMAS_TEXT.contains("\"description\":\""));
+        let names: Vec<&str> = refs_in(
+            r##"{"a":{"$ref":"#/components/schemas/X"},"b":[{"$ref":"#/components/schemas/Y"}]}"##,
+        )
+        .collect();
+        assert_eq!(names, ["X", "Y"]);
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(group_camel(""), "Core");
+        assert_eq!(group_camel("coordination.k8s.io"), "Coordination");
+        assert_eq!(
+            group_camel("rbac.authorization.k8s.io"),
+            "RbacAuthorization"
+        );
+        assert_eq!(version_string(), "1.37");
+    }
+
+    #[test]
+    fn documents_cover_the_registry() {
+        let reg = Registry::builtin();
+        let docs = Documents::default();
+        let index: Value = serde_json::from_slice(&docs.v3_index(&reg)).unwrap();
+        let url = index["paths"]["api/v1"]["serverRelativeURL"]
+            .as_str()
+            .unwrap();
+        assert!(url.starts_with("/openapi/v3/api/v1?hash="), "{url}");
+        let d = docs.v3_group(&reg, "api/v1").unwrap();
+        assert_eq!(d.hash.len(), 128);
+        let v: Value = serde_json::from_slice(&d.body).unwrap();
+        let patch = &v["paths"]["/api/v1/namespaces/{namespace}/pods/{name}"]["patch"];
+        assert_eq!(patch["x-kubernetes-group-version-kind"]["kind"], "Pod");
+        assert_eq!(patch["operationId"], "patchCoreV1NamespacedPod");
+        assert!(patch["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "fieldValidation"));
+        assert!(v["components"]["schemas"]["io.k8s.api.core.v1.Container"].is_object());
+        // Only served kinds' paths.
+        let mut served: BTreeSet<&str> = reg.in_group_version("", "v1").map(|r| r.kind).collect();
+        served.insert("Scale");
+        for item in v["paths"].as_object().unwrap().values() {
+            for op in item.as_object().unwrap().values() {
+                if let Some(k) = op.pointer("/x-kubernetes-group-version-kind/kind") {
+                    assert!(served.contains(k.as_str().unwrap()), "{k}");
+                }
+            }
+        }
+        let v2: Value = serde_json::from_slice(&docs.v2(&reg).body).unwrap();
+        assert_eq!(
+            v2["definitions"]["io.k8s.api.core.v1.Pod"]["properties"]["spec"]["$ref"],
+            "#/definitions/io.k8s.api.core.v1.PodSpec"
+        );
+    }
+}
