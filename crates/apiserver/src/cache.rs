@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use kumo_storage::{RangeRequest, Revision, Store, WatchEvent};
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -29,6 +30,63 @@ const FILL_PAGE: usize = 2000;
 /// How often a cache asks the store for a progress notification (watch bookmarks).
 const PROGRESS_EVERY: Duration = Duration::from_secs(60);
 
+/// An object as the cache keeps it: serialized once, as a list item (without `kind` and
+/// `apiVersion`) with its resourceVersion stamped, plus its labels for selectors. Lists and
+/// watches splice the bytes into their answers without decoding; whoever needs the value
+/// (field selectors, tables, converted views) decodes it.
+#[derive(Debug)]
+pub struct Cached {
+    /// The object's JSON without `kind` and `apiVersion`.
+    pub item: Bytes,
+    /// `"apiVersion":"…","kind":"…"`, the members the item lacks.
+    head: Box<str>,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Cached {
+    /// From the stored bytes of an object written at `rv`.
+    pub fn from_stored(bytes: &[u8], rv: Revision) -> Option<Cached> {
+        let mut obj: Value = serde_json::from_slice(bytes).ok()?;
+        let o = obj.as_object_mut()?;
+        let api_version = o.remove("apiVersion").unwrap_or(Value::Null);
+        let kind = o.remove("kind").unwrap_or(Value::Null);
+        let mut labels = BTreeMap::new();
+        if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.insert("resourceVersion".into(), json!(rv.to_string()));
+            if let Some(l) = m.get("labels").and_then(Value::as_object) {
+                labels = l
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect();
+            }
+        }
+        let head = format!("\"apiVersion\":{api_version},\"kind\":{kind}").into_boxed_str();
+        Some(Cached {
+            item: Bytes::from(serde_json::to_vec(&obj).ok()?),
+            head,
+            labels,
+        })
+    }
+
+    /// The whole object (with `kind` and `apiVersion`) as JSON.
+    pub fn object_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.item.len() + self.head.len() + 2);
+        out.push(b'{');
+        out.extend_from_slice(self.head.as_bytes());
+        let rest = self.item.get(1..).unwrap_or_default();
+        if rest.first().is_some_and(|&c| c != b'}') {
+            out.push(b',');
+        }
+        out.extend_from_slice(rest);
+        out
+    }
+
+    /// The whole object, decoded.
+    pub fn object(&self) -> Value {
+        serde_json::from_slice(&self.object_json()).unwrap_or(Value::Null)
+    }
+}
+
 /// One change, as the cache fans it out. Objects are in their stored form, with their
 /// resourceVersion set.
 #[derive(Debug)]
@@ -37,14 +95,14 @@ pub enum CacheEvent {
     Put {
         key: String,
         revision: Revision,
-        obj: Arc<Value>,
-        prev: Option<Arc<Value>>,
+        obj: Arc<Cached>,
+        prev: Option<Arc<Cached>>,
     },
     /// Deleted at `revision`; `prev` is the object as it was.
     Delete {
         key: String,
         revision: Revision,
-        prev: Arc<Value>,
+        prev: Arc<Cached>,
     },
     /// Nothing else changed up to this revision.
     Progress(Revision),
@@ -72,13 +130,15 @@ impl CacheEvent {
 }
 
 struct Inner {
-    objects: BTreeMap<String, Arc<Value>>,
+    objects: BTreeMap<String, Arc<Cached>>,
     /// The revision the objects reflect (0 until the first fill).
     revision: Revision,
     /// Recent changes, oldest first.
     history: VecDeque<Arc<CacheEvent>>,
     /// Every change after this revision is in `history`.
     floor: Revision,
+    /// The revision of the newest change applied (the fill's revision before any).
+    last_change: Revision,
 }
 
 /// The cache of one storage prefix.
@@ -96,7 +156,7 @@ pub struct WatchCache {
 pub struct Snapshot {
     pub revision: Revision,
     /// (key, object) in key order.
-    pub objects: Vec<(String, Arc<Value>)>,
+    pub objects: Vec<(String, Arc<Cached>)>,
 }
 
 /// Where a cached watch starts.
@@ -147,6 +207,30 @@ impl WatchCache {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         }
+    }
+
+    /// The objects under `key_prefix` from key `start` on, as they were at revision `at`:
+    /// only when nothing under the cache's prefix changed between `at` and now (so that a
+    /// list continued at `at` can be served from memory). `None` otherwise.
+    pub fn snapshot_at(&self, key_prefix: &str, start: &str, at: Revision) -> Option<Snapshot> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        if inner.revision == 0 || inner.revision < at || inner.last_change > at {
+            return None;
+        }
+        let from = if start > key_prefix {
+            start
+        } else {
+            key_prefix
+        };
+        Some(Snapshot {
+            revision: at,
+            objects: inner
+                .objects
+                .range::<str, _>((std::ops::Bound::Included(from), std::ops::Bound::Unbounded))
+                .take_while(|(k, _)| k.starts_with(key_prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        })
     }
 
     /// Starts a watch: with `initial`, from the current state (as a snapshot of
@@ -245,7 +329,7 @@ impl WatchCache {
             at = Some(page.revision);
             let last = page.kvs.last().map(|kv| kv.key.clone());
             for kv in page.kvs {
-                if let Some(obj) = decode(&kv.value, kv.mod_revision) {
+                if let Some(obj) = Cached::from_stored(&kv.value, kv.mod_revision) {
                     objects.insert(String::from_utf8_lossy(&kv.key).into_owned(), Arc::new(obj));
                 }
             }
@@ -265,6 +349,7 @@ impl WatchCache {
             revision: at,
             history: VecDeque::new(),
             floor: at,
+            last_change: at,
         };
         if refill {
             let _ = self.fanout.send(Arc::new(CacheEvent::Reset));
@@ -281,7 +366,8 @@ impl WatchCache {
         let event = match ev {
             WatchEvent::Put { kv, .. } => {
                 let key = String::from_utf8_lossy(&kv.key).into_owned();
-                let Some(obj) = decode(&kv.value, kv.mod_revision).map(Arc::new) else {
+                let Some(obj) = Cached::from_stored(&kv.value, kv.mod_revision).map(Arc::new)
+                else {
                     tracing::warn!(%key, "watch cache: undecodable object skipped");
                     inner.revision = inner.revision.max(kv.mod_revision);
                     self.revision.send_replace(inner.revision);
@@ -315,6 +401,9 @@ impl WatchCache {
         let event = Arc::new(event);
         inner.revision = inner.revision.max(event.revision());
         if !matches!(*event, CacheEvent::Progress(_)) {
+            inner.last_change = event.revision();
+        }
+        if !matches!(*event, CacheEvent::Progress(_)) {
             inner.history.push_back(event.clone());
             while inner.history.len() > self.history {
                 if let Some(old) = inner.history.pop_front() {
@@ -329,24 +418,15 @@ impl WatchCache {
 
 /// Entries of `objects` whose key starts with `prefix`.
 fn range<'a>(
-    objects: &'a BTreeMap<String, Arc<Value>>,
+    objects: &'a BTreeMap<String, Arc<Cached>>,
     prefix: &'a str,
-) -> impl Iterator<Item = (&'a String, &'a Arc<Value>)> + 'a {
+) -> impl Iterator<Item = (&'a String, &'a Arc<Cached>)> + 'a {
     objects
         .range::<str, _>((
             std::ops::Bound::Included(prefix),
             std::ops::Bound::Unbounded,
         ))
         .take_while(move |(k, _)| k.starts_with(prefix))
-}
-
-/// A stored object with its resourceVersion stamped.
-fn decode(bytes: &[u8], rv: Revision) -> Option<Value> {
-    let mut obj: Value = serde_json::from_slice(bytes).ok()?;
-    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.insert("resourceVersion".into(), json!(rv.to_string()));
-    }
-    Some(obj)
 }
 
 /// Every cache of a server, by storage prefix.
@@ -385,6 +465,7 @@ impl WatchCaches {
                 revision: 0,
                 history: VecDeque::new(),
                 floor: 0,
+                last_change: 0,
             }),
             fanout: broadcast::channel(FANOUT).0,
             revision: watch::channel(0).0,
@@ -444,7 +525,7 @@ mod tests {
         let keys: Vec<&str> = snap.objects.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, ["/registry/x/b"]);
         assert_eq!(
-            snap.objects[0].1["metadata"]["resourceVersion"],
+            snap.objects[0].1.object()["metadata"]["resourceVersion"],
             json!(b.mod_revision.to_string())
         );
 
@@ -471,6 +552,25 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(ev.key(), Some("/registry/x/c"));
+    }
+
+    #[test]
+    fn cached_objects_splice_back_whole() {
+        let stored = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a","labels":{"x":"1"}},"data":{"k":"v"}}"#;
+        let c = Cached::from_stored(stored, 7).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&c.item).unwrap(),
+            r#"{"data":{"k":"v"},"metadata":{"labels":{"x":"1"},"name":"a","resourceVersion":"7"}}"#
+        );
+        assert_eq!(c.labels["x"], "1");
+        assert_eq!(
+            c.object(),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"},
+                   "metadata": {"labels": {"x": "1"}, "name": "a", "resourceVersion": "7"}})
+        );
+        // An object with nothing but kind and apiVersion.
+        let bare = Cached::from_stored(br#"{"apiVersion":"v1","kind":"X"}"#, 1).unwrap();
+        assert_eq!(bare.object(), json!({"apiVersion": "v1", "kind": "X"}));
     }
 
     #[tokio::test]
@@ -500,5 +600,14 @@ mod tests {
         assert_eq!(w.replay.len(), 1);
         // Ahead of the cache: the store serves.
         assert!(cache.watch("/registry/x/", last + 100, false).is_none());
+        // A list continued at the current revision is served from memory, from its key on;
+        // at an older revision, with changes since, it is not.
+        let snap = cache
+            .snapshot_at("/registry/x/", "/registry/x/3", last)
+            .unwrap();
+        let keys: Vec<&str> = snap.objects.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["/registry/x/3", "/registry/x/4"]);
+        assert_eq!(snap.revision, last);
+        assert!(cache.snapshot_at("/registry/x/", "", revs[3]).is_none());
     }
 }

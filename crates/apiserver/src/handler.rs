@@ -31,6 +31,8 @@ pub struct State {
     pub checks: Vec<Check>,
     /// The OpenAPI documents of `registry`, built on first request.
     pub openapi: crate::openapi::Documents,
+    /// What `/metrics` reports.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -109,8 +111,54 @@ fn parse_query(q: Option<&str>) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Handles one request.
+/// Handles one request, counted in `/metrics` as upstream counts it.
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let started = std::time::Instant::now();
+    if req.method() == Method::GET && req.uri().path() == "/metrics" {
+        let text = state
+            .metrics
+            .render(&state.registry, &*state.rest.store)
+            .await;
+        let mut resp = text_response(StatusCode::OK, text);
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        return resp;
+    }
+    let labels = crate::metrics::classify(
+        &state.registry,
+        req.method().as_str(),
+        req.uri().path(),
+        &parse_query(req.uri().query()),
+        req.headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let metrics = Arc::clone(&state.metrics);
+    let resp = serve(state, req).await;
+    let code = resp.status().as_u16();
+    // Upstream instruments its routes only: a verb a resource does not serve has none.
+    let Some(labels) = labels.filter(|_| code != 405) else {
+        return resp;
+    };
+    if labels.is_watch() && code == 200 {
+        // Open until the client or the server ends the stream.
+        let guard = metrics.long_running(labels, code, started);
+        return resp.map(|b| {
+            b.map_frame(move |f| {
+                let _open = &guard;
+                f
+            })
+            .boxed()
+        });
+    }
+    metrics.observe(&labels, code, started);
+    resp
+}
+
+/// Answers one request: health, OpenAPI, discovery or a resource verb.
+async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = parse_query(req.uri().query());
@@ -211,6 +259,16 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
         .await;
     let mut resp = match result {
         Ok(Reply::Json(code, doc)) => json_response(code, &doc, accept.yaml),
+        Ok(Reply::Raw(code, bytes)) => {
+            let mut resp = Response::new(full(bytes));
+            *resp.status_mut() =
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
         Ok(Reply::Stream(rx)) => {
             let stream = futures::stream::unfold(rx, |mut rx| async move {
                 rx.recv()

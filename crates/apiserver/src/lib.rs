@@ -15,6 +15,7 @@ pub mod cache;
 pub mod discovery;
 pub mod fieldmanager;
 pub mod handler;
+pub mod metrics;
 pub mod negotiate;
 pub mod openapi;
 pub mod pki;

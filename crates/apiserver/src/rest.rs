@@ -17,7 +17,7 @@ use kumo_storage::{RangeRequest, Revision, StorageError, Store, WatchEvent};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use crate::cache::{CacheEvent, WatchCaches};
+use crate::cache::{CacheEvent, Cached, WatchCaches};
 use crate::negotiate::{Accept, Output};
 use crate::registry::{json_path_pointer, Resource, SelectorForm};
 
@@ -35,6 +35,8 @@ pub fn warn(message: String) {
 /// What a verb answers: a JSON document with a status code, or a stream of watch events.
 pub enum Reply {
     Json(u16, Value),
+    /// A JSON document already serialized (lists spliced from the watch cache).
+    Raw(u16, Bytes),
     /// Watch events, one JSON document per frame.
     Stream(mpsc::Receiver<Bytes>),
 }
@@ -627,10 +629,47 @@ fn list_reply(
             "kind": format!("{}List", res.kind),
             "apiVersion": res.api_version(),
             "metadata": list_meta,
-            "items": items.into_iter().map(as_list_item).collect::<Vec<_>>(),
+            "items": if res.strategy.list_items_keep_type() {
+                items
+            } else {
+                items.into_iter().map(as_list_item).collect::<Vec<_>>()
+            },
         }),
     };
     Reply::Json(200, body)
+}
+
+/// A JSON list answer spliced from cached item bytes (see [`list_reply`] for the fields).
+fn spliced_list(
+    res: &Resource,
+    items: &[Bytes],
+    at: Revision,
+    next_start: Option<String>,
+    remaining: Option<usize>,
+) -> Reply {
+    let mut list_meta = json!({"resourceVersion": at.to_string()});
+    if let Some(s) = &next_start {
+        list_meta["continue"] = json!(encode_continue(at, s));
+    }
+    if let Some(r) = remaining {
+        list_meta["remainingItemCount"] = json!(r);
+    }
+    let head = format!(
+        "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{list_meta},\"items\":[",
+        json!(format!("{}List", res.kind)),
+        json!(res.api_version()),
+    );
+    let size = head.len() + items.iter().map(|b| b.len() + 1).sum::<usize>() + 3;
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(head.as_bytes());
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(item);
+    }
+    out.extend_from_slice(b"]}\n");
+    Reply::Raw(200, Bytes::from(out))
 }
 
 /// Renders one object in the representation asked for.
@@ -781,6 +820,7 @@ impl Rest {
             use crate::fieldmanager::{track_update, Options};
             track_update(res, None, req.query, Options::Create, None, &mut obj)?;
         }
+        res.strategy.prepare_for_create(&mut obj);
         // NamespaceLifecycle comes first among the admission plugins.
         if let Some(ns) = ns.filter(|_| res.namespaced) {
             self.check_namespace(ns).await?;
@@ -910,6 +950,18 @@ impl Rest {
         ns: Option<&str>,
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
+        self.list_as(res, ns, req, true).await
+    }
+
+    /// A list; `raw_ok`: the answer may be [`Reply::Raw`] (callers that read the items
+    /// themselves ask for [`Reply::Json`]).
+    async fn list_as(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        req: &Request<'_>,
+        raw_ok: bool,
+    ) -> Result<Reply, ApiError> {
         let selectors = Selectors::parse(res, req)?;
         let limit: usize = match req.param("limit") {
             None | Some("") => 0,
@@ -957,23 +1009,48 @@ impl Rest {
         // Everything but an exact revision or a continued list is served by the watch cache,
         // once it has caught up with the revision the list needs: the store's current one
         // for a consistent list, the client's for NotOlderThan, any for "0".
-        if revision.is_none() {
-            let need = match req.param("resourceVersion") {
-                None | Some("") => self
-                    .store
-                    .current_revision()
+        // A continued (or exact) list is served from it too when nothing changed since the
+        // revision it reads at.
+        let cache = self.caches.get(&res.key_prefix(None));
+        let snap = match revision {
+            None => {
+                let need = match req.param("resourceVersion") {
+                    None | Some("") => self
+                        .store
+                        .current_revision()
+                        .await
+                        .map_err(ApiError::internal)?,
+                    Some(rv) => parse_rv(rv)?.max(1),
+                };
+                cache
+                    .wait_for(need, CACHE_WAIT)
                     .await
-                    .map_err(ApiError::internal)?,
-                Some(rv) => parse_rv(rv)?.max(1),
-            };
-            let cache = self.caches.get(&res.key_prefix(None));
-            if cache.wait_for(need, CACHE_WAIT).await.is_some() {
-                let snap = cache.snapshot(&prefix);
+                    .map(|_| cache.snapshot(&prefix))
+            }
+            Some(at) => {
+                let from = start
+                    .as_deref()
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .unwrap_or_default();
+                cache.snapshot_at(&prefix, &from, at)
+            }
+        };
+        {
+            if let Some(snap) = snap {
+                // Plain JSON lists of objects served as stored, selected by labels only, are
+                // spliced from the cached bytes.
+                let splice = raw_ok
+                    && req.accept.output == Output::Object
+                    && !req.accept.yaml
+                    && selectors.fields.is_empty()
+                    && !res.strategy.converts();
                 let mut items = Vec::new();
+                let keep_type = res.strategy.list_items_keep_type();
+                let mut raw: Vec<Bytes> = Vec::new();
                 let (mut next_start, mut remaining) = (None, None);
                 let unselective = selectors.labels.is_empty() && selectors.fields.is_empty();
                 for (i, (_, obj)) in snap.objects.iter().enumerate() {
-                    if limit > 0 && items.len() >= limit {
+                    if limit > 0 && items.len() + raw.len() >= limit {
                         // Continue after the last key handed out, as the store path does.
                         if let Some((last, _)) = i.checked_sub(1).and_then(|j| snap.objects.get(j))
                         {
@@ -984,13 +1061,30 @@ impl Rest {
                         }
                         break;
                     }
-                    if !selectors.labels.is_empty() && !selectors.labels.matches(&labels_of(obj)) {
+                    if !selectors.labels.is_empty() && !selectors.labels.matches(&obj.labels) {
                         continue;
                     }
-                    let served = res.strategy.served_form((**obj).clone());
+                    if splice {
+                        raw.push(if keep_type {
+                            Bytes::from(obj.object_json())
+                        } else {
+                            obj.item.clone()
+                        });
+                        continue;
+                    }
+                    let served = res.strategy.served_form(obj.object());
                     if selectors.matches(res, &served) {
                         items.push(served);
                     }
+                }
+                if splice {
+                    return Ok(spliced_list(
+                        res,
+                        &raw,
+                        snap.revision,
+                        next_start,
+                        remaining,
+                    ));
                 }
                 return Ok(list_reply(
                     res,
@@ -1646,7 +1740,7 @@ impl Rest {
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
         let Reply::Json(_, list) = self
-            .list(
+            .list_as(
                 res,
                 ns,
                 &Request {
@@ -1658,6 +1752,7 @@ impl Rest {
                     content_type: None,
                     body: &[],
                 },
+                false,
             )
             .await?
         else {
@@ -1930,7 +2025,15 @@ impl WatchRun {
     ) {
         if let Some(snap) = w.initial {
             for (_, obj) in snap.objects {
-                let obj = self.res.strategy.served_form((*obj).clone());
+                if self.splices() {
+                    if self.selectors.labels.matches(&obj.labels)
+                        && !self.send_raw("ADDED", &obj).await
+                    {
+                        return;
+                    }
+                    continue;
+                }
+                let obj = self.res.strategy.served_form(obj.object());
                 if self.selectors.matches(&self.res, &obj) && !self.send("ADDED", obj).await {
                     return;
                 }
@@ -1969,10 +2072,48 @@ impl WatchRun {
         }
     }
 
+    /// Whether cached objects go out as they are stored (plain JSON objects, selected by
+    /// labels only): then events are spliced from their bytes.
+    fn splices(&self) -> bool {
+        self.output == Output::Object
+            && self.selectors.fields.is_empty()
+            && !self.res.strategy.converts()
+    }
+
+    /// Sends a cached object as it is stored.
+    async fn send_raw(&mut self, type_: &str, obj: &Cached) -> bool {
+        let object = obj.object_json();
+        let mut frame = Vec::with_capacity(object.len() + 32);
+        frame.extend_from_slice(b"{\"type\":\"");
+        frame.extend_from_slice(type_.as_bytes());
+        frame.extend_from_slice(b"\",\"object\":");
+        frame.extend_from_slice(&object);
+        frame.extend_from_slice(b"}\n");
+        self.tx.send(Bytes::from(frame)).await.is_ok()
+    }
+
     /// Sends a cached change.
     async fn on_cached(&mut self, ev: &CacheEvent) -> bool {
-        let served = |o: &Arc<Value>| self.res.strategy.served_form((**o).clone());
+        let served = |o: &Arc<Cached>| self.res.strategy.served_form(o.object());
         match ev {
+            CacheEvent::Put { obj, prev, .. } if self.splices() => {
+                let labels = &self.selectors.labels;
+                let before = prev.as_ref().map(|p| labels.matches(&p.labels));
+                if labels.matches(&obj.labels) {
+                    let type_ = if before == Some(true) {
+                        "MODIFIED"
+                    } else {
+                        "ADDED"
+                    };
+                    return self.send_raw(type_, obj).await;
+                }
+                if before != Some(true) {
+                    return true;
+                }
+                // It stopped matching: DELETED, which carries the revision of the change.
+                let (revision, prev) = (ev.revision(), prev.as_ref().map(served));
+                self.on_change(revision, None, prev).await
+            }
             CacheEvent::Put {
                 revision,
                 obj,

@@ -156,7 +156,9 @@ impl ApiServer {
         bootstrap_namespaces(&rest, &registry).await?;
         crate::registry::bootstrap_policy(&rest, &registry).await?;
         bootstrap_kubernetes_service(&rest, &registry, host, local_addr.port()).await?;
+        let crd_revision = crate::registry::crd::load(&rest, &registry).await?;
         let state = Arc::new(State {
+            metrics: Default::default(),
             registry,
             rest,
             address: SocketAddr::new(host, local_addr.port()).to_string(),
@@ -176,6 +178,12 @@ impl ApiServer {
             ],
             openapi: Default::default(),
         });
+        // Custom resources follow their definitions from here on.
+        tokio::spawn(crate::registry::crd::watch(
+            state.rest.clone(),
+            ArcRegistry(state.clone()),
+            crd_revision,
+        ));
         let acceptor = TlsAcceptor::from(Arc::new(tls));
         let task = tokio::spawn(serve(listener, acceptor, state));
         let startup = started.elapsed();
@@ -191,6 +199,16 @@ impl ApiServer {
     /// Waits until the server stops (it runs until the process ends).
     pub async fn wait(self) -> Result<()> {
         self.task.await.context("server task failed")
+    }
+}
+
+/// The registry of the shared state, for tasks that outlive a request.
+struct ArcRegistry(Arc<State>);
+
+impl std::ops::Deref for ArcRegistry {
+    type Target = Registry;
+    fn deref(&self) -> &Registry {
+        &self.0.registry
     }
 }
 

@@ -674,3 +674,123 @@ async fn update_managers_are_capped() {
     assert_eq!(labels.len(), 3, "{labels:?}");
     assert!(m.contains_key("m11"));
 }
+
+/// What admission (ServiceAccount, DefaultTolerationSeconds), the strategies'
+/// PrepareForCreate and the Service IP allocation set is not owned by the creating
+/// manager, as kube-apiserver records the request before those steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_records_the_request_not_admission() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    // The default account may already exist; the pods below need it.
+    let _ = k(&kc, &["create", "serviceaccount", "default"]).await;
+    ok(&k(&kc, &["create", "serviceaccount", "sa1"]).await);
+
+    ok(&k(&kc, &["run", "p1", "--image=nginx"]).await);
+    let m = managed(&kc, "pod", "p1").await;
+    let container = json!({
+        ".": {}, "f:image": {}, "f:imagePullPolicy": {}, "f:name": {}, "f:resources": {},
+        "f:terminationMessagePath": {}, "f:terminationMessagePolicy": {},
+    });
+    let pod_spec = json!({
+        "f:containers": {"k:{\"name\":\"p1\"}": container},
+        "f:dnsPolicy": {}, "f:enableServiceLinks": {}, "f:restartPolicy": {},
+        "f:schedulerName": {}, "f:securityContext": {}, "f:terminationGracePeriodSeconds": {},
+    });
+    assert_eq!(
+        m["kubectl-run"],
+        entry(
+            "kubectl-run",
+            "Update",
+            "v1",
+            json!({"f:metadata": {"f:labels": {".": {}, "f:run": {}}}, "f:spec": pod_spec}),
+        )
+    );
+    // Admission still ran.
+    let pod = out_json(&k(&kc, &["get", "pod", "p1", "-o", "json"]).await);
+    assert_eq!(pod["spec"]["serviceAccountName"], "default");
+    assert_eq!(pod["spec"]["serviceAccount"], "default");
+    assert_eq!(pod["spec"]["tolerations"].as_array().unwrap().len(), 2);
+
+    // Fields the request names are its own, even those admission also touches.
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "-f", "-"],
+        Some(
+            "apiVersion: v1
+kind: Pod
+metadata: {name: p2}
+spec:
+  serviceAccountName: sa1
+  tolerations: [{key: a, operator: Exists}]
+  containers: [{name: c, image: nginx}]
+",
+        ),
+    )
+    .await;
+    ok(&out);
+    let m = managed(&kc, "pod", "p2").await;
+    let spec = m["kubectl-create"]["fieldsV1"]["f:spec"]
+        .as_object()
+        .unwrap();
+    for f in ["f:serviceAccount", "f:serviceAccountName", "f:tolerations"] {
+        assert!(spec.contains_key(f), "{f} missing from {spec:?}");
+    }
+
+    ok(&k(
+        &kc,
+        &["create", "service", "clusterip", "s1", "--tcp=80:80"],
+    )
+    .await);
+    let m = managed(&kc, "service", "s1").await;
+    let port = json!({".": {}, "f:name": {}, "f:port": {}, "f:protocol": {}, "f:targetPort": {}});
+    assert_eq!(
+        m["kubectl-create"],
+        entry(
+            "kubectl-create",
+            "Update",
+            "v1",
+            json!({
+                "f:metadata": {"f:labels": {".": {}, "f:app": {}}},
+                "f:spec": {
+                    "f:internalTrafficPolicy": {},
+                    "f:ports": {".": {}, "k:{\"port\":80,\"protocol\":\"TCP\"}": port},
+                    "f:selector": {}, "f:sessionAffinity": {}, "f:type": {},
+                },
+            }),
+        )
+    );
+    let svc = out_json(&k(&kc, &["get", "service", "s1", "-o", "json"]).await);
+    assert_eq!(svc["spec"]["ipFamilies"], json!(["IPv4"]));
+    assert_eq!(svc["spec"]["ipFamilyPolicy"], "SingleStack");
+    // Allocated from the service CIDR, 10.96.0.0/12.
+    let ip: std::net::Ipv4Addr = svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
+    assert!(
+        ip.octets()[0] == 10 && (96..112).contains(&ip.octets()[1]),
+        "{ip}"
+    );
+
+    // Headless: clusterIPs is normalised from clusterIP after the record.
+    ok(&k(
+        &kc,
+        &["create", "service", "clusterip", "s2", "--clusterip=None"],
+    )
+    .await);
+    let m = managed(&kc, "service", "s2").await;
+    let spec = m["kubectl-create"]["fieldsV1"]["f:spec"]
+        .as_object()
+        .unwrap();
+    assert!(spec.contains_key("f:clusterIP"), "{spec:?}");
+    assert!(!spec.contains_key("f:clusterIPs"), "{spec:?}");
+
+    // A namespace's spec.finalizers is PrepareForCreate's.
+    ok(&k(&kc, &["create", "namespace", "n1"]).await);
+    let m = managed(&kc, "namespace", "n1").await;
+    assert!(
+        m["kubectl-create"]["fieldsV1"].get("f:spec").is_none(),
+        "{m:?}"
+    );
+    let ns = out_json(&k(&kc, &["get", "namespace", "n1", "-o", "json"]).await);
+    assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]));
+}

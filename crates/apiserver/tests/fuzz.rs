@@ -46,10 +46,10 @@ fn rng(target: &str) -> StdRng {
 
 /// Every served resource.
 fn resources(registry: &Registry) -> Vec<Arc<Resource>> {
-    let mut out: Vec<Arc<Resource>> = registry.in_group_version("", "v1").cloned().collect();
+    let mut out: Vec<Arc<Resource>> = registry.in_group_version("", "v1").collect();
     for (g, versions) in registry.groups() {
         for v in versions {
-            out.extend(registry.in_group_version(g, v).cloned());
+            out.extend(registry.in_group_version(g, v));
         }
     }
     out

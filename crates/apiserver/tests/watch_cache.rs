@@ -233,3 +233,63 @@ async fn send_initial_events_ends_with_the_bookmark() {
         .unwrap();
     assert!(bm >= x3, "{bm} < {x3}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continued_lists_read_one_revision() {
+    let (_server, dir) = start().await;
+    let kc = dir.path().join("admin.conf");
+    for n in ["a", "b", "c", "d", "e"] {
+        let out = k(&kc, &["create", "configmap", n, "--from-literal=k=v"]).await;
+        assert!(out.ok, "{}", out.stderr);
+    }
+    let names = |l: &Value| -> Vec<String> {
+        l["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let path = "/api/v1/namespaces/default/configmaps";
+    // Nothing changes between the pages (served from memory).
+    let p1 = out_json(&k(&kc, &["get", "--raw", &format!("{path}?limit=2")]).await);
+    assert_eq!(names(&p1), ["a", "b"]);
+    assert_eq!(p1["metadata"]["remainingItemCount"], 3);
+    let token = p1["metadata"]["continue"].as_str().unwrap().to_owned();
+    let p2 = out_json(
+        &k(
+            &kc,
+            &["get", "--raw", &format!("{path}?limit=2&continue={token}")],
+        )
+        .await,
+    );
+    assert_eq!(names(&p2), ["c", "d"]);
+    assert_eq!(
+        p2["metadata"]["resourceVersion"],
+        p1["metadata"]["resourceVersion"]
+    );
+    // Changes between the pages: the next page still shows the first page's revision.
+    let token = p2["metadata"]["continue"].as_str().unwrap().to_owned();
+    for args in [
+        vec!["delete", "configmap", "e"],
+        vec!["create", "configmap", "f", "--from-literal=k=v"],
+    ] {
+        let out = k(&kc, &args).await;
+        assert!(out.ok, "{}", out.stderr);
+    }
+    let p3 = out_json(
+        &k(
+            &kc,
+            &["get", "--raw", &format!("{path}?limit=2&continue={token}")],
+        )
+        .await,
+    );
+    assert_eq!(names(&p3), ["e"]);
+    assert_eq!(
+        p3["metadata"]["resourceVersion"],
+        p1["metadata"]["resourceVersion"]
+    );
+    assert!(p3["metadata"].get("continue").is_none());
+    let now = out_json(&k(&kc, &["get", "--raw", path]).await);
+    assert_eq!(names(&now), ["a", "b", "c", "d", "f"]);
+}

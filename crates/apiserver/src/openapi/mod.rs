@@ -17,7 +17,7 @@ mod types;
 mod validate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
@@ -140,6 +140,7 @@ pub fn schemas() -> &'static Schemas {
 }
 
 /// One served document with its content hash (upstream: SHA-512, upper-case hex).
+#[derive(Clone)]
 pub struct Document {
     pub body: Bytes,
     pub hash: String,
@@ -156,9 +157,16 @@ impl Document {
     }
 }
 
-/// The OpenAPI documents of a registry, built on first request.
+/// The OpenAPI documents of a registry, built on first request, and again after the
+/// registry's resources change (custom resources come and go).
 #[derive(Default)]
 pub struct Documents {
+    current: std::sync::Mutex<Option<(u64, Arc<Built>)>>,
+}
+
+/// The documents of one generation of the registry.
+#[derive(Default)]
+struct Built {
     v3: OnceLock<V3>,
     v2: OnceLock<Document>,
     v2_protobuf: OnceLock<Document>,
@@ -172,6 +180,45 @@ struct V3 {
 }
 
 impl Documents {
+    /// The documents of the registry as it is now.
+    fn built(&self, registry: &Registry) -> Arc<Built> {
+        let generation = registry.generation();
+        let mut current = match self.current.lock() {
+            Ok(c) => c,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match &*current {
+            Some((g, b)) if *g == generation => b.clone(),
+            _ => {
+                let b = Arc::new(Built::default());
+                *current = Some((generation, b.clone()));
+                b
+            }
+        }
+    }
+
+    /// `/openapi/v3`: the index of the group-version documents.
+    pub fn v3_index(&self, registry: &Registry) -> Bytes {
+        self.built(registry).v3(registry).index.clone()
+    }
+
+    /// `/openapi/v3/<key>`, if served.
+    pub fn v3_group(&self, registry: &Registry, key: &str) -> Option<Document> {
+        self.built(registry).v3(registry).groups.get(key).cloned()
+    }
+
+    /// `/openapi/v2`: every served path and the definitions they use.
+    pub fn v2(&self, registry: &Registry) -> Document {
+        self.built(registry).v2(registry).clone()
+    }
+
+    /// `/openapi/v2` in protobuf: the definitions only (see [`proto`]).
+    pub fn v2_protobuf(&self, registry: &Registry) -> Document {
+        self.built(registry).v2_protobuf(registry).clone()
+    }
+}
+
+impl Built {
     fn v3(&self, registry: &Registry) -> &V3 {
         self.v3.get_or_init(|| {
             let groups: BTreeMap<String, Document> = group_versions(registry)
@@ -195,23 +242,11 @@ impl Documents {
         })
     }
 
-    /// `/openapi/v3`: the index of the group-version documents.
-    pub fn v3_index(&self, registry: &Registry) -> Bytes {
-        self.v3(registry).index.clone()
-    }
-
-    /// `/openapi/v3/<key>`, if served.
-    pub fn v3_group(&self, registry: &Registry, key: &str) -> Option<&Document> {
-        self.v3(registry).groups.get(key)
-    }
-
-    /// `/openapi/v2`: every served path and the definitions they use.
-    pub fn v2(&self, registry: &Registry) -> &Document {
+    fn v2(&self, registry: &Registry) -> &Document {
         self.v2.get_or_init(|| v2_document(registry))
     }
 
-    /// `/openapi/v2` in protobuf: the definitions only (see [`proto`]).
-    pub fn v2_protobuf(&self, registry: &Registry) -> &Document {
+    fn v2_protobuf(&self, registry: &Registry) -> &Document {
         self.v2_protobuf.get_or_init(|| {
             let names = v2_names(registry);
             let body = proto::document(
@@ -405,13 +440,19 @@ const RESOURCE_LIST: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.APIResourceLis
 /// `/watch/` paths, which this server does not serve).
 fn resource_paths(r: &Resource, tag: &str, paths: &mut Map<String, Value>) {
     let s = schemas();
-    let Some(obj) = s.for_kind(r.group, r.version, r.kind) else {
-        tracing::warn!(kind = r.kind, "no OpenAPI schema for a served kind");
-        return;
+    let custom = r.strategy.openapi_definitions();
+    let (obj, list): (&str, &str) = match (&custom, s.for_kind(r.group, r.version, r.kind)) {
+        (Some([(obj, _), (list, _)]), _) => (obj, list),
+        (None, Some(obj)) => (
+            obj,
+            s.for_kind(r.group, r.version, &format!("{}List", r.kind))
+                .unwrap_or(obj),
+        ),
+        (None, None) => {
+            tracing::warn!(kind = r.kind, "no OpenAPI schema for a served kind");
+            return;
+        }
     };
-    let list = s
-        .for_kind(r.group, r.version, &format!("{}List", r.kind))
-        .unwrap_or(obj);
     let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
     let verbs = r.verbs();
     let has = |v: &str| verbs.contains(&v);
@@ -605,7 +646,8 @@ fn item_ops(
 }
 
 /// The paths of one group version.
-fn gv_paths(registry: &Registry, group: &str, version: &str) -> Map<String, Value> {
+/// Custom resources are documented in v3 only (`custom`).
+fn gv_paths(registry: &Registry, group: &str, version: &str, custom: bool) -> Map<String, Value> {
     let camel = group_camel(group);
     let tag = format!(
         "{}{}_{version}",
@@ -626,7 +668,9 @@ fn gv_paths(registry: &Registry, group: &str, version: &str) -> Map<String, Valu
         json!({"get": discovery.render(&tag, None)}),
     );
     for r in registry.in_group_version(group, version) {
-        resource_paths(r, &tag, &mut paths);
+        if custom || r.strategy.openapi_definitions().is_none() {
+            resource_paths(&r, &tag, &mut paths);
+        }
     }
     paths
 }
@@ -651,22 +695,36 @@ fn referenced(text: &str, out: &mut BTreeSet<&'static str>) {
 /// The OpenAPI v3 document of one group version: its paths, and the definitions they use
 /// copied as text.
 fn v3_document(registry: &Registry, group: &str, version: &str) -> Document {
-    let paths = Value::Object(gv_paths(registry, group, version)).to_string();
+    let paths = Value::Object(gv_paths(registry, group, version, true)).to_string();
     let mut names = BTreeSet::new();
     referenced(&paths, &mut names);
+    // The custom resources' own definitions, and the built-in ones they use.
+    let mut custom: BTreeMap<String, String> = BTreeMap::new();
+    for r in registry.in_group_version(group, version) {
+        for (n, d) in r.strategy.openapi_definitions().into_iter().flatten() {
+            let text = d.to_string();
+            referenced(&text, &mut names);
+            custom.insert(n, text);
+        }
+    }
+    let mut all: BTreeMap<&str, &str> = names
+        .iter()
+        .map(|n| (*n, schemas().text(n).unwrap_or("{}")))
+        .collect();
+    all.extend(custom.iter().map(|(n, t)| (n.as_str(), t.as_str())));
     let mut out = String::with_capacity(paths.len() + names.len() * 512);
     out.push_str("{\"openapi\":\"3.0.0\",\"info\":");
     out.push_str(&json!({"title": "Kubernetes", "version": version_string()}).to_string());
     out.push_str(",\"paths\":");
     out.push_str(&paths);
     out.push_str(",\"components\":{\"schemas\":{");
-    for (i, n) in names.iter().enumerate() {
+    for (i, (n, text)) in all.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
         out.push_str(&json!(n).to_string());
         out.push(':');
-        out.push_str(schemas().text(n).unwrap_or("{}"));
+        out.push_str(text);
     }
     out.push_str("},\"securitySchemes\":");
     out.push_str(&security_scheme().to_string());
@@ -813,7 +871,7 @@ fn v2_names(registry: &Registry) -> BTreeSet<&'static str> {
     let mut names = BTreeSet::new();
     for (g, v) in group_versions(registry) {
         referenced(
-            &Value::Object(gv_paths(registry, g, v)).to_string(),
+            &Value::Object(gv_paths(registry, g, v, false)).to_string(),
             &mut names,
         );
     }
@@ -838,7 +896,7 @@ fn v2_document(registry: &Registry) -> Document {
     out.push_str(",\"paths\":{");
     let mut first = true;
     for (g, v) in group_versions(registry) {
-        for (p, item) in gv_paths(registry, g, v) {
+        for (p, item) in gv_paths(registry, g, v, false) {
             let m: Map<String, Value> = item
                 .as_object()
                 .into_iter()
@@ -920,7 +978,7 @@ pub fn serve(
             Some(V2Format::Protobuf) => (docs.v2_protobuf(registry), V2_PROTOBUF_TYPE),
             None => return Some(not_acceptable()),
         };
-        let mut resp = document_response(d, "no-cache, private", if_none_match);
+        let mut resp = document_response(&d, "no-cache, private", if_none_match);
         set(&mut resp, "content-type", content_type);
         return Some(resp);
     }
@@ -943,7 +1001,7 @@ pub fn serve(
     match query.get("hash") {
         // The hash the index named: the document never changes at this URL.
         Some(h) if *h == d.hash => {
-            let mut resp = document_response(d, "public, immutable", if_none_match);
+            let mut resp = document_response(&d, "public, immutable", if_none_match);
             let expires = http_date(crate::time::now_secs() + 365 * 24 * 3600);
             set(&mut resp, "expires", &expires);
             Some(resp)
@@ -962,7 +1020,7 @@ pub fn serve(
             set(&mut resp, "vary", "Accept");
             Some(resp)
         }
-        None => Some(document_response(d, "no-cache, private", if_none_match)),
+        None => Some(document_response(&d, "no-cache, private", if_none_match)),
     }
 }
 

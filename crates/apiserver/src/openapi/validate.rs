@@ -68,7 +68,11 @@ pub fn check_fields(
         return Ok(Vec::new());
     }
     let Some(schema) = resource_schema(res) else {
-        return Ok(Vec::new());
+        // A custom resource: its strategy knows its schema.
+        let problems = crate::negotiate::decode_body(content_type, body)
+            .map(|obj| unknown_by_strategy(res, &obj))
+            .unwrap_or_default();
+        return strict_or_warn(res, directive, problems);
     };
     let essence = content_type
         .and_then(|c| c.split(';').next())
@@ -88,6 +92,24 @@ pub fn check_fields(
         // Protobuf bodies cannot carry unknown fields.
         _ => Vec::new(),
     };
+    strict_or_warn(res, directive, problems)
+}
+
+/// The unknown fields a strategy reports, worded as the schema walk words them.
+fn unknown_by_strategy(res: &Resource, obj: &Value) -> FieldProblems {
+    res.strategy
+        .unknown_fields(obj)
+        .iter()
+        .map(|f| format!("unknown field {}", quoted(f)))
+        .collect()
+}
+
+/// The problems as warnings, or upstream's strict decoding error.
+fn strict_or_warn(
+    res: &Resource,
+    directive: Directive,
+    problems: FieldProblems,
+) -> Result<FieldProblems, ApiError> {
     match directive {
         Directive::Strict if !problems.is_empty() => Err(ApiError::bad_request(format!(
             "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
@@ -112,15 +134,16 @@ pub fn check_patched(
     if directive == Directive::Ignore {
         return Ok(Vec::new());
     }
-    let Some(schema) = resource_schema(res) else {
-        return Ok(Vec::new());
-    };
     let mut problems = Vec::new();
     if patch_type != "application/json-patch+json" {
         problems.extend(walk(patch, None, false, true));
     }
     let text = serde_json::to_vec(patched).unwrap_or_default();
-    problems.extend(walk(&text, Some(schema), true, false));
+    match resource_schema(res) {
+        Some(schema) => problems.extend(walk(&text, Some(schema), true, false)),
+        // A custom resource: its strategy knows its schema.
+        None => problems.extend(unknown_by_strategy(res, patched)),
+    }
     if directive == Directive::Strict && !problems.is_empty() {
         // Upstream shows the patched object, or for a strategic merge patch the patch
         // itself as a Go map.

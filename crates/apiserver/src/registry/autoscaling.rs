@@ -946,6 +946,10 @@ impl Strategy for HorizontalPodAutoscalersV1 {
         to_v1(obj)
     }
 
+    fn converts(&self) -> bool {
+        true
+    }
+
     fn columns(&self) -> Vec<Column> {
         HorizontalPodAutoscalers.columns()
     }

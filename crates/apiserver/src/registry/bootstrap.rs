@@ -37,7 +37,7 @@ pub async fn bootstrap_policy(rest: &Rest, registry: &Registry) -> Result<()> {
         let req = |body| json_request(&query, body);
         let existing = match rest.get(&res, ns, name, &req(&[])).await {
             Ok(Reply::Json(_, obj)) => Some(obj),
-            Ok(Reply::Stream(_)) => None,
+            Ok(Reply::Stream(_) | Reply::Raw(..)) => None,
             Err(e) if e.code == 404 => None,
             Err(e) => return Err(failed(plural, name, &e)),
         };
@@ -140,7 +140,7 @@ mod tests {
         };
         match reply {
             Ok(Reply::Json(_, v)) => v,
-            Ok(Reply::Stream(_)) => panic!("stream"),
+            Ok(Reply::Stream(_) | Reply::Raw(..)) => panic!("stream"),
             Err(e) => panic!("{}", e.message),
         }
     }

@@ -69,6 +69,12 @@ impl Strategy for Namespaces {
             }
         }
         if let Some(o) = obj.as_object_mut() {
+            o.insert("status".into(), json!({"phase": "Active"}));
+        }
+    }
+
+    fn prepare_for_create(&self, obj: &mut Value) {
+        if let Some(o) = obj.as_object_mut() {
             let spec = o.entry("spec").or_insert_with(|| json!({}));
             if let Some(s) = spec.as_object_mut() {
                 let fin = s.entry("finalizers").or_insert_with(|| json!([]));
@@ -78,7 +84,6 @@ impl Strategy for Namespaces {
                     }
                 }
             }
-            o.insert("status".into(), json!({"phase": "Active"}));
         }
     }
 

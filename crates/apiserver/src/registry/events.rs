@@ -375,6 +375,10 @@ impl Strategy for EventsV1 {
         from_core(obj)
     }
 
+    fn converts(&self) -> bool {
+        true
+    }
+
     fn columns(&self) -> Vec<Column> {
         event_columns()
     }

@@ -14,6 +14,8 @@ mod certificates;
 mod coordination;
 mod core;
 mod core_extra;
+pub mod crd;
+mod custom;
 mod events;
 mod flowcontrol;
 mod ingress;
@@ -29,7 +31,7 @@ mod services;
 mod storage;
 mod workloads_core;
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 pub use bootstrap::bootstrap_policy;
 pub use services::{service_cidr, DEFAULT_SERVICE_CIDR};
@@ -84,6 +86,9 @@ impl Column {
 pub trait Strategy: Send + Sync {
     /// Defaults set on a new object, before validation.
     fn prepare_create(&self, _obj: &mut Value) {}
+    /// What upstream's strategy sets in PrepareForCreate: after the field manager has
+    /// recorded the request, so the request's manager does not own these fields.
+    fn prepare_for_create(&self, _obj: &mut Value) {}
     /// Defaults and carried-over fields on an update, before validation.
     fn prepare_update(&self, _new: &mut Value, _old: &Value) {}
     /// The same for an update through the `status` subresource (`rest` has already taken
@@ -170,9 +175,15 @@ pub trait Strategy: Send + Sync {
     fn stored_form(&self, obj: Value) -> Value {
         obj
     }
-    /// The endpoint's form of a stored object.
+    /// The endpoint's form of a stored object. A strategy that overrides it also says so
+    /// in [`Strategy::converts`].
     fn served_form(&self, obj: Value) -> Value {
         obj
+    }
+    /// Whether `served_form` changes objects; when it does not, lists and watches hand out
+    /// the stored bytes without decoding them.
+    fn converts(&self) -> bool {
+        false
     }
     /// Whether `metadata.generation` counts changes of everything but metadata and status.
     fn tracks_generation(&self) -> bool {
@@ -213,6 +224,32 @@ pub trait Strategy: Send + Sync {
     }
     /// The warning every request to a deprecated endpoint carries (core/v1 Endpoints).
     fn deprecation(&self) -> Option<&'static str> {
+        None
+    }
+    /// Where the resource's keys live when not under `/registry/<plural>/`: custom
+    /// resources use `/registry/<group>/<plural>/` as upstream, so their plurals cannot
+    /// collide with built-in ones.
+    fn key_root(&self) -> Option<&str> {
+        None
+    }
+    /// The fields of `obj` its schema does not declare (`spec.foo`), for field validation
+    /// of resources without a built-in OpenAPI schema (custom resources).
+    fn unknown_fields(&self, _obj: &Value) -> Vec<String> {
+        Vec::new()
+    }
+    /// The verbs discovery lists, when not the built-in list (custom resources list them
+    /// in apiextensions-apiserver's order).
+    fn verbs(&self) -> Option<&'static [&'static str]> {
+        None
+    }
+    /// Whether the items of a list keep their `kind` and `apiVersion` (custom resources,
+    /// which upstream serves as unstructured objects).
+    fn list_items_keep_type(&self) -> bool {
+        false
+    }
+    /// The OpenAPI definitions of a resource the built-in schemas do not know (custom
+    /// resources): its object's and its list's, each as (name, schema).
+    fn openapi_definitions(&self) -> Option<[(String, Value); 2]> {
         None
     }
 }
@@ -329,9 +366,13 @@ impl Resource {
     /// Storage key prefix of every object of this resource: `/registry/<plural>/` as
     /// kube-apiserver lays out its built-in resources.
     pub fn key_prefix(&self, namespace: Option<&str>) -> String {
+        let root = match self.strategy.key_root() {
+            Some(r) => r.to_owned(),
+            None => format!("/registry/{}", self.plural),
+        };
         match namespace {
-            Some(ns) if self.namespaced => format!("/registry/{}/{}/", self.plural, ns),
-            _ => format!("/registry/{}/", self.plural),
+            Some(ns) if self.namespaced => format!("{root}/{ns}/"),
+            _ => format!("{root}/"),
         }
     }
 
@@ -342,7 +383,9 @@ impl Resource {
 
     /// The verbs discovery lists for the resource itself.
     pub fn verbs(&self) -> &'static [&'static str] {
-        if self.strategy.delete_collection() {
+        if let Some(v) = self.strategy.verbs() {
+            v
+        } else if self.strategy.delete_collection() {
             &[
                 "create",
                 "delete",
@@ -361,9 +404,22 @@ impl Resource {
     }
 }
 
-/// Every resource the server serves.
+/// Every resource the server serves: the built-in ones, fixed at start, and the custom
+/// resources of the stored CustomResourceDefinitions, replaced as those change
+/// (`crd::watch`).
 pub struct Registry {
     resources: Vec<Arc<Resource>>,
+    dynamic: RwLock<Dynamic>,
+}
+
+/// The custom resources served, with what they were built from.
+#[derive(Default)]
+struct Dynamic {
+    resources: Vec<Arc<Resource>>,
+    /// What `resources` were built from (the definitions' specs); a change bumps
+    /// `generation`.
+    source: String,
+    generation: u64,
 }
 
 impl Registry {
@@ -392,34 +448,71 @@ impl Registry {
                 .chain(certificates::resources())
                 .chain(flowcontrol::resources())
                 .chain(admissionregistration::resources())
+                .chain(crd::resources())
                 .map(Arc::new)
                 .collect(),
+            dynamic: RwLock::new(Dynamic::default()),
         }
+    }
+
+    /// Replaces the custom resources served with those built from `source` (the
+    /// definitions), unless they were built from the same `source` already.
+    pub fn set_dynamic(&self, source: String, resources: Vec<Arc<Resource>>) {
+        let mut d = match self.dynamic.write() {
+            Ok(d) => d,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if d.source != source {
+            d.resources = resources;
+            d.source = source;
+            d.generation += 1;
+        }
+    }
+
+    /// Changes with every change of the resources served (what documents built from the
+    /// registry are cached by).
+    pub fn generation(&self) -> u64 {
+        match self.dynamic.read() {
+            Ok(d) => d.generation,
+            Err(poisoned) => poisoned.into_inner().generation,
+        }
+    }
+
+    /// The custom resources served now.
+    fn dynamic(&self) -> Vec<Arc<Resource>> {
+        match self.dynamic.read() {
+            Ok(d) => d.resources.clone(),
+            Err(poisoned) => poisoned.into_inner().resources.clone(),
+        }
+    }
+
+    /// Built-in and custom resources, in registration order.
+    fn all(&self) -> impl Iterator<Item = Arc<Resource>> + '_ {
+        self.resources.iter().cloned().chain(self.dynamic())
     }
 
     /// The resource at `/api[s]/<group>/<version>/<plural>`.
     pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Resource>> {
-        self.resources
-            .iter()
+        self.all()
             .find(|r| r.group == group && r.version == version && r.plural == plural)
-            .cloned()
     }
 
     /// All resources of one group version, in registration order.
-    pub fn in_group_version<'a>(
-        &'a self,
-        group: &'a str,
-        version: &'a str,
-    ) -> impl Iterator<Item = &'a Arc<Resource>> + 'a {
-        self.resources
-            .iter()
-            .filter(move |r| r.group == group && r.version == version)
+    pub fn in_group_version(
+        &self,
+        group: &str,
+        version: &str,
+    ) -> impl Iterator<Item = Arc<Resource>> {
+        self.all()
+            .filter(|r| r.group == group && r.version == version)
+            .collect::<Vec<_>>()
+            .into_iter()
     }
 
     /// The non-core groups with their versions, preferred first.
     pub fn groups(&self) -> Vec<(&'static str, Vec<&'static str>)> {
         let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
-        for r in &self.resources {
+        for r in self.all() {
             if r.group.is_empty() {
                 continue;
             }
@@ -502,6 +595,46 @@ pub fn default_field(obj: &mut Value, k: &str, v: Value) {
                 o.insert(k.to_owned(), v);
             }
             Some(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod converts_tests {
+    use super::*;
+
+    /// Lists and watches splice stored bytes for resources whose strategy does not convert;
+    /// a strategy that overrides `served_form` without saying so would serve the stored form.
+    #[test]
+    fn every_converting_strategy_says_so() {
+        let r = Registry::builtin();
+        let mut all: Vec<Arc<Resource>> = r.in_group_version("", "v1").collect();
+        for (g, versions) in r.groups() {
+            for v in versions {
+                all.extend(r.in_group_version(g, v));
+            }
+        }
+        for res in all {
+            // The stored form of a typical object of the resource, as its endpoint writes it.
+            let obj = res.strategy.stored_form(json!({
+                "apiVersion": res.api_version(),
+                "kind": res.kind,
+                "metadata": {"name": "x", "namespace": "default", "labels": {"a": "b"}},
+                "spec": {"k": "v"},
+                "type": "Normal",
+                "reason": "R",
+                "note": "n",
+                "regarding": {"kind": "Pod", "name": "p"},
+            }));
+            if !res.strategy.converts() {
+                assert_eq!(
+                    res.strategy.served_form(obj.clone()),
+                    obj,
+                    "{}/{} changes objects in served_form but does not say so in converts()",
+                    res.api_version(),
+                    res.plural
+                );
+            }
         }
     }
 }

@@ -405,6 +405,43 @@ const DEFAULT_TOLERATIONS: [&str; 2] = [
     "node.kubernetes.io/unreachable",
 ];
 
+/// What the DefaultTolerationSeconds and ServiceAccount admission plugins set on a new pod.
+/// They run after the field manager has recorded the request, so these fields are not
+/// owned by the request's manager.
+fn admit_defaults(spec: &mut Value) {
+    // DefaultTolerationSeconds admission.
+    if let Some(s) = spec.as_object_mut() {
+        let t = s.entry("tolerations").or_insert_with(|| json!([]));
+        if let Some(t) = t.as_array_mut() {
+            for key in DEFAULT_TOLERATIONS {
+                let present = t.iter().any(|x| {
+                    let k = str_at(x, "/key");
+                    let effect = str_at(x, "/effect");
+                    (k == key || k.is_empty()) && (effect.is_empty() || effect == "NoExecute")
+                });
+                if !present {
+                    t.push(json!({
+                        "key": key,
+                        "operator": "Exists",
+                        "effect": "NoExecute",
+                        "tolerationSeconds": 300,
+                    }));
+                }
+            }
+        }
+    }
+    // ServiceAccount admission: the default account.
+    if str_at(spec, "/serviceAccountName").is_empty() {
+        let sa = match str_at(spec, "/serviceAccount") {
+            "" => "default".to_owned(),
+            s => s.to_owned(),
+        };
+        spec["serviceAccountName"] = json!(sa);
+    }
+    let sa = str_at(spec, "/serviceAccountName").to_owned();
+    spec["serviceAccount"] = json!(sa);
+}
+
 impl Strategy for Pods {
     fn prepare_create(&self, obj: &mut Value) {
         if let Some(o) = obj.as_object_mut() {
@@ -440,44 +477,17 @@ impl Strategy for Pods {
                 }
             }
         }
-        // DefaultTolerationSeconds admission.
-        if let Some(s) = spec.as_object_mut() {
-            let t = s.entry("tolerations").or_insert_with(|| json!([]));
-            if let Some(t) = t.as_array_mut() {
-                for key in DEFAULT_TOLERATIONS {
-                    let present = t.iter().any(|x| {
-                        let k = str_at(x, "/key");
-                        let effect = str_at(x, "/effect");
-                        (k == key || k.is_empty()) && (effect.is_empty() || effect == "NoExecute")
-                    });
-                    if !present {
-                        t.push(json!({
-                            "key": key,
-                            "operator": "Exists",
-                            "effect": "NoExecute",
-                            "tolerationSeconds": 300,
-                        }));
-                    }
-                }
-            }
-        }
-        // ServiceAccount admission: the default account.
-        if str_at(spec, "/serviceAccountName").is_empty() {
-            let sa = match str_at(spec, "/serviceAccount") {
-                "" => "default".to_owned(),
-                s => s.to_owned(),
-            };
-            spec["serviceAccountName"] = json!(sa);
-        }
-        let sa = str_at(spec, "/serviceAccountName").to_owned();
-        spec["serviceAccount"] = json!(sa);
         let qos = qos_class(obj);
         obj["status"] = json!({"phase": "Pending", "qosClass": qos});
     }
 
     fn admission_lookups(&self, obj: &Value) -> Vec<Lookup> {
         let ns = str_at(obj, "/metadata/namespace");
-        let sa = str_at(obj, "/spec/serviceAccountName");
+        // The account admission will default (see `admit_defaults`).
+        let sa = match str_at(obj, "/spec/serviceAccountName") {
+            "" => "default",
+            sa => sa,
+        };
         let pods = GroupResource::new("", "pods");
         let mut out = Vec::new();
         // Mirror pods (static pods of the kubelet) keep their spec.
@@ -517,6 +527,7 @@ impl Strategy for Pods {
         obj: &mut Value,
         found: &[(&'static str, Value)],
     ) -> Result<(), ApiError> {
+        admit_defaults(&mut obj["spec"]);
         let get = |what: &str| found.iter().find(|(w, _)| *w == what).map(|(_, v)| v);
         // Priority: the class's value (0 without a class), which the pod may not contradict.
         let class = str_at(obj, "/spec/priorityClassName").to_owned();

@@ -151,8 +151,7 @@ fn unset(v: Option<&Value>) -> bool {
     }
 }
 
-/// The defaults the decoder applies to a Service (SetDefaults_Service), and the cluster IP
-/// fields kept in step (clusterIP is clusterIPs[0]).
+/// The defaults the decoder applies to a Service (SetDefaults_Service).
 fn default_service(svc: &mut Value) {
     if let Some(o) = svc.as_object_mut() {
         o.entry("spec").or_insert_with(|| json!({}));
@@ -212,7 +211,14 @@ fn default_service(svc: &mut Value) {
     if ty == "LoadBalancer" && unset(spec.get("allocateLoadBalancerNodePorts")) {
         spec["allocateLoadBalancerNodePorts"] = json!(true);
     }
-    // clusterIP and clusterIPs[0] name the same address.
+}
+
+/// clusterIP and clusterIPs[0] name the same address (upstream's NormalizeClusterIPs, in
+/// PrepareForCreate/PrepareForUpdate).
+fn normalize_cluster_ips(svc: &mut Value) {
+    let Some(spec) = svc.get_mut("spec") else {
+        return;
+    };
     let ip = spec
         .get("clusterIP")
         .and_then(Value::as_str)
@@ -227,8 +233,9 @@ fn default_service(svc: &mut Value) {
     }
 }
 
-/// IP family fields (upstream sets them while allocating): SingleStack and the family of
-/// the cluster IP, except a headless Service without selector, which asks for both.
+/// IP family fields (upstream sets them while allocating, after the field manager has
+/// recorded the request, so the allocator calls this): SingleStack and the family of the
+/// cluster IP, except a headless Service without selector, which asks for both.
 fn default_ip_families(svc: &mut Value, old: Option<&Value>) {
     if svc_type(svc) == "ExternalName" {
         return;
@@ -790,16 +797,19 @@ impl Strategy for Services {
 
     fn prepare_create(&self, obj: &mut Value) {
         default_service(obj);
-        default_ip_families(obj, None);
         if let Some(o) = obj.as_object_mut() {
             o.insert("status".into(), json!({"loadBalancer": {}}));
         }
     }
 
+    fn prepare_for_create(&self, obj: &mut Value) {
+        normalize_cluster_ips(obj);
+    }
+
     fn prepare_update(&self, new: &mut Value, old: &Value) {
         default_service(new);
+        normalize_cluster_ips(new);
         carry_over(new, old);
-        default_ip_families(new, Some(old));
         if let Some(o) = new.as_object_mut() {
             o.insert(
                 "status".into(),

@@ -192,6 +192,7 @@ impl Allocator for ServiceAllocator {
         dry_run: bool,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         async move {
+            super::default_ip_families(new, old);
             // Upstream checks the IP fields before allocating; its other checks come after.
             let errs = super::validate_ip_fields(new);
             if !errs.is_empty() {

@@ -1,0 +1,613 @@
+//! apiextensions.k8s.io/v1 CustomResourceDefinitions, and keeping the registry's custom
+//! resources in step with the stored definitions.
+//!
+//! Upstream's naming and establishing controllers accept the names and mark a definition
+//! Established shortly after it is written; here the strategy sets those conditions on the
+//! write itself. [`watch`] watches the definitions and replaces the registry's custom
+//! resources on every change. Deleting a definition works as upstream: the DELETE marks it
+//! and adds the `customresourcecleanup.apiextensions.k8s.io` finalizer, [`watch`] stops
+//! serving the resource, deletes its objects and then the definition.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use kumo_apimachinery::validation::{self, FieldError, Path};
+use kumo_storage::{RangeRequest, Revision, WatchEvent};
+use serde_json::{json, Value};
+
+use super::custom::CustomResource;
+use super::{name_of, str_at, Column, Registry, Resource, Strategy};
+use crate::rest::Rest;
+
+/// The finalizer that holds a deleted definition until its objects are gone.
+pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+
+/// Storage prefix of the definitions.
+const PREFIX: &str = "/registry/customresourcedefinitions/";
+
+pub(super) fn resources() -> Vec<Resource> {
+    vec![Resource {
+        group: "apiextensions.k8s.io",
+        version: "v1",
+        kind: "CustomResourceDefinition",
+        plural: "customresourcedefinitions",
+        singular: "customresourcedefinition",
+        namespaced: false,
+        short_names: &["crd", "crds"],
+        categories: &["api-extensions"],
+        subresources: &["status"],
+        strategy: Box::new(Crds),
+    }]
+}
+
+struct Crds;
+
+/// Defaults of a definition's spec (upstream's SetDefaults).
+fn default_spec(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if spec.get("conversion").is_none_or(Value::is_null) {
+        spec.insert("conversion".into(), json!({"strategy": "None"}));
+    }
+    if let Some(names) = spec.get_mut("names").and_then(Value::as_object_mut) {
+        let kind = names
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        if names.get("singular").is_none_or(|s| s.as_str() == Some("")) {
+            names.insert("singular".into(), json!(kind.to_lowercase()));
+        }
+        if names.get("listKind").is_none_or(|s| s.as_str() == Some("")) && !kind.is_empty() {
+            names.insert("listKind".into(), json!(format!("{kind}List")));
+        }
+    }
+}
+
+/// The status the naming and establishing controllers give a definition: its names
+/// accepted, Established, and its storage version recorded.
+fn refresh_status(obj: &mut Value, old: Option<&Value>) {
+    let now = crate::time::now_rfc3339();
+    let names = obj.pointer("/spec/names").cloned().unwrap_or(json!({}));
+    let storage: Vec<Value> = obj
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("storage") == Some(&json!(true)))
+        .filter_map(|v| v.get("name").cloned())
+        .collect();
+    let mut stored: Vec<Value> = old
+        .and_then(|o| o.pointer("/status/storedVersions"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for v in storage {
+        if !stored.contains(&v) {
+            stored.push(v);
+        }
+    }
+    let conditions = match old.and_then(|o| o.pointer("/status/conditions")) {
+        Some(c) if c.as_array().is_some_and(|a| !a.is_empty()) => c.clone(),
+        _ => json!([
+            {"lastTransitionTime": now, "message": "no conflicts found", "reason": "NoConflicts",
+             "status": "True", "type": "NamesAccepted"},
+            {"lastTransitionTime": now, "message": "the initial names have been accepted",
+             "reason": "InitialNamesAccepted", "status": "True", "type": "Established"},
+        ]),
+    };
+    if let Some(o) = obj.as_object_mut() {
+        o.insert(
+            "status".into(),
+            json!({"acceptedNames": names, "conditions": conditions, "storedVersions": stored}),
+        );
+    }
+}
+
+impl Strategy for Crds {
+    fn prepare_create(&self, obj: &mut Value) {
+        default_spec(obj);
+        refresh_status(obj, None);
+    }
+
+    fn prepare_update(&self, new: &mut Value, old: &Value) {
+        default_spec(new);
+        refresh_status(new, Some(old));
+    }
+
+    fn tracks_generation(&self) -> bool {
+        true
+    }
+
+    fn delete_pending(&self, obj: &mut Value) -> bool {
+        // As upstream's CRD storage: the definition stays, with the cleanup finalizer,
+        // until `watch` has removed its objects.
+        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            let f = m.entry("finalizers").or_insert_with(|| json!([]));
+            if let Some(a) = f.as_array_mut() {
+                if !a.iter().any(|x| x == CLEANUP_FINALIZER) {
+                    a.push(json!(CLEANUP_FINALIZER));
+                }
+            }
+        }
+        true
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        validate_crd(obj)
+    }
+
+    fn validate_status_update(&self, _new: &Value, _old: &Value) -> Vec<FieldError> {
+        Vec::new()
+    }
+
+    fn columns(&self) -> Vec<Column> {
+        let col = |name, type_, description, priority| Column {
+            name,
+            type_,
+            format: "",
+            description,
+            priority,
+        };
+        vec![
+            Column::NAME,
+            col("Scope", "string", "Cluster/Namespaced", 0),
+            col("Versions", "string", "Served versions", 0),
+            Column {
+                type_: "date",
+                name: "Created At",
+                ..Column::AGE
+            },
+            col("Group", "string", "API group", 1),
+            col("Kind", "string", "Kind of the objects", 1),
+            col("ShortNames", "string", "Short names", 1),
+            col(
+                "Established",
+                "boolean",
+                "Whether the resource is served",
+                1,
+            ),
+        ]
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let versions: Vec<String> = obj
+            .pointer("/spec/versions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|v| v.get("served") == Some(&json!(true)))
+            .map(|v| {
+                let name = str_at(v, "/name");
+                if v.get("storage") == Some(&json!(true)) {
+                    format!("{name}(storage)")
+                } else {
+                    name.to_owned()
+                }
+            })
+            .collect();
+        let short: Vec<&str> = obj
+            .pointer("/spec/names/shortNames")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        vec![
+            json!(name_of(obj)),
+            json!(str_at(obj, "/spec/scope")),
+            json!(versions.join(",")),
+            json!(str_at(obj, "/metadata/creationTimestamp")),
+            json!(str_at(obj, "/spec/group")),
+            json!(str_at(obj, "/spec/names/kind")),
+            json!(short.join(",")),
+            json!(established(obj)),
+        ]
+    }
+}
+
+/// Whether a definition has the condition Established True.
+fn established(obj: &Value) -> bool {
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| str_at(c, "/type") == "Established" && str_at(c, "/status") == "True")
+        })
+}
+
+/// Upstream's ValidateCustomResourceDefinition, its main rules.
+fn validate_crd(obj: &Value) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let spec = Path::new("spec");
+    let group = str_at(obj, "/spec/group");
+    let plural = str_at(obj, "/spec/names/plural");
+    let name = name_of(obj);
+    if name != format!("{plural}.{group}") {
+        errs.push(FieldError::invalid(
+            &Path::new("metadata").child("name"),
+            name,
+            "must be spec.names.plural+\".\"+spec.group",
+        ));
+    }
+    if group.is_empty() {
+        errs.push(FieldError::required(&spec.child("group"), ""));
+    } else if !validation::is_dns1123_subdomain(group).is_empty() {
+        errs.push(FieldError::invalid(
+            &spec.child("group"),
+            group,
+            validation::is_dns1123_subdomain(group).join(","),
+        ));
+    } else if group.split('.').count() < 2 {
+        errs.push(FieldError::invalid(
+            &spec.child("group"),
+            group,
+            "should be a domain with at least one dot",
+        ));
+    }
+    let scope = str_at(obj, "/spec/scope");
+    if scope.is_empty() {
+        errs.push(FieldError::required(&spec.child("scope"), ""));
+    } else if scope != "Cluster" && scope != "Namespaced" {
+        errs.push(FieldError::not_supported(
+            &spec.child("scope"),
+            scope,
+            &["Cluster", "Namespaced"],
+        ));
+    }
+    let names = spec.child("names");
+    for (field, label) in [
+        ("plural", true),
+        ("singular", true),
+        ("kind", false),
+        ("listKind", false),
+    ] {
+        let v = str_at(obj, &format!("/spec/names/{field}"));
+        if v.is_empty() {
+            errs.push(FieldError::required(&names.child(field), ""));
+        } else if label {
+            let problems = validation::is_dns1035_label(v);
+            if !problems.is_empty() {
+                errs.push(FieldError::invalid(
+                    &names.child(field),
+                    v,
+                    problems.join(","),
+                ));
+            }
+        }
+    }
+    let versions = obj
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let vpath = spec.child("versions");
+    if versions.is_empty() {
+        errs.push(FieldError::invalid(
+            &vpath,
+            json!(versions),
+            "must have exactly one version marked as storage version",
+        ));
+        return errs;
+    }
+    let mut seen = HashSet::new();
+    let mut storage = 0;
+    for (i, v) in versions.iter().enumerate() {
+        let p = vpath.index(i);
+        let vname = str_at(v, "/name");
+        if !seen.insert(vname.to_owned()) {
+            errs.push(FieldError::invalid(
+                &vpath,
+                json!(versions),
+                "must contain unique version names",
+            ));
+        }
+        if vname.is_empty() {
+            errs.push(FieldError::required(&p.child("name"), ""));
+        } else {
+            let problems = validation::is_dns1035_label(vname);
+            if !problems.is_empty() {
+                errs.push(FieldError::invalid(
+                    &p.child("name"),
+                    vname,
+                    problems.join(","),
+                ));
+            }
+        }
+        if v.get("storage") == Some(&json!(true)) {
+            storage += 1;
+        }
+        match v.pointer("/schema/openAPIV3Schema") {
+            None | Some(Value::Null) => errs.push(FieldError::required(
+                &p.child("schema").child("openAPIV3Schema"),
+                "schemas are required",
+            )),
+            Some(s) => {
+                if s.get("type").and_then(Value::as_str) != Some("object") {
+                    errs.push(FieldError::invalid(
+                        &p.child("schema").child("openAPIV3Schema").child("type"),
+                        str_at(s, "/type"),
+                        "must be object at the root",
+                    ));
+                }
+            }
+        }
+        for (j, c) in v
+            .get("additionalPrinterColumns")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let cp = p.child("additionalPrinterColumns").index(j);
+            let t = str_at(c, "/type");
+            const TYPES: [&str; 6] = ["boolean", "date", "integer", "number", "string", ""];
+            if !TYPES.contains(&t) {
+                errs.push(FieldError::not_supported(
+                    &cp.child("type"),
+                    t,
+                    &["boolean", "date", "integer", "number", "string"],
+                ));
+            }
+            if str_at(c, "/name").is_empty() {
+                errs.push(FieldError::required(&cp.child("name"), ""));
+            }
+            if str_at(c, "/jsonPath").is_empty() {
+                errs.push(FieldError::required(&cp.child("jsonPath"), ""));
+            }
+        }
+    }
+    if storage != 1 {
+        errs.push(FieldError::invalid(
+            &vpath,
+            json!(versions),
+            "must have exactly one version marked as storage version",
+        ));
+    }
+    errs
+}
+
+/// Interned strings: a custom resource's names live as long as the server (`Resource`
+/// holds `&'static str`), and each distinct string is leaked once, so the memory is
+/// bounded by the distinct names ever defined, not by the number of definition writes.
+pub(super) fn intern(s: &str) -> &'static str {
+    static STRINGS: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+    let mut guard = match STRINGS.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    let set = guard.get_or_insert_with(HashSet::new);
+    if let Some(s) = set.get(s) {
+        return s;
+    }
+    let leaked: &'static str = Box::leak(s.to_owned().into_boxed_str());
+    set.insert(leaked);
+    leaked
+}
+
+/// An interned list of strings (see [`intern`]).
+fn intern_list(items: &[&str]) -> &'static [&'static str] {
+    static LISTS: Mutex<Option<HashSet<&'static [&'static str]>>> = Mutex::new(None);
+    let interned: Vec<&'static str> = items.iter().map(|s| intern(s)).collect();
+    let mut guard = match LISTS.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    let set = guard.get_or_insert_with(HashSet::new);
+    if let Some(l) = set.get(interned.as_slice()) {
+        return l;
+    }
+    let leaked: &'static [&'static str] = Box::leak(interned.into_boxed_slice());
+    set.insert(leaked);
+    leaked
+}
+
+/// The resources a definition serves: one per served version, none while it is being
+/// deleted or not yet Established.
+fn served(crd: &Value) -> Vec<Resource> {
+    if crd.pointer("/metadata/deletionTimestamp").is_some() || !established(crd) {
+        return Vec::new();
+    }
+    let strs = |p: &str| -> Vec<&str> {
+        crd.pointer(p)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect()
+    };
+    let group = intern(str_at(crd, "/spec/group"));
+    let kind = intern(str_at(crd, "/spec/names/kind"));
+    let plural = intern(str_at(crd, "/spec/names/plural"));
+    let singular = intern(str_at(crd, "/spec/names/singular"));
+    let list_kind = str_at(crd, "/spec/names/listKind");
+    let namespaced = str_at(crd, "/spec/scope") == "Namespaced";
+    let short_names = intern_list(&strs("/spec/names/shortNames"));
+    let categories = intern_list(&strs("/spec/names/categories"));
+    crd.pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("served") == Some(&json!(true)))
+        .map(|v| {
+            let mut subs = Vec::new();
+            if v.pointer("/subresources/status").is_some() {
+                subs.push("status");
+            }
+            if v.pointer("/subresources/scale").is_some() {
+                subs.push("scale");
+            }
+            Resource {
+                group,
+                version: intern(str_at(v, "/name")),
+                kind,
+                plural,
+                singular,
+                namespaced,
+                short_names,
+                categories,
+                subresources: intern_list(&subs),
+                strategy: Box::new(CustomResource::new(group, plural, kind, list_kind, v)),
+            }
+        })
+        .collect()
+}
+
+/// Reads every definition and serves what they define. Returns the revision read at and
+/// the definitions being deleted (for [`cleanup`]).
+async fn reload(rest: &Rest, registry: &Registry) -> anyhow::Result<(Revision, Vec<Value>)> {
+    let page = rest
+        .store
+        .range(RangeRequest {
+            prefix: PREFIX.as_bytes().to_vec(),
+            ..Default::default()
+        })
+        .await?;
+    let mut resources = Vec::new();
+    let mut source = String::new();
+    let mut deleting = Vec::new();
+    for kv in &page.kvs {
+        let Ok(mut crd) = serde_json::from_slice::<Value>(&kv.value) else {
+            tracing::warn!(key = %String::from_utf8_lossy(&kv.key), "undecodable definition");
+            continue;
+        };
+        if crd.pointer("/metadata/deletionTimestamp").is_some() {
+            if let Some(m) = crd.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
+            }
+            deleting.push(crd);
+            continue;
+        }
+        let built = served(&crd);
+        if !built.is_empty() {
+            // Only what the resources are built from: status-only writes change nothing.
+            source.push_str(&crd["spec"].to_string());
+        }
+        resources.extend(built.into_iter().map(Arc::new));
+    }
+    registry.set_dynamic(source, resources);
+    Ok((page.revision, deleting))
+}
+
+/// Deletes the objects of a definition being deleted, then the definition (or just the
+/// cleanup finalizer, when others remain).
+async fn cleanup(rest: &Rest, crd: &Value) -> anyhow::Result<()> {
+    let group = str_at(crd, "/spec/group");
+    let plural = str_at(crd, "/spec/names/plural");
+    if !group.is_empty() && !plural.is_empty() {
+        let prefix = format!("/registry/{group}/{plural}/");
+        let page = rest
+            .store
+            .range(RangeRequest {
+                prefix: prefix.into_bytes(),
+                ..Default::default()
+            })
+            .await?;
+        for kv in page.kvs {
+            match rest.store.delete(&kv.key, None).await {
+                Ok(_) | Err(kumo_storage::StorageError::NotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    let key = format!("{PREFIX}{}", name_of(crd));
+    let rev: Revision = str_at(crd, "/metadata/resourceVersion")
+        .parse()
+        .unwrap_or(0);
+    let mut crd = crd.clone();
+    let mut rest_finalizers = Vec::new();
+    if let Some(m) = crd.get_mut("metadata").and_then(Value::as_object_mut) {
+        if let Some(f) = m.get("finalizers").and_then(Value::as_array) {
+            rest_finalizers = f
+                .iter()
+                .filter(|x| *x != CLEANUP_FINALIZER)
+                .cloned()
+                .collect();
+        }
+        m.remove("resourceVersion");
+        m.insert("finalizers".into(), json!(rest_finalizers));
+    }
+    let expected = (rev > 0).then_some(rev);
+    let result = if rest_finalizers.is_empty() {
+        rest.store
+            .delete(key.as_bytes(), expected)
+            .await
+            .map(|_| ())
+    } else {
+        rest.store
+            .update(key.as_bytes(), serde_json::to_vec(&crd)?, expected)
+            .await
+            .map(|_| ())
+    };
+    match result {
+        // A concurrent write: the watch brings the definition back to us.
+        Ok(()) | Err(kumo_storage::StorageError::Conflict { .. }) => Ok(()),
+        Err(kumo_storage::StorageError::NotFound) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Serves the stored definitions' resources now, and keeps serving what they define as
+/// they change (run [`watch`] afterwards). Returns the revision read at.
+pub async fn load(rest: &Rest, registry: &Registry) -> anyhow::Result<Revision> {
+    let (rev, deleting) = reload(rest, registry).await?;
+    for crd in &deleting {
+        if crd
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| f.iter().any(|x| x == CLEANUP_FINALIZER))
+        {
+            cleanup(rest, crd).await?;
+        }
+    }
+    Ok(rev)
+}
+
+/// Follows the definitions from revision `from` on, reloading the registry's custom
+/// resources on each change and cleaning up deleted definitions. Runs for the server's
+/// lifetime; when the watch ends (or fails) it starts over from a fresh read.
+pub async fn watch(
+    rest: Arc<Rest>,
+    registry: impl std::ops::Deref<Target = Registry>,
+    from: Revision,
+) {
+    let mut from = from;
+    loop {
+        let mut events = match rest.store.watch(PREFIX.as_bytes(), from).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "watching CustomResourceDefinitions failed");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                match load(&rest, &registry).await {
+                    Ok(r) => from = r,
+                    Err(e) => tracing::warn!(error = %e, "reloading definitions failed"),
+                }
+                continue;
+            }
+        };
+        while let Some(ev) = events.next().await {
+            let ev: WatchEvent = match ev {
+                Ok(ev) => ev,
+                Err(e) => {
+                    tracing::warn!(error = %e, "definition watch ended");
+                    break;
+                }
+            };
+            from = from.max(ev.revision());
+            if matches!(ev, WatchEvent::Progress(_)) {
+                continue;
+            }
+            match load(&rest, &registry).await {
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reloading definitions failed"),
+            }
+        }
+        // The watch ended: start over from a fresh read, without spinning.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        match load(&rest, &registry).await {
+            Ok(r) => from = r,
+            Err(e) => tracing::warn!(error = %e, "reloading definitions failed"),
+        }
+    }
+}

@@ -1,0 +1,648 @@
+//! The strategy of a custom resource: one served version of a CustomResourceDefinition.
+//!
+//! Objects are checked against the version's structural `openAPIV3Schema` (types,
+//! required, enum, minimum/maximum, lengths, item counts), pruned of the fields it does not
+//! declare (unless `x-kubernetes-preserve-unknown-fields`) and defaulted from its `default`s,
+//! as upstream's apiextensions-apiserver does. The `status` and `scale` subresources and the
+//! `additionalPrinterColumns` come from the same version.
+
+use kumo_apimachinery::validation::{FieldError, Path};
+use serde_json::{json, Map, Value};
+
+use super::crd::intern;
+use super::{json_path_pointer, name_of, Column, ScaleSpec, SelectorForm, Strategy};
+
+/// One served version of a definition.
+pub(super) struct CustomResource {
+    /// `/registry/<group>/<plural>`.
+    key_root: String,
+    /// Group, version, kind and list kind, for the OpenAPI definitions.
+    gvk: [String; 4],
+    schema: Value,
+    status: bool,
+    scale: Option<ScaleSpec>,
+    /// The printer columns after `Name`, with their JSON paths.
+    columns: Vec<(Column, String)>,
+}
+
+impl CustomResource {
+    /// The strategy of `version` (an element of the definition's `spec.versions`).
+    pub(super) fn new(
+        group: &str,
+        plural: &str,
+        kind: &str,
+        list_kind: &str,
+        version: &Value,
+    ) -> Self {
+        let scale = version.pointer("/subresources/scale").map(|s| ScaleSpec {
+            spec_replicas: s
+                .get("specReplicasPath")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            status_replicas: s
+                .get("statusReplicasPath")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            selector: s
+                .get("labelSelectorPath")
+                .and_then(Value::as_str)
+                .map(|p| (p.to_owned(), SelectorForm::Serialized)),
+        });
+        let columns = match version
+            .get("additionalPrinterColumns")
+            .and_then(Value::as_array)
+        {
+            Some(cols) => cols
+                .iter()
+                .map(|c| {
+                    let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("");
+                    let path = s("jsonPath").to_owned();
+                    let description = if s("description").is_empty() {
+                        format!("Custom resource definition column (in JSONPath format): {path}")
+                    } else {
+                        s("description").to_owned()
+                    };
+                    let col = Column {
+                        name: intern(s("name")),
+                        type_: intern(s("type")),
+                        format: intern(s("format")),
+                        description: intern(&description),
+                        priority: c
+                            .get("priority")
+                            .and_then(Value::as_u64)
+                            .map_or(0, |p| p.min(u64::from(u8::MAX)) as u8),
+                    };
+                    (col, path)
+                })
+                .collect(),
+            None => vec![(
+                Column {
+                    type_: "date",
+                    ..Column::AGE
+                },
+                ".metadata.creationTimestamp".to_owned(),
+            )],
+        };
+        CustomResource {
+            key_root: format!("/registry/{group}/{plural}"),
+            gvk: [
+                group.to_owned(),
+                version
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                kind.to_owned(),
+                list_kind.to_owned(),
+            ],
+            schema: version
+                .pointer("/schema/openAPIV3Schema")
+                .cloned()
+                .unwrap_or(json!({"type": "object"})),
+            status: version.pointer("/subresources/status").is_some(),
+            scale,
+            columns,
+        }
+    }
+
+    /// Prunes and defaults `obj` by the schema (metadata, apiVersion and kind stay).
+    fn normalize(&self, obj: &mut Value) {
+        let Some(o) = obj.as_object_mut() else {
+            return;
+        };
+        let keep: Vec<(String, Value)> = ["apiVersion", "kind", "metadata"]
+            .iter()
+            .filter_map(|k| o.remove(*k).map(|v| ((*k).to_owned(), v)))
+            .collect();
+        prune(&self.schema, obj, 0);
+        default(&self.schema, obj, 0);
+        if let Some(o) = obj.as_object_mut() {
+            for (k, v) in keep {
+                o.insert(k, v);
+            }
+        }
+    }
+}
+
+impl Strategy for CustomResource {
+    fn prepare_create(&self, obj: &mut Value) {
+        if self.status {
+            // With a status subresource, status is set only through it.
+            if let Some(o) = obj.as_object_mut() {
+                o.remove("status");
+            }
+        }
+        self.normalize(obj);
+    }
+
+    fn prepare_update(&self, new: &mut Value, old: &Value) {
+        if self.status {
+            if let Some(o) = new.as_object_mut() {
+                match old.get("status") {
+                    Some(s) => o.insert("status".into(), s.clone()),
+                    None => o.remove("status"),
+                };
+            }
+        }
+        self.normalize(new);
+    }
+
+    fn prepare_status_update(&self, new: &mut Value, _old: &Value) {
+        self.normalize(new);
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut body = obj.clone();
+        if let Some(o) = body.as_object_mut() {
+            o.remove("apiVersion");
+            o.remove("kind");
+            o.remove("metadata");
+        }
+        let mut errs = Vec::new();
+        validate(&self.schema, &body, &Path::new(""), &mut errs, 0);
+        if let Some(scale) = &self.scale {
+            // The scale subresource reads the replicas as an integer.
+            let p = &scale.spec_replicas;
+            if let Some(v) = obj.pointer(&json_path_pointer(p)).filter(|v| !v.is_i64()) {
+                let shown = match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                errs.push(FieldError::invalid(
+                    &Path::new(p),
+                    0,
+                    format!(
+                        "{p} accessor error: {shown} is of the type {}, expected int64",
+                        go_type(v)
+                    ),
+                ));
+            }
+        }
+        errs
+    }
+
+    fn tracks_generation(&self) -> bool {
+        true
+    }
+
+    fn columns(&self) -> Vec<Column> {
+        std::iter::once(Column::NAME)
+            .chain(self.columns.iter().map(|(c, _)| *c))
+            .collect()
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let mut cells = vec![json!(name_of(obj))];
+        for (col, path) in &self.columns {
+            let v = obj.pointer(&json_path_pointer(
+                path.trim_start_matches('{').trim_end_matches('}'),
+            ));
+            cells.push(match (v, col.type_) {
+                (None | Some(Value::Null), _) => Value::Null,
+                (Some(Value::String(s)), "date") => json!(crate::time::age(Some(s))),
+                (Some(Value::String(s)), _) => json!(s),
+                (Some(v), "string") => json!(v.to_string()),
+                (Some(v), _) => v.clone(),
+            });
+        }
+        cells
+    }
+
+    fn scale(&self) -> Option<ScaleSpec> {
+        self.scale.clone()
+    }
+
+    fn key_root(&self) -> Option<&str> {
+        Some(&self.key_root)
+    }
+
+    fn list_items_keep_type(&self) -> bool {
+        true
+    }
+
+    fn openapi_definitions(&self) -> Option<[(String, Value); 2]> {
+        // Named as upstream: the group reversed, then version and kind
+        // (`com.example.stable.v1.CronTab`).
+        let [group, version, kind, list_kind] = &self.gvk;
+        let reversed: Vec<&str> = group.split('.').rev().collect();
+        let name = |k: &str| format!("{}.{version}.{k}", reversed.join("."));
+        let meta_ref = |m: &str| json!({"allOf": [{"$ref": format!("#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.{m}")}]});
+        let gvk = |k: &str| json!([{"group": group, "kind": k, "version": version}]);
+        let mut obj = self.schema.clone();
+        if let Some(o) = obj.as_object_mut() {
+            let props = o.entry("properties").or_insert_with(|| json!({}));
+            if let Some(p) = props.as_object_mut() {
+                p.insert("apiVersion".into(), json!({"type": "string"}));
+                p.insert("kind".into(), json!({"type": "string"}));
+                p.insert("metadata".into(), meta_ref("ObjectMeta"));
+            }
+            o.insert("x-kubernetes-group-version-kind".into(), gvk(kind));
+        }
+        let list = json!({
+            "type": "object",
+            "required": ["items"],
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "items": {"type": "array", "items": {"$ref": format!("#/components/schemas/{}", name(kind))}},
+                "kind": {"type": "string"},
+                "metadata": meta_ref("ListMeta"),
+            },
+            "x-kubernetes-group-version-kind": gvk(list_kind),
+        });
+        Some([(name(kind), obj), (name(list_kind), list)])
+    }
+
+    fn verbs(&self) -> Option<&'static [&'static str]> {
+        Some(&[
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "create",
+            "update",
+            "watch",
+        ])
+    }
+
+    fn unknown_fields(&self, obj: &Value) -> Vec<String> {
+        let mut body = obj.clone();
+        if let Some(o) = body.as_object_mut() {
+            for k in ["apiVersion", "kind", "metadata"] {
+                o.remove(k);
+            }
+        }
+        let mut out = Vec::new();
+        unknown(&self.schema, &body, "", &mut out, 0);
+        out
+    }
+}
+
+/// Collects the paths of the fields `schema` does not declare, as pruning would drop them.
+fn unknown(schema: &Value, v: &Value, path: &str, out: &mut Vec<String>, depth: usize) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    match v {
+        Value::Object(m) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            if props.is_none()
+                && additional.is_none()
+                && schema.get("type") != Some(&json!("object"))
+            {
+                return;
+            }
+            for (k, x) in m {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match props.and_then(|ps| ps.get(k)).or(additional) {
+                    Some(s) => unknown(s, x, &p, out, depth + 1),
+                    None if !preserves_unknown(schema) => out.push(p),
+                    None => {}
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(s) = schema.get("items") {
+                for (i, x) in items.iter().enumerate() {
+                    unknown(s, x, &format!("{path}[{i}]"), out, depth + 1);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Deeper than this the walks stop (the body depth limit refuses such bodies anyway).
+const MAX_DEPTH: usize = 64;
+
+fn preserves_unknown(schema: &Value) -> bool {
+    schema.get("x-kubernetes-preserve-unknown-fields") == Some(&json!(true))
+}
+
+/// Removes the fields `schema` does not declare.
+fn prune(schema: &Value, v: &mut Value, depth: usize) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    match v {
+        Value::Object(m) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            if props.is_none()
+                && additional.is_none()
+                && schema.get("type") != Some(&json!("object"))
+            {
+                return;
+            }
+            if !preserves_unknown(schema) && additional.is_none() {
+                m.retain(|k, _| props.is_some_and(|p| p.contains_key(k)));
+            }
+            for (k, x) in m.iter_mut() {
+                if let Some(s) = props.and_then(|p| p.get(k)).or(additional) {
+                    prune(s, x, depth + 1);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(s) = schema.get("items") {
+                for x in items {
+                    prune(s, x, depth + 1);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Sets the `default`s of absent fields.
+fn default(schema: &Value, v: &mut Value, depth: usize) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    match v {
+        Value::Object(m) => {
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (k, s) in props {
+                    if let Some(d) = s.get("default") {
+                        if !m.contains_key(k) {
+                            m.insert(k.clone(), d.clone());
+                        }
+                    }
+                }
+                for (k, x) in m.iter_mut() {
+                    if let Some(s) = props.get(k) {
+                        default(s, x, depth + 1);
+                    }
+                }
+            }
+            if let Some(s) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                for x in m.values_mut() {
+                    default(s, x, depth + 1);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(s) = schema.get("items") {
+                for x in items {
+                    default(s, x, depth + 1);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The Go type a JSON value decodes to, for the scale accessor's message.
+fn go_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "<nil>",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "float64",
+        Value::String(_) => "string",
+        Value::Array(_) => "[]interface {}",
+        Value::Object(_) => "map[string]interface {}",
+    }
+}
+
+/// The OpenAPI type name of a JSON value.
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// The path of the object itself (`Path::new("")`).
+fn is_root(path: &Path) -> bool {
+    path == &Path::new("")
+}
+
+/// The field name in messages: `spec.replicas`, or `body` at the root.
+fn shown(path: &Path) -> &str {
+    if is_root(path) {
+        "body"
+    } else {
+        path.as_str()
+    }
+}
+
+/// Checks `v` against `schema`, with upstream's messages (`<field> in body ...`).
+fn validate(schema: &Value, v: &Value, path: &Path, errs: &mut Vec<FieldError>, depth: usize) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    let field = shown(path).to_owned();
+    if v.is_null() {
+        if schema.get("nullable") != Some(&json!(true)) && schema.get("type").is_some() {
+            let t = schema.get("type").and_then(Value::as_str).unwrap_or("");
+            errs.push(FieldError::invalid(
+                path,
+                "null",
+                format!("{field} in body must be of type {t}: \"null\""),
+            ));
+        }
+        return;
+    }
+    if let Some(t) = schema.get("type").and_then(Value::as_str) {
+        let actual = type_name(v);
+        let fits = actual == t || (t == "number" && actual == "integer");
+        if !fits {
+            errs.push(FieldError::invalid(
+                path,
+                actual,
+                format!("{field} in body must be of type {t}: \"{actual}\""),
+            ));
+            return;
+        }
+    }
+    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+        if !options.contains(v) {
+            let shown: Vec<String> = options
+                .iter()
+                .map(|o| match o {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect();
+            errs.push(FieldError::not_supported(path, v.clone(), &shown));
+        }
+    }
+    match v {
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(0.0);
+            let num = |f: f64| {
+                if f.fract() == 0.0 && f.abs() < 1e15 {
+                    format!("{}", f as i64)
+                } else {
+                    format!("{f}")
+                }
+            };
+            if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
+                let exclusive = schema.get("exclusiveMaximum") == Some(&json!(true));
+                if x > max || (exclusive && x == max) {
+                    let rel = if exclusive {
+                        "less than"
+                    } else {
+                        "less than or equal to"
+                    };
+                    errs.push(FieldError::invalid(
+                        path,
+                        v.clone(),
+                        format!("{field} in body should be {rel} {}", num(max)),
+                    ));
+                }
+            }
+            if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
+                let exclusive = schema.get("exclusiveMinimum") == Some(&json!(true));
+                if x < min || (exclusive && x == min) {
+                    let rel = if exclusive {
+                        "greater than"
+                    } else {
+                        "greater than or equal to"
+                    };
+                    errs.push(FieldError::invalid(
+                        path,
+                        v.clone(),
+                        format!("{field} in body should be {rel} {}", num(min)),
+                    ));
+                }
+            }
+        }
+        Value::String(s) => {
+            let len = s.chars().count() as u64;
+            if let Some(max) = schema.get("maxLength").and_then(Value::as_u64) {
+                if len > max {
+                    errs.push(FieldError::too_long(path, max as i64));
+                }
+            }
+            if let Some(min) = schema.get("minLength").and_then(Value::as_u64) {
+                if len < min {
+                    errs.push(FieldError::invalid(
+                        path,
+                        s.as_str(),
+                        format!("{field} in body should be at least {min} chars long"),
+                    ));
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(max) = schema.get("maxItems").and_then(Value::as_u64) {
+                if items.len() as u64 > max {
+                    errs.push(FieldError::too_many(path, items.len() as i64, max as i64));
+                }
+            }
+            if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
+                if (items.len() as u64) < min {
+                    errs.push(FieldError::invalid(
+                        path,
+                        v.clone(),
+                        format!("{field} in body should have at least {min} items"),
+                    ));
+                }
+            }
+            if let Some(s) = schema.get("items") {
+                for (i, x) in items.iter().enumerate() {
+                    validate(s, x, &path.index(i), errs, depth + 1);
+                }
+            }
+        }
+        Value::Object(m) => validate_object(schema, m, path, errs, depth),
+        _ => {}
+    }
+}
+
+fn validate_object(
+    schema: &Value,
+    m: &Map<String, Value>,
+    path: &Path,
+    errs: &mut Vec<FieldError>,
+    depth: usize,
+) {
+    let child = |k: &str| {
+        if is_root(path) {
+            Path::new(k)
+        } else {
+            path.child(k)
+        }
+    };
+    for r in schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        if !m.contains_key(r) {
+            errs.push(FieldError::required(&child(r), ""));
+        }
+    }
+    let props = schema.get("properties").and_then(Value::as_object);
+    let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+    for (k, x) in m {
+        if let Some(s) = props.and_then(|p| p.get(k)).or(additional) {
+            validate(s, x, &child(k), errs, depth + 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn crontab() -> CustomResource {
+        CustomResource::new(
+            "stable.example.com",
+            "crontabs",
+            "CronTab",
+            "CronTabList",
+            &json!({"name": "v1", "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+            "spec": {"type": "object", "required": ["cronSpec"], "properties": {
+                "cronSpec": {"type": "string"},
+                "image": {"type": "string", "default": "busybox"},
+                "replicas": {"type": "integer", "minimum": 1, "maximum": 10},
+                "mode": {"type": "string", "enum": ["a", "b"]},
+                "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            }}}}}}),
+        )
+    }
+
+    #[test]
+    fn validates_prunes_and_defaults() {
+        let s = crontab();
+        let mut obj = json!({"apiVersion": "stable.example.com/v1", "kind": "CronTab",
+            "metadata": {"name": "x"}, "junk": 1,
+            "spec": {"replicas": 20, "mode": "c", "other": true, "extra": {"kept": 1}}});
+        s.prepare_create(&mut obj);
+        assert!(obj.get("junk").is_none());
+        assert!(obj.pointer("/spec/other").is_none());
+        assert_eq!(obj.pointer("/spec/extra/kept"), Some(&json!(1)));
+        assert_eq!(obj.pointer("/spec/image"), Some(&json!("busybox")));
+        let errs: Vec<String> = s.validate(&obj).iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            errs,
+            [
+                "spec.cronSpec: Required value",
+                "spec.mode: Unsupported value: \"c\": supported values: \"a\", \"b\"",
+                "spec.replicas: Invalid value: 20: spec.replicas in body should be less than or equal to 10",
+            ]
+        );
+        let bad = json!({"spec": {"cronSpec": 5}});
+        let errs: Vec<String> = s.validate(&bad).iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            errs,
+            ["spec.cronSpec: Invalid value: \"integer\": spec.cronSpec in body must be of type string: \"integer\""]
+        );
+    }
+}
