@@ -593,6 +593,19 @@ fn table(
     })
 }
 
+/// A list's metadata: its revision, continue token (`next_start`: where the next page
+/// starts, after the prefix) and remaining item count.
+fn list_meta(at: Revision, next_start: Option<&str>, remaining: Option<usize>) -> Value {
+    let mut meta = json!({"resourceVersion": at.to_string()});
+    if let Some(s) = next_start {
+        meta["continue"] = json!(encode_continue(at, s));
+    }
+    if let Some(r) = remaining {
+        meta["remainingItemCount"] = json!(r);
+    }
+    meta
+}
+
 /// The answer to a list: the items in the representation asked for, with the list's
 /// revision, continue token (`next_start`: where the next page starts, after the prefix)
 /// and remaining item count.
@@ -604,13 +617,7 @@ fn list_reply(
     next_start: Option<String>,
     remaining: Option<usize>,
 ) -> Reply {
-    let mut list_meta = json!({"resourceVersion": at.to_string()});
-    if let Some(s) = &next_start {
-        list_meta["continue"] = json!(encode_continue(at, s));
-    }
-    if let Some(r) = remaining {
-        list_meta["remainingItemCount"] = json!(r);
-    }
+    let list_meta = list_meta(at, next_start.as_deref(), remaining);
     let body = match req.accept.output {
         Output::Table => table(
             res,
@@ -647,13 +654,7 @@ fn spliced_list(
     next_start: Option<String>,
     remaining: Option<usize>,
 ) -> Reply {
-    let mut list_meta = json!({"resourceVersion": at.to_string()});
-    if let Some(s) = &next_start {
-        list_meta["continue"] = json!(encode_continue(at, s));
-    }
-    if let Some(r) = remaining {
-        list_meta["remainingItemCount"] = json!(r);
-    }
+    let list_meta = list_meta(at, next_start.as_deref(), remaining);
     let head = format!(
         "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{list_meta},\"items\":[",
         json!(format!("{}List", res.kind)),
