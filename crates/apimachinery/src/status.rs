@@ -260,7 +260,10 @@ impl ApiError {
         status.insert("metadata".into(), json!({}));
         status.insert("status".into(), json!("Failure"));
         status.insert("message".into(), json!(self.message));
-        status.insert("reason".into(), json!(self.reason));
+        // An empty reason is left out, as Go's omitempty does.
+        if !self.reason.is_empty() {
+            status.insert("reason".into(), json!(self.reason));
+        }
         if let Some(d) = &self.details {
             let mut details = Map::new();
             if !d.name.is_empty() {

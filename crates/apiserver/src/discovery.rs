@@ -96,10 +96,7 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
         }
         resources.push(doc);
         for sub in r.subresources {
-            let verbs: &[&str] = match *sub {
-                "finalize" => &["update"],
-                _ => &["get", "patch", "update"],
-            };
+            let verbs = subresource_verbs(sub);
             let mut doc = json!({
                 "name": format!("{}/{}", r.plural, sub),
                 "singularName": "",
@@ -107,6 +104,9 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
                 "kind": r.kind,
                 "verbs": verbs,
             });
+            if *sub == "binding" {
+                doc["kind"] = json!("Binding");
+            }
             if *sub == "scale" {
                 // A scale subresource serves autoscaling/v1 Scale objects.
                 doc["group"] = json!("autoscaling");
@@ -140,6 +140,7 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
 fn subresource_verbs(sub: &str) -> &'static [&'static str] {
     match sub {
         "finalize" => &["update"],
+        "binding" => &["create"],
         _ => &["get", "patch", "update"],
     }
 }
@@ -177,6 +178,8 @@ fn aggregated_resources(registry: &Registry, group: &str, version: &str) -> Vec<
                             "subresource": s,
                             "responseKind": if *s == "scale" {
                                 json!({"group": "autoscaling", "version": "v1", "kind": "Scale"})
+                            } else if *s == "binding" {
+                                kind("Binding")
                             } else {
                                 kind(r.kind)
                             },

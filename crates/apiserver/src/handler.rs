@@ -425,6 +425,22 @@ async fn route(
     };
     let r = &state.rest;
     let gr = res.group_resource();
+    // Subresources that only take a POST (pods/binding).
+    if let (Some(s), Some(n)) = (sub, name) {
+        if res.strategy.post_subresources().contains(&s) {
+            return match *method {
+                Method::POST => r.post_subresource(&res, ns, n, s, &req).await,
+                // kube-apiserver has no route for the other methods: its router's 405.
+                _ => Err(ApiError {
+                    code: 405,
+                    reason: "MethodNotAllowed",
+                    message: "the server does not allow this method on the requested resource"
+                        .into(),
+                    details: Some(Box::default()),
+                }),
+            };
+        }
+    }
     match (method, name) {
         (&Method::GET, None) => {
             if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {

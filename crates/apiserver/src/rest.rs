@@ -1733,6 +1733,39 @@ impl Rest {
         Err(ApiError::stale_update(&res.group_resource(), name))
     }
 
+    /// POST to a subresource that changes the object (pods/binding): the strategy turns
+    /// the body and the current object into the object to write, which is written with a
+    /// compare-and-swap (retried on conflict). Answers a success Status with code 201.
+    pub async fn post_subresource(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        sub: &str,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let body = crate::negotiate::decode_body(req.content_type, req.body)?;
+        let dry_run = req.dry_run()?;
+        let key = res.key(ns, name);
+        loop {
+            let (current, rev) = self.get_current(res, ns, name).await?;
+            let new = res.strategy.post_subresource(sub, name, &body, &current)?;
+            if dry_run {
+                break;
+            }
+            let bytes = encode_stored(res, &new)?;
+            match self.store.update(key.as_bytes(), bytes, Some(rev)).await {
+                Ok(_) => break,
+                Err(StorageError::Conflict { .. }) => continue,
+                Err(e) => return Err(storage_error(res, name, e)),
+            }
+        }
+        Ok(Reply::Json(
+            201,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+        ))
+    }
+
     /// DELETE of a collection: every object the selectors match.
     pub async fn delete_collection(
         &self,

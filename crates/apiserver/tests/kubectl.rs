@@ -1085,3 +1085,102 @@ async fn finalizers_hold_deletion() {
         out.stderr
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_bind_to_nodes() {
+    let (_server, dir) = start().await;
+    let kc = dir.path().join("admin.conf");
+    for args in [
+        vec!["create", "serviceaccount", "default"],
+        vec!["run", "p", "--image=nginx:1.29"],
+        vec!["run", "q", "--image=nginx:1.29"],
+    ] {
+        let out = k(&kc, &args).await;
+        assert!(out.ok, "{}", out.stderr);
+    }
+    let post = |pod: &str, body: &str| {
+        let file = dir.path().join(format!("binding-{pod}.json"));
+        std::fs::write(&file, body).unwrap();
+        let path = format!("/api/v1/namespaces/default/pods/{pod}/binding");
+        let kc = kc.clone();
+        async move {
+            k(
+                &kc,
+                &["create", "--raw", &path, "-f", file.to_str().unwrap()],
+            )
+            .await
+        }
+    };
+    let binding = r#"{"apiVersion":"v1","kind":"Binding","metadata":{"name":"p","annotations":{"scheduled-by":"test"}},"target":{"kind":"Node","name":"n1"}}"#;
+    // The answers, as kube-apiserver v1.37.2 gave them for the same requests.
+    let out = post("p", binding).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(
+        out.stdout.trim(),
+        r#"{"apiVersion":"v1","code":201,"kind":"Status","metadata":{},"status":"Success"}"#
+    );
+    let pod = out_json(&k(&kc, &["get", "pod", "p", "-o", "json"]).await);
+    assert_eq!(pod["spec"]["nodeName"], "n1");
+    assert_eq!(pod["metadata"]["annotations"]["scheduled-by"], "test");
+    let cond = &pod["status"]["conditions"][0];
+    assert_eq!(cond["type"], "PodScheduled");
+    assert_eq!(cond["status"], "True");
+    assert!(cond["lastTransitionTime"].is_string());
+    let out = post("p", binding).await;
+    assert!(
+        out.stderr.contains(
+            r#"Error from server (Conflict): Operation cannot be fulfilled on pods/binding "p": pod p is already assigned to node "n1""#
+        ),
+        "{}",
+        out.stderr
+    );
+    let out = post("q", binding).await;
+    assert!(
+        out.stderr.contains(
+            "Error from server (BadRequest): name in URL does not match name in Binding object"
+        ),
+        "{}",
+        out.stderr
+    );
+    let out = post(
+        "q",
+        r#"{"apiVersion":"v1","kind":"Binding","metadata":{"name":"q"},"target":{"kind":"Pod"}}"#,
+    )
+    .await;
+    assert!(
+        out.stderr.contains(
+            r#"Error from server: [target.kind: Unsupported value: "Pod": supported values: "Node", "<empty>", target.name: Required value]"#
+        ),
+        "{}",
+        out.stderr
+    );
+    // Only POST: a PUT is refused as upstream refuses it.
+    let file = dir.path().join("binding-p.json");
+    let out = k(
+        &kc,
+        &[
+            "replace",
+            "--raw",
+            "/api/v1/namespaces/default/pods/p/binding",
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(
+        out.stderr
+            .contains("the server does not allow this method on the requested resource"),
+        "{}",
+        out.stderr
+    );
+    // Discovery lists pods/binding as a create-only Binding subresource.
+    let list = out_json(&k(&kc, &["get", "--raw", "/api/v1"]).await);
+    let b = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "pods/binding")
+        .unwrap();
+    assert_eq!(b["kind"], "Binding");
+    assert_eq!(b["verbs"], serde_json::json!(["create"]));
+}

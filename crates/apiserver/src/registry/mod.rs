@@ -102,6 +102,25 @@ pub trait Strategy: Send + Sync {
     fn prepare_subresource_update(&self, _subresource: &str, new: &mut Value, old: &Value) {
         self.prepare_update(new, old)
     }
+    /// Subresources served by POST only, each changing the object (pods/binding).
+    fn post_subresources(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// A POST of `body` to subresource `sub` of the object `current` named `name`: the
+    /// object as it is to be written, or the error to answer. The strategy validates the
+    /// body itself; the result is written as it is (no update hooks, no managed fields, as
+    /// upstream's binding storage writes the pod directly).
+    fn post_subresource(
+        &self,
+        sub: &str,
+        _name: &str,
+        _body: &Value,
+        _current: &Value,
+    ) -> Result<Value, kumo_apimachinery::status::ApiError> {
+        Err(kumo_apimachinery::status::ApiError::bad_request(format!(
+            "subresource {sub} takes no POST"
+        )))
+    }
     /// Whether something still holds up the deletion of an object marked for deletion:
     /// its `metadata.finalizers` by default (namespaces also wait for `spec.finalizers`).
     /// An update that leaves a deleted object with nothing pending deletes it.

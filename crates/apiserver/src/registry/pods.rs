@@ -22,7 +22,7 @@ pub(super) fn resources() -> Vec<Resource> {
             namespaced: true,
             short_names: &["po"],
             categories: &["all"],
-            subresources: &["status"],
+            subresources: &["binding", "status"],
             strategy: Box::new(Pods),
         },
         Resource {
@@ -443,6 +443,27 @@ fn admit_defaults(spec: &mut Value) {
 }
 
 impl Strategy for Pods {
+    fn post_subresources(&self) -> &'static [&'static str] {
+        &["binding"]
+    }
+
+    /// pods/binding, as upstream's binding storage does it: the scheduler's way to put a
+    /// pod on a node.
+    fn post_subresource(
+        &self,
+        sub: &str,
+        name: &str,
+        body: &Value,
+        current: &Value,
+    ) -> Result<Value, ApiError> {
+        if sub != "binding" {
+            return Err(ApiError::bad_request(format!(
+                "subresource {sub} takes no POST"
+            )));
+        }
+        bind(name, body, current)
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         if let Some(o) = obj.as_object_mut() {
             if !o.get("spec").is_some_and(Value::is_object) {
@@ -1089,6 +1110,122 @@ pub(crate) fn validate_pod_spec(spec: &Value, spec_path: &Path) -> Vec<FieldErro
 struct ServiceAccounts;
 
 impl Strategy for ServiceAccounts {}
+
+/// The pod `current` bound to the node a Binding names (spec.nodeName, the Binding's
+/// annotations, and the PodScheduled condition), or upstream's error.
+fn bind(name: &str, binding: &Value, current: &Value) -> Result<Value, ApiError> {
+    let gr = GroupResource::new("", "pods/binding");
+    if str_at(binding, "/metadata/name") != name {
+        return Err(ApiError::bad_request(
+            "name in URL does not match name in Binding object",
+        ));
+    }
+    let target = Path::new("target");
+    let mut errs = Vec::new();
+    let kind = str_at(binding, "/target/kind");
+    if !kind.is_empty() && kind != "Node" {
+        errs.push(FieldError::not_supported(
+            &target.child("kind"),
+            kind,
+            &["Node", "<empty>"],
+        ));
+    }
+    let node = str_at(binding, "/target/name");
+    if node.is_empty() {
+        errs.push(FieldError::required(&target.child("name"), ""));
+    }
+    if !errs.is_empty() {
+        // Upstream answers these as a bare internal error carrying the aggregate.
+        let list: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        return Err(ApiError {
+            code: 500,
+            reason: "",
+            message: format!("[{}]", list.join(", ")),
+            details: None,
+        });
+    }
+    if current.pointer("/metadata/deletionTimestamp").is_some() {
+        return Err(ApiError::conflict(
+            &gr,
+            name,
+            &format!("pod {name} is being deleted, cannot be assigned to a host"),
+        ));
+    }
+    let assigned = str_at(current, "/spec/nodeName");
+    if !assigned.is_empty() {
+        return Err(ApiError::conflict(
+            &gr,
+            name,
+            &format!("pod {name} is already assigned to node {assigned:?}"),
+        ));
+    }
+    if current
+        .pointer("/spec/schedulingGates")
+        .and_then(Value::as_array)
+        .is_some_and(|g| !g.is_empty())
+    {
+        return Err(ApiError::conflict(
+            &gr,
+            name,
+            &format!("pod {name} has non-empty .spec.schedulingGates"),
+        ));
+    }
+    let mut pod = current.clone();
+    if let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.insert("nodeName".into(), json!(node));
+    }
+    if let Some(annotations) = binding
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+    {
+        if let Some(meta) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
+            let target = meta.entry("annotations").or_insert_with(|| json!({}));
+            if let Some(t) = target.as_object_mut() {
+                for (k, v) in annotations {
+                    t.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    set_pod_scheduled(&mut pod);
+    Ok(pod)
+}
+
+/// Sets the PodScheduled condition to True (its transition time moves only if it changed).
+fn set_pod_scheduled(pod: &mut Value) {
+    let Some(obj) = pod.as_object_mut() else {
+        return;
+    };
+    let status = obj.entry("status").or_insert_with(|| json!({}));
+    let Some(status) = status.as_object_mut() else {
+        return;
+    };
+    let conditions = status.entry("conditions").or_insert_with(|| json!([]));
+    let Some(conditions) = conditions.as_array_mut() else {
+        return;
+    };
+    let now = crate::time::now_rfc3339();
+    match conditions
+        .iter_mut()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled"))
+    {
+        Some(c) if c.get("status").and_then(Value::as_str) == Some("True") => {}
+        Some(c) => {
+            c["status"] = json!("True");
+            c["lastTransitionTime"] = json!(now);
+            if let Some(o) = c.as_object_mut() {
+                o.remove("reason");
+                o.remove("message");
+            }
+        }
+        None => conditions.push(json!({
+            "type": "PodScheduled",
+            "status": "True",
+            "lastProbeTime": null,
+            "lastTransitionTime": now,
+        })),
+    }
+}
 
 #[cfg(test)]
 mod tests {
