@@ -314,21 +314,7 @@ fn render_scale(req: &Request<'_>, scale: Value) -> Value {
 
 /// Checks the kind of a Scale sent to a `scale` subresource.
 fn check_scale_type(obj: &mut Value) -> Result<(), ApiError> {
-    let Some(o) = obj.as_object_mut() else {
-        return Err(ApiError::bad_request(
-            "the object provided is unrecognized (must be of type object)",
-        ));
-    };
-    let kind = o
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    let api_version = o
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
+    let (o, kind, api_version) = body_type(obj)?;
     if (!kind.is_empty() && kind != "Scale")
         || (!api_version.is_empty() && api_version != "autoscaling/v1")
     {
@@ -345,6 +331,18 @@ fn check_scale_type(obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A request body's object with the kind and apiVersion it declares ("" when absent).
+fn body_type(obj: &mut Value) -> Result<(&mut Map<String, Value>, String, String), ApiError> {
+    let Some(o) = obj.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "the object provided is unrecognized (must be of type object)",
+        ));
+    };
+    let field = |k: &str| o.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    let (kind, api_version) = (field("kind"), field("apiVersion"));
+    Ok((o, kind, api_version))
+}
+
 /// Characters of generated name suffixes (no vowels, no look-alikes), as upstream.
 const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
@@ -358,21 +356,7 @@ fn random_suffix() -> String {
 
 /// Checks apiVersion and kind of a request body against the endpoint's.
 fn check_type(res: &Resource, obj: &mut Value) -> Result<(), ApiError> {
-    let Some(o) = obj.as_object_mut() else {
-        return Err(ApiError::bad_request(
-            "the object provided is unrecognized (must be of type object)",
-        ));
-    };
-    let kind = o
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    let api_version = o
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
+    let (o, kind, api_version) = body_type(obj)?;
     if kind.is_empty() {
         o.insert("kind".into(), json!(res.kind));
     } else if kind != res.kind {
