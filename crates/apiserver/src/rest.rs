@@ -393,6 +393,35 @@ fn check_type(res: &Resource, obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A body sent to an object's URL names that object: its name and namespace, when
+/// given, must be the URL's (and are filled in from it when not).
+fn match_url(
+    res: &Resource,
+    ns: Option<&str>,
+    name: &str,
+    obj: &mut Value,
+) -> Result<(), ApiError> {
+    match meta_str(obj, "name") {
+        Some(n) if !n.is_empty() && n != name => {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )))
+        }
+        _ => set_meta(obj, "name", json!(name)),
+    }
+    if res.namespaced {
+        match meta_str(obj, "namespace") {
+            Some(n) if !n.is_empty() && Some(n) != ns => {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ))
+            }
+            _ => set_meta(obj, "namespace", json!(ns.unwrap_or(""))),
+        }
+    }
+    Ok(())
+}
+
 /// Validation every resource shares: name, namespace, labels, annotations.
 fn validate_meta(res: &Resource, obj: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
@@ -1245,25 +1274,7 @@ impl Rest {
             crate::openapi::prune(res, &mut obj);
         }
         let dry_run = req.dry_run()?;
-        match meta_str(&obj, "name") {
-            Some(n) if n == name => {}
-            Some(n) if !n.is_empty() => {
-                return Err(ApiError::bad_request(format!(
-                    "the name of the object ({n}) does not match the name on the URL ({name})"
-                )))
-            }
-            _ => set_meta(&mut obj, "name", json!(name)),
-        }
-        if res.namespaced {
-            match meta_str(&obj, "namespace") {
-                Some(body_ns) if !body_ns.is_empty() && Some(body_ns) != ns => {
-                    return Err(ApiError::bad_request(
-                        "the namespace of the provided object does not match the namespace sent on the request",
-                    ))
-                }
-                _ => set_meta(&mut obj, "namespace", json!(ns.unwrap_or(""))),
-            }
-        }
+        match_url(res, ns, name, &mut obj)?;
         let body_rv = match meta_str(&obj, "resourceVersion") {
             Some(r) if !r.is_empty() => Some(parse_rv(r)?),
             _ => None,
@@ -1388,24 +1399,7 @@ impl Rest {
         let manager = manager(req.query, Options::Patch)?;
         let force = matches!(req.param("force"), Some("true" | "1"));
         let mut config = decode_apply(res, req.body)?;
-        match meta_str(&config, "name") {
-            Some(n) if !n.is_empty() && n != name => {
-                return Err(ApiError::bad_request(format!(
-                    "the name of the object ({n}) does not match the name on the URL ({name})"
-                )))
-            }
-            _ => set_meta(&mut config, "name", json!(name)),
-        }
-        if res.namespaced {
-            match meta_str(&config, "namespace") {
-                Some(n) if !n.is_empty() && Some(n) != ns => {
-                    return Err(ApiError::bad_request(
-                        "the namespace of the provided object does not match the namespace sent on the request",
-                    ))
-                }
-                _ => set_meta(&mut config, "namespace", json!(ns.unwrap_or(""))),
-            }
-        }
+        match_url(res, ns, name, &mut config)?;
         crate::openapi::prune(res, &mut config);
         if subresource.is_none() {
             if let Err(e) = self.get_current(res, ns, name).await {
