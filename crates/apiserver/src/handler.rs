@@ -11,6 +11,7 @@ use hyper::body::{Frame, Incoming};
 use kumo_apimachinery::status::ApiError;
 use serde_json::Value;
 
+use crate::auth::{Attributes, Decision, RequestInfo, TokenResult, UserInfo};
 use crate::negotiate::{self, Accept, MAX_BODY_BYTES};
 use crate::registry::Registry;
 use crate::rest::{self, Reply, Rest};
@@ -33,6 +34,10 @@ pub struct State {
     pub openapi: crate::openapi::Documents,
     /// What `/metrics` reports.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Authentication and authorization.
+    pub auth: crate::auth::Auth,
+    /// The key service-account tokens are signed with, published for OIDC discovery.
+    pub service_account_key: Option<Arc<crate::auth::serviceaccount::SigningKey>>,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -111,8 +116,176 @@ fn parse_query(q: Option<&str>) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Handles one request, counted in `/metrics` as upstream counts it.
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+/// Handles one request from a connection whose client certificate (verified by TLS)
+/// named `peer`: authentication, authorization, then the answer, counted in `/metrics` as
+/// upstream counts it.
+pub async fn handle(
+    state: Arc<State>,
+    peer: Option<Arc<UserInfo>>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let query = parse_query(req.uri().query());
+    let user = match authenticate(&state, peer.as_deref(), &req).await {
+        Ok(u) => u,
+        Err(e) => return error_response(&e),
+    };
+    crate::audit::authenticated(&user);
+    let info = RequestInfo::parse(req.method().as_str(), req.uri().path(), &query);
+    let user = match impersonate(&state, user, req.headers()) {
+        Ok(u) => u,
+        Err(e) => return error_response(&e),
+    };
+    let attrs = Attributes::new(user, &info);
+    match crate::audit::authorized(&attrs, state.auth.authorize(&attrs)) {
+        Decision::Allow(_) => {}
+        Decision::Deny(reason) | Decision::NoOpinion(reason) => {
+            tracing::debug!(user = %attrs.user.name, verb = %attrs.verb, resource = %attrs.resource, path = %attrs.path, "forbidden");
+            return error_response(&crate::auth::forbidden(&attrs, &reason));
+        }
+    }
+    crate::auth::USER
+        .scope(attrs.user, handle_authorized(state, req))
+        .await
+}
+
+/// The user of a request: its client certificate's, its bearer token's, or anonymous
+/// where anonymous requests are allowed; else 401.
+async fn authenticate(
+    state: &State,
+    peer: Option<&UserInfo>,
+    req: &Request<Incoming>,
+) -> Result<UserInfo, ApiError> {
+    if let Some(u) = peer {
+        return Ok(u.clone());
+    }
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| token.trim().to_owned())
+        })
+        .filter(|t| !t.is_empty());
+    if let Some(token) = bearer {
+        return match state.auth.authenticate_token(&token, &[]).await {
+            TokenResult::User(u, _) => Ok(u),
+            TokenResult::Invalid(why) => {
+                tracing::debug!(reason = %why, "invalid bearer token");
+                Err(crate::auth::unauthorized())
+            }
+            TokenResult::NotMine => Err(crate::auth::unauthorized()),
+        };
+    }
+    if crate::auth::anonymous_allowed(req.uri().path()) {
+        return Ok(UserInfo::anonymous());
+    }
+    Err(crate::auth::unauthorized())
+}
+
+/// Acting as another user (`kubectl --as`, `--as-group`): the requester must be allowed
+/// to `impersonate` each user, group, uid and extra it names, as upstream checks them.
+fn impersonate(
+    state: &State,
+    user: UserInfo,
+    headers: &http::HeaderMap,
+) -> Result<UserInfo, ApiError> {
+    let values = |name: &str| -> Vec<String> {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .collect()
+    };
+    let as_user = values("impersonate-user").into_iter().next();
+    let as_groups = values("impersonate-group");
+    let as_uid = values("impersonate-uid").into_iter().next();
+    let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (k, v) in headers {
+        if let Some(key) = k.as_str().strip_prefix("impersonate-extra-") {
+            if let Ok(v) = v.to_str() {
+                extra.entry(unescape(key)).or_default().push(v.to_owned());
+            }
+        }
+    }
+    let Some(as_user) = as_user else {
+        if as_groups.is_empty() && as_uid.is_none() && extra.is_empty() {
+            return Ok(user);
+        }
+        return Err(ApiError::internal(
+            "requested impersonation of groups, uid or extras without a user",
+        ));
+    };
+    let check = |resource: &str, group: &str, namespace: &str, name: &str| {
+        let attrs = Attributes {
+            user: user.clone(),
+            verb: "impersonate".into(),
+            resource_request: true,
+            api_group: group.into(),
+            resource: resource.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            ..Default::default()
+        };
+        match state.auth.authorize(&attrs) {
+            Decision::Allow(_) => Ok(()),
+            Decision::Deny(r) | Decision::NoOpinion(r) => Err(crate::auth::forbidden(&attrs, &r)),
+        }
+    };
+    let mut target = UserInfo {
+        name: as_user.clone(),
+        uid: as_uid.clone().unwrap_or_default(),
+        groups: Vec::new(),
+        extra: extra.clone(),
+    };
+    match target
+        .service_account()
+        .map(|(n, s)| (n.to_owned(), s.to_owned()))
+    {
+        Some((ns, sa)) => {
+            check("serviceaccounts", "", &ns, &sa)?;
+            if as_groups.is_empty() {
+                target.groups = vec![
+                    crate::auth::names::SERVICE_ACCOUNTS.to_owned(),
+                    format!("{}:{ns}", crate::auth::names::SERVICE_ACCOUNTS),
+                ];
+            }
+        }
+        None => check("users", "", "", &as_user)?,
+    }
+    for g in &as_groups {
+        check("groups", "", "", g)?;
+        target.groups.push(g.clone());
+    }
+    if let Some(uid) = &as_uid {
+        check("uids", "authentication.k8s.io", "", uid)?;
+    }
+    for (k, vs) in &extra {
+        for v in vs {
+            check(&format!("userextras/{k}"), "authentication.k8s.io", "", v)?;
+        }
+    }
+    if target.name != crate::auth::names::ANONYMOUS
+        && !target.in_group(crate::auth::names::ALL_AUTHENTICATED)
+    {
+        target
+            .groups
+            .push(crate::auth::names::ALL_AUTHENTICATED.to_owned());
+    } else if target.name == crate::auth::names::ANONYMOUS
+        && !target.in_group(crate::auth::names::ALL_UNAUTHENTICATED)
+    {
+        target
+            .groups
+            .push(crate::auth::names::ALL_UNAUTHENTICATED.to_owned());
+    }
+    Ok(target)
+}
+
+/// Answers an authenticated and authorized request.
+async fn handle_authorized(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let started = std::time::Instant::now();
     if req.method() == Method::GET && req.uri().path() == "/metrics" {
         let text = state
@@ -209,6 +382,11 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             return resp.map(full);
         }
     }
+    if let (Some(key), &Method::GET) = (&state.service_account_key, &method) {
+        if let Some(resp) = oidc_discovery(key, &state.address, trimmed) {
+            return resp;
+        }
+    }
     if method == Method::GET
         && matches!(trimmed, "/api" | "/apis")
         && negotiate::wants_aggregated_discovery(accept_header.as_deref())
@@ -229,6 +407,7 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         Ok(b) => b,
         Err(e) => return error_response(&e),
     };
+    crate::audit::request_body(content_type.as_deref(), &body);
 
     let Some(accept) = negotiate::choose(accept_header.as_deref()) else {
         return error_response(&ApiError::not_acceptable(&[
@@ -348,6 +527,52 @@ fn health(state: &State, path: &str, query: &BTreeMap<String, String>) -> Respon
     }
 }
 
+/// Service-account issuer discovery (OpenID Connect): the issuer's configuration and its
+/// public keys, so that others can verify service-account tokens.
+fn oidc_discovery(
+    key: &crate::auth::serviceaccount::SigningKey,
+    address: &str,
+    path: &str,
+) -> Option<Response<Body>> {
+    let (doc, content_type) = match path {
+        "/.well-known/openid-configuration" => (
+            serde_json::json!({
+                "issuer": crate::auth::serviceaccount::ISSUER,
+                "jwks_uri": format!("https://{address}/openid/v1/jwks"),
+                "response_types_supported": ["id_token"],
+                "subject_types_supported": ["public"],
+                "id_token_signing_alg_values_supported": ["ES256"],
+            }),
+            "application/json",
+        ),
+        "/openid/v1/jwks" => (
+            serde_json::json!({"keys": [key.jwk()]}),
+            "application/jwk-set+json",
+        ),
+        _ => return None,
+    };
+    let mut resp = Response::new(full(doc.to_string()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("public, max-age=3600"),
+    );
+    Some(resp)
+}
+
+/// The 405 of kube-apiserver's router for a method a path has no route for.
+fn router_method_not_allowed() -> ApiError {
+    ApiError {
+        code: 405,
+        reason: "MethodNotAllowed",
+        message: "the server does not allow this method on the requested resource".into(),
+        details: Some(Box::default()),
+    }
+}
+
 /// Dispatches by path and method.
 #[allow(clippy::too_many_arguments)]
 async fn route(
@@ -425,19 +650,51 @@ async fn route(
     };
     let r = &state.rest;
     let gr = res.group_resource();
+    // Resources and subresources that are answered, not stored (reviews, TokenRequest).
+    let review = state
+        .auth
+        .reviews
+        .iter()
+        .find(|v| v.serves() == (res.group, res.plural, sub.unwrap_or("")));
+    if let Some(review) = review {
+        // kube-apiserver routes only POST to these: a named review has no route (404) and
+        // another method gets the router's 405.
+        if sub.is_none() && name.is_some() {
+            return Err(ApiError::path_not_found());
+        }
+        if *method != Method::POST {
+            return Err(router_method_not_allowed());
+        }
+        let dry_run = matches!(query.get("dryRun").map(String::as_str), Some("All"));
+        let mut decoded = negotiate::decode_body(content_type, body)?;
+        // A POSTed subresource (TokenRequest, Eviction) is a create of that subresource
+        // for admission (NodeRestriction checks both).
+        if let (Some(s), Some(n)) = (sub, name) {
+            r.admit_post(&res, ns, n, s, &mut decoded, dry_run).await?;
+        }
+        let user = crate::auth::current_user();
+        let (code, doc) = review
+            .create(crate::auth::ReviewContext {
+                namespace: ns,
+                name,
+                body: decoded,
+                query,
+                user: &user,
+                dry_run,
+                auth: &state.auth,
+                rest: r,
+                registry: &state.registry,
+            })
+            .await?;
+        return Ok(Reply::Json(code, doc));
+    }
     // Subresources that only take a POST (pods/binding).
     if let (Some(s), Some(n)) = (sub, name) {
         if res.strategy.post_subresources().contains(&s) {
             return match *method {
                 Method::POST => r.post_subresource(&res, ns, n, s, &req).await,
                 // kube-apiserver has no route for the other methods: its router's 405.
-                _ => Err(ApiError {
-                    code: 405,
-                    reason: "MethodNotAllowed",
-                    message: "the server does not allow this method on the requested resource"
-                        .into(),
-                    details: Some(Box::default()),
-                }),
+                _ => Err(router_method_not_allowed()),
             };
         }
     }

@@ -11,11 +11,15 @@
 //!
 //! Only this crate talks to storage (see ARCHITECTURE.md).
 
+pub mod admission;
+pub mod audit;
+pub mod auth;
 pub mod cache;
 pub mod discovery;
 pub mod fieldmanager;
 pub mod handler;
 pub mod metrics;
+pub mod mirror;
 pub mod negotiate;
 pub mod openapi;
 pub mod pki;

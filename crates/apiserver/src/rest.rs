@@ -46,6 +46,20 @@ pub struct Rest {
     pub store: Arc<dyn Store>,
     /// Lists and watches are served from here when they can be.
     pub caches: WatchCaches,
+    /// The admission plugins beyond the strategies' own (set once at start).
+    pub admission: std::sync::OnceLock<crate::admission::Chain>,
+}
+
+/// The options object of a write, as admission webhooks see it.
+fn write_options(kind: &str, req: &Request<'_>, dry_run: bool) -> Value {
+    let mut o = json!({"kind": kind, "apiVersion": "meta.k8s.io/v1"});
+    if let Some(m) = req.param("fieldManager") {
+        o["fieldManager"] = json!(m);
+    }
+    if dry_run {
+        o["dryRun"] = json!(["All"]);
+    }
+    o
 }
 
 /// How long a list or watch waits for the watch cache to reach the revision it needs
@@ -710,7 +724,13 @@ impl Rest {
         Rest {
             caches: WatchCaches::new(store.clone()),
             store,
+            admission: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The admission chain (empty until the server sets it).
+    fn chain(&self) -> crate::admission::Chain {
+        self.admission.get().cloned().unwrap_or_default()
     }
 
     async fn get_current(
@@ -870,6 +890,21 @@ impl Rest {
             found.push((what, Value::Array(items)));
         }
         res.strategy.admit_create(&mut obj, &found)?;
+        let user = crate::auth::current_user();
+        let chain = self.chain();
+        let attrs = crate::admission::Attributes {
+            operation: crate::admission::Operation::Create,
+            resource: res,
+            subresource: None,
+            namespace: ns.filter(|_| res.namespaced),
+            name: &name,
+            old: None,
+            user: &user,
+            dry_run,
+            options: write_options("CreateOptions", req, dry_run),
+            rest: self,
+        };
+        chain.admit(&attrs, Some(&mut obj)).await?;
         // Allocation comes before validation, as upstream's BeginCreate: its errors win.
         if let Some(a) = res.strategy.allocator() {
             a.allocate(&*self.store, &mut obj, None, dry_run).await?;
@@ -881,6 +916,12 @@ impl Rest {
                 self.release(res, &obj, None).await;
             }
             return Err(invalid(res, &name, &errs));
+        }
+        if let Err(e) = chain.validate(&attrs, Some(&obj)).await {
+            if !dry_run {
+                self.release(res, &obj, None).await;
+            }
+            return Err(e);
         }
         if dry_run {
             return Ok(Reply::Json(201, render_one(res, req, obj)));
@@ -1445,6 +1486,8 @@ impl Rest {
                 Ok(Reply::Json(200, render_one(res, req, obj)))
             }
         };
+        let user = crate::auth::current_user();
+        let chain = self.chain();
         for _ in 0..16 {
             let (old, old_rev) = self.get_current(res, ns, name).await?;
             if let Some(p) = precondition {
@@ -1541,6 +1584,30 @@ impl Rest {
                 }
             }
             set_meta(&mut new, "resourceVersion", json!(old_rev.to_string()));
+            let attrs = crate::admission::Attributes {
+                operation: crate::admission::Operation::Update,
+                resource: res,
+                subresource,
+                namespace: ns.filter(|_| res.namespaced),
+                name,
+                old: Some(&old),
+                user: &user,
+                dry_run,
+                options: write_options(
+                    if req
+                        .content_type
+                        .is_some_and(|c| c.starts_with("application/") && c.contains("patch"))
+                    {
+                        "PatchOptions"
+                    } else {
+                        "UpdateOptions"
+                    },
+                    req,
+                    dry_run,
+                ),
+                rest: self,
+            };
+            chain.admit(&attrs, Some(&mut new)).await?;
             if let Some(a) = res.strategy.allocator() {
                 a.allocate(&*self.store, &mut new, Some(&old), dry_run)
                     .await?;
@@ -1555,6 +1622,12 @@ impl Rest {
                     self.release(res, &new, Some(&old)).await;
                 }
                 return Err(invalid(res, name, &errs));
+            }
+            if let Err(e) = chain.validate(&attrs, Some(&new)).await {
+                if !dry_run {
+                    self.release(res, &new, Some(&old)).await;
+                }
+                return Err(e);
             }
             if new == old || dry_run {
                 // A no-op update writes nothing and keeps the resourceVersion.
@@ -1633,9 +1706,30 @@ impl Rest {
                 .and_then(Value::as_array)
                 .is_some_and(|a| a.iter().any(|v| v == "All"));
         let key = res.key(ns, name);
+        let user = crate::auth::current_user();
+        let chain = self.chain();
         for _ in 0..16 {
             let (old, old_rev) = self.get_current(res, ns, name).await?;
             check_preconditions(res, name, &opts, &old, old_rev)?;
+            let mut options = opts.clone();
+            if let Some(o) = options.as_object_mut() {
+                o.insert("kind".into(), json!("DeleteOptions"));
+                o.insert("apiVersion".into(), json!("meta.k8s.io/v1"));
+            }
+            let attrs = crate::admission::Attributes {
+                operation: crate::admission::Operation::Delete,
+                resource: res,
+                subresource: None,
+                namespace: ns.filter(|_| res.namespaced),
+                name,
+                old: Some(&old),
+                user: &user,
+                dry_run,
+                options,
+                rest: self,
+            };
+            chain.admit(&attrs, None).await?;
+            chain.validate(&attrs, None).await?;
             let finalizers = meta(&old)
                 .and_then(|m| m.get("finalizers"))
                 .and_then(Value::as_array)
@@ -1711,6 +1805,39 @@ impl Rest {
         Err(ApiError::stale_update(&res.group_resource(), name))
     }
 
+    /// Admission of a POST to a subresource that is answered rather than stored
+    /// (TokenRequest, Eviction): a create of that subresource, as upstream admits it.
+    pub async fn admit_post(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        sub: &str,
+        body: &mut Value,
+        dry_run: bool,
+    ) -> Result<(), ApiError> {
+        let user = crate::auth::current_user();
+        let chain = self.chain();
+        let mut options = json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"});
+        if dry_run {
+            options["dryRun"] = json!(["All"]);
+        }
+        let attrs = crate::admission::Attributes {
+            operation: crate::admission::Operation::Create,
+            resource: res,
+            subresource: Some(sub),
+            namespace: ns.filter(|_| res.namespaced),
+            name,
+            old: None,
+            user: &user,
+            dry_run,
+            options,
+            rest: self,
+        };
+        chain.admit(&attrs, Some(body)).await?;
+        chain.validate(&attrs, Some(body)).await
+    }
+
     /// POST to a subresource that changes the object (pods/binding): the strategy turns
     /// the body and the current object into the object to write, which is written with a
     /// compare-and-swap (retried on conflict). Answers a success Status with code 201.
@@ -1722,9 +1849,25 @@ impl Rest {
         sub: &str,
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
-        let body = crate::negotiate::decode_body(req.content_type, req.body)?;
+        let mut body = crate::negotiate::decode_body(req.content_type, req.body)?;
         let dry_run = req.dry_run()?;
         let key = res.key(ns, name);
+        let user = crate::auth::current_user();
+        let chain = self.chain();
+        let attrs = crate::admission::Attributes {
+            operation: crate::admission::Operation::Create,
+            resource: res,
+            subresource: Some(sub),
+            namespace: ns.filter(|_| res.namespaced),
+            name,
+            old: None,
+            user: &user,
+            dry_run,
+            options: write_options("CreateOptions", req, dry_run),
+            rest: self,
+        };
+        chain.admit(&attrs, Some(&mut body)).await?;
+        chain.validate(&attrs, Some(&body)).await?;
         loop {
             let (current, rev) = self.get_current(res, ns, name).await?;
             let new = res.strategy.post_subresource(sub, name, &body, &current)?;

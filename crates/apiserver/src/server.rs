@@ -12,11 +12,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use kumo_storage::embedded::{EmbeddedConfig, EmbeddedStore};
 use kumo_storage::etcd::EtcdStore;
 use kumo_storage::{CompactionConfig, Limits, Store};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::handler::{self, State};
+use crate::handler::State;
 use crate::negotiate::{Accept, Output};
 use crate::pki;
 use crate::registry::Registry;
@@ -41,6 +40,10 @@ pub struct ApiServerConfig {
     pub store: StoreConfig,
     /// Extra IP address for the serving certificate and the kubeconfig.
     pub advertise_address: Option<IpAddr>,
+    /// `--audit-policy-file`: an audit.k8s.io/v1 Policy; no auditing without one.
+    pub audit_policy_file: Option<PathBuf>,
+    /// `--audit-log-path`: where audit events go, one JSON line each (`-` is stdout).
+    pub audit_log_path: Option<PathBuf>,
 }
 
 impl ApiServerConfig {
@@ -51,6 +54,8 @@ impl ApiServerConfig {
             data_dir: data_dir.into(),
             store: StoreConfig::Embedded,
             advertise_address: None,
+            audit_policy_file: None,
+            audit_log_path: None,
         }
     }
 }
@@ -86,78 +91,52 @@ impl ApiServer {
             .with_context(|| format!("listening on {}", cfg.bind))?;
         let local_addr = listener.local_addr()?;
 
-        // Certificates, laid out like kubeadm's.
-        let pki_dir = cfg.data_dir.join("pki");
-        let ca = pki::Ca::load_or_create(&pki_dir)?;
-        let mut ips: Vec<IpAddr> = vec![
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)),
-        ];
-        if let Some(a) = cfg.advertise_address {
-            ips.push(a);
-        }
-        if !cfg.bind.ip().is_unspecified() && !ips.contains(&cfg.bind.ip()) {
-            ips.push(cfg.bind.ip());
-        }
-        let mut dns: Vec<String> = [
-            "localhost",
-            "kubernetes",
-            "kubernetes.default",
-            "kubernetes.default.svc",
-            "kubernetes.default.svc.cluster.local",
-        ]
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-        if let Ok(h) = std::fs::read_to_string("/etc/hostname") {
-            let h = h.trim();
-            if !h.is_empty() && !dns.iter().any(|d| d == h) {
-                dns.push(h.to_owned());
-            }
-        }
-        // The serving certificate is issued anew at every start (its SANs follow the flags).
-        let serving = ca.issue_serving("kube-apiserver", &dns, &ips)?;
-        pki::write_file(
-            &pki_dir.join("apiserver.key"),
-            serving.key_pem.as_bytes(),
-            0o600,
-        )?;
-        pki::write_file(
-            &pki_dir.join("apiserver.crt"),
-            serving.cert_pem.as_bytes(),
-            0o644,
-        )?;
-        let admin = pki::load_or_issue(&pki_dir, "admin", || {
-            ca.issue_client("kubernetes-admin", &["kubeadm:cluster-admins"])
-        })?;
+        // Certificates and kubeconfigs, laid out like kubeadm's (see `pki`): created at
+        // first start, reused afterwards; the serving certificate follows the flags.
         let host = match (cfg.advertise_address, local_addr.ip()) {
             (Some(a), _) => a,
             (None, ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             (None, ip) => ip,
         };
         let server_url = format!("https://{}", SocketAddr::new(host, local_addr.port()));
-        let admin_kubeconfig = cfg.data_dir.join("admin.conf");
-        pki::write_file(
-            &admin_kubeconfig,
-            pki::kubeconfig(
-                "kumo",
-                &server_url,
-                &ca.cert_pem,
-                "kubernetes-admin",
-                &admin,
-            )
-            .as_bytes(),
-            0o600,
+        let (dns, ips) = pki::apiserver_sans(cfg.advertise_address, cfg.bind.ip());
+        let certs = pki::ensure(&cfg.data_dir, &server_url, &dns, &ips)?;
+        let admin_kubeconfig = certs.admin_kubeconfig.clone();
+        let audit = crate::audit::Auditor::from_config(
+            cfg.audit_policy_file.as_deref(),
+            cfg.audit_log_path.as_deref(),
         )?;
 
-        let tls = tls_config(&ca.cert_pem, &serving)?;
-        let rest = Arc::new(Rest::new(store.clone()));
+        let tls = tls_config(&cfg.data_dir, &certs.ca_pem, &certs.serving)?;
+        let rest = Rest::new(store.clone());
+        // The admission plugins beyond the strategies' own, in upstream's order.
+        // RBAC follows its objects from here on (the bootstrap policy arrives by watch).
+        let rbac = crate::auth::rbac::Rbac::start(store.clone()).await?;
+        let plugins: Vec<Arc<dyn crate::admission::Plugin>> = vec![
+            // Not an admission plugin upstream but part of RBAC's storage; it refuses
+            // before any other plugin validates.
+            Arc::new(crate::auth::escalation::Escalation { rbac: rbac.clone() }),
+            // LimitRanger, NodeRestriction, TaintNodesByCondition, PodSecurity,
+            // ResourceQuota, MutatingAdmissionWebhook, ValidatingAdmissionWebhook
+            Arc::new(crate::admission::limitranger::LimitRanger),
+            Arc::new(crate::admission::noderestriction::NodeRestriction),
+            Arc::new(crate::admission::taintnodes::TaintNodesByCondition),
+            Arc::new(crate::admission::podsecurity::PodSecurity::default()),
+            Arc::new(crate::admission::quota::ResourceQuota::new()),
+            Arc::new(crate::admission::webhook::Webhooks::mutating()),
+            Arc::new(crate::admission::webhook::Webhooks::validating()),
+        ];
+        let _ = rest.admission.set(crate::admission::Chain::new(plugins));
+        let rest = Arc::new(rest);
         let registry = Registry::builtin();
         bootstrap_namespaces(&rest, &registry).await?;
         crate::registry::bootstrap_policy(&rest, &registry).await?;
         bootstrap_kubernetes_service(&rest, &registry, host, local_addr.port()).await?;
         let crd_revision = crate::registry::crd::load(&rest, &registry).await?;
+        let sa_key =
+            crate::auth::serviceaccount::SigningKey::load_or_create(&cfg.data_dir.join("pki"))?;
         let state = Arc::new(State {
+            service_account_key: Some(sa_key.clone()),
             metrics: Default::default(),
             registry,
             rest,
@@ -177,6 +156,34 @@ impl ApiServer {
                 ("poststarthook/bootstrap-controller", Arc::new(|| true)),
             ],
             openapi: Default::default(),
+            auth: crate::auth::Auth {
+                // Bearer tokens: service-account JWTs, then bootstrap tokens.
+                tokens: vec![
+                    Arc::new(crate::auth::serviceaccount::Authenticator::new(
+                        sa_key.clone(),
+                        store.clone(),
+                    )),
+                    Arc::new(crate::auth::bootstrap::Authenticator::new(store.clone())),
+                ],
+                // After system:masters: Node, then RBAC.
+                authorizers: vec![
+                    crate::auth::node::NodeAuthorizer::start(store.clone()).await?,
+                    rbac,
+                ],
+                // TokenRequest, TokenReview, SelfSubjectReview, the access reviews.
+                reviews: vec![
+                    Arc::new(crate::registry::eviction::Eviction),
+                    Arc::new(crate::registry::authentication::TokenRequest::new(
+                        sa_key.clone(),
+                    )),
+                    Arc::new(crate::registry::authentication::TokenReview),
+                    Arc::new(crate::registry::authentication::SelfSubjectReview),
+                    Arc::new(crate::registry::authorization::AccessReview::SUBJECT),
+                    Arc::new(crate::registry::authorization::AccessReview::LOCAL),
+                    Arc::new(crate::registry::authorization::AccessReview::SELF),
+                    Arc::new(crate::registry::authorization::AccessReview::SELF_RULES),
+                ],
+            },
         });
         // Custom resources follow their definitions from here on.
         tokio::spawn(crate::registry::crd::watch(
@@ -185,7 +192,7 @@ impl ApiServer {
             crd_revision,
         ));
         let acceptor = TlsAcceptor::from(Arc::new(tls));
-        let task = tokio::spawn(serve(listener, acceptor, state));
+        let task = tokio::spawn(serve(listener, acceptor, state, audit));
         let startup = started.elapsed();
         tracing::info!(address = %local_addr, ?startup, "kumo apiserver serving");
         Ok(ApiServer {
@@ -212,12 +219,14 @@ impl std::ops::Deref for ArcRegistry {
     }
 }
 
-fn tls_config(ca_pem: &str, serving: &pki::CertAndKey) -> Result<rustls::ServerConfig> {
+fn tls_config(
+    data_dir: &std::path::Path,
+    ca_pem: &str,
+    serving: &pki::CertAndKey,
+) -> Result<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let certs: Vec<CertificateDer<'static>> =
-        rustls_pemfile::certs(&mut serving.cert_pem.as_bytes()).collect::<Result<_, _>>()?;
-    let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut serving.key_pem.as_bytes())?
-        .context("serving key missing")?;
+    // The serving certificate follows pki/apiserver.crt (kumo certs renew), as upstream's.
+    let serving = pki::ServingCertResolver::new(data_dir, serving, provider.clone())?;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
         roots.add(c?)?;
@@ -233,12 +242,17 @@ fn tls_config(ca_pem: &str, serving: &pki::CertAndKey) -> Result<rustls::ServerC
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)?;
+        .with_cert_resolver(Arc::new(serving));
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(cfg)
 }
 
-async fn serve(listener: TcpListener, acceptor: TlsAcceptor, state: Arc<State>) {
+async fn serve(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    state: Arc<State>,
+    audit: Option<Arc<crate::audit::Auditor>>,
+) {
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -251,7 +265,18 @@ async fn serve(listener: TcpListener, acceptor: TlsAcceptor, state: Arc<State>) 
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let state = state.clone();
+        let audit = audit.clone();
         tokio::spawn(async move {
+            if plain_http(&tcp).await {
+                // What Go's TLS server answers plain HTTP with.
+                let mut tcp = tcp;
+                let _ = tokio::io::AsyncWriteExt::write_all(
+                    &mut tcp,
+                    b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n",
+                )
+                .await;
+                return;
+            }
             let tls = match acceptor.accept(tcp).await {
                 Ok(t) => t,
                 Err(e) => {
@@ -259,15 +284,42 @@ async fn serve(listener: TcpListener, acceptor: TlsAcceptor, state: Arc<State>) 
                     return;
                 }
             };
+            // The user of a verified client certificate, once per connection.
+            let cert_user = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| crate::auth::x509::user_of(c))
+                .map(Arc::new);
             let service = service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req).await) }
+                let cert_user = cert_user.clone();
+                let audit = audit.clone();
+                async move {
+                    // Every request has an audit ID; events are written when a policy is set.
+                    let resp = crate::audit::handle(audit.as_ref(), state, cert_user, peer, req);
+                    Ok::<_, std::convert::Infallible>(resp.await)
+                }
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // Headers as large as Go's default limit (1 MiB): bearer tokens can be long.
+            builder.http1().max_buf_size(1 << 20);
+            builder.http2().max_header_list_size(1 << 20);
             if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
+    }
+}
+
+/// Whether a connection starts with an HTTP request instead of a TLS handshake (the
+/// method prefixes Go's crypto/tls recognises).
+async fn plain_http(tcp: &tokio::net::TcpStream) -> bool {
+    let mut head = [0u8; 5];
+    match tcp.peek(&mut head).await {
+        Ok(5) => matches!(&head, b"GET /" | b"HEAD " | b"POST " | b"PUT /" | b"OPTIO"),
+        _ => false,
     }
 }
 

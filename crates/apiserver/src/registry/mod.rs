@@ -7,6 +7,8 @@
 
 mod admissionregistration;
 mod apps;
+pub mod authentication;
+pub mod authorization;
 mod autoscaling;
 mod batch;
 mod bootstrap;
@@ -17,6 +19,7 @@ mod core_extra;
 pub mod crd;
 mod custom;
 mod events;
+pub mod eviction;
 mod flowcontrol;
 mod ingress;
 mod networking;
@@ -459,12 +462,14 @@ impl Registry {
                 .chain(autoscaling::resources())
                 .chain(core_extra::resources())
                 .chain(rbac::resources())
+                .chain(authorization::resources())
                 .chain(scheduling::resources())
                 .chain(node::resources())
                 .chain(storage::resources())
                 .chain(policy::resources())
                 .chain(ingress::resources())
                 .chain(certificates::resources())
+                .chain(authentication::resources())
                 .chain(flowcontrol::resources())
                 .chain(admissionregistration::resources())
                 .chain(crd::resources())
