@@ -107,6 +107,12 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
             if *sub == "binding" {
                 doc["kind"] = json!("Binding");
             }
+            if *sub == "token" {
+                // serviceaccounts/token serves authentication.k8s.io/v1 TokenRequests.
+                doc["group"] = json!("authentication.k8s.io");
+                doc["version"] = json!("v1");
+                doc["kind"] = json!("TokenRequest");
+            }
             if *sub == "scale" {
                 // A scale subresource serves autoscaling/v1 Scale objects.
                 doc["group"] = json!("autoscaling");
@@ -140,7 +146,7 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
 fn subresource_verbs(sub: &str) -> &'static [&'static str] {
     match sub {
         "finalize" => &["update"],
-        "binding" => &["create"],
+        "binding" | "token" => &["create"],
         _ => &["get", "patch", "update"],
     }
 }
@@ -178,6 +184,8 @@ fn aggregated_resources(registry: &Registry, group: &str, version: &str) -> Vec<
                             "subresource": s,
                             "responseKind": if *s == "scale" {
                                 json!({"group": "autoscaling", "version": "v1", "kind": "Scale"})
+                            } else if *s == "token" {
+                                json!({"group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest"})
                             } else if *s == "binding" {
                                 kind("Binding")
                             } else {
