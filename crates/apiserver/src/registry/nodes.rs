@@ -1,5 +1,5 @@
-//! Nodes: cluster-scoped, with a `status` subresource, the not-ready taint of a new node
-//! (the TaintNodesByCondition admission plugin) and the printer's STATUS and ROLES.
+//! Nodes: cluster-scoped, with a `status` subresource and the printer's STATUS and ROLES
+//! (the not-ready taint of a new node is `admission::taintnodes`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -81,7 +81,6 @@ const COL_CONTAINER_RUNTIME: Column = Column {
     priority: 1,
 };
 
-const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
 const ROLE_PREFIX: &str = "node-role.kubernetes.io/";
 const ROLE_LABEL: &str = "kubernetes.io/role";
@@ -126,18 +125,7 @@ fn default_status(node: &mut Value) {
 impl Strategy for Nodes {
     fn prepare_create(&self, obj: &mut Value) {
         default_status(obj);
-        // A new node is not ready until its kubelet says so.
-        if let Some(o) = obj.as_object_mut() {
-            let spec = o.entry("spec").or_insert_with(|| json!({}));
-            if let Some(s) = spec.as_object_mut() {
-                let taints = s.entry("taints").or_insert_with(|| json!([]));
-                if let Some(t) = taints.as_array_mut() {
-                    if !t.iter().any(|t| str_at(t, "/key") == NOT_READY_TAINT) {
-                        t.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule"}));
-                    }
-                }
-            }
-        }
+        // The not-ready taint of a new node is TaintNodesByCondition's (admission).
     }
 
     fn prepare_update(&self, new: &mut Value, old: &Value) {

@@ -22,7 +22,7 @@ pub(super) fn resources() -> Vec<Resource> {
             namespaced: true,
             short_names: &["po"],
             categories: &["all"],
-            subresources: &["binding", "status"],
+            subresources: &["binding", "eviction", "status"],
             strategy: Box::new(Pods),
         },
         Resource {
@@ -34,7 +34,7 @@ pub(super) fn resources() -> Vec<Resource> {
             namespaced: true,
             short_names: &["sa"],
             categories: &[],
-            subresources: &[],
+            subresources: &["token"],
             strategy: Box::new(ServiceAccounts),
         },
     ]
@@ -408,7 +408,7 @@ const DEFAULT_TOLERATIONS: [&str; 2] = [
 /// What the DefaultTolerationSeconds and ServiceAccount admission plugins set on a new pod.
 /// They run after the field manager has recorded the request, so these fields are not
 /// owned by the request's manager.
-fn admit_defaults(spec: &mut Value) {
+fn admit_defaults(spec: &mut Value, mirror: bool) {
     // DefaultTolerationSeconds admission.
     if let Some(s) = spec.as_object_mut() {
         let t = s.entry("tolerations").or_insert_with(|| json!([]));
@@ -430,7 +430,10 @@ fn admit_defaults(spec: &mut Value) {
             }
         }
     }
-    // ServiceAccount admission: the default account.
+    // ServiceAccount admission: the default account (mirror pods are left alone).
+    if mirror {
+        return;
+    }
     if str_at(spec, "/serviceAccountName").is_empty() {
         let sa = match str_at(spec, "/serviceAccount") {
             "" => "default".to_owned(),
@@ -548,7 +551,10 @@ impl Strategy for Pods {
         obj: &mut Value,
         found: &[(&'static str, Value)],
     ) -> Result<(), ApiError> {
-        admit_defaults(&mut obj["spec"]);
+        let mirror = obj
+            .pointer("/metadata/annotations/kubernetes.io~1config.mirror")
+            .is_some();
+        admit_defaults(&mut obj["spec"], mirror);
         let get = |what: &str| found.iter().find(|(w, _)| *w == what).map(|(_, v)| v);
         // Priority: the class's value (0 without a class), which the pod may not contradict.
         let class = str_at(obj, "/spec/priorityClassName").to_owned();
@@ -1188,6 +1194,10 @@ fn bind(name: &str, binding: &Value, current: &Value) -> Result<Value, ApiError>
         }
     }
     set_pod_scheduled(&mut pod);
+    // The pod is placed: a nomination (from preemption) no longer applies.
+    if let Some(status) = pod.get_mut("status").and_then(Value::as_object_mut) {
+        status.remove("nominatedNodeName");
+    }
     Ok(pod)
 }
 
