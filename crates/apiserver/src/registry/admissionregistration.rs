@@ -1,6 +1,6 @@
 //! admissionregistration.k8s.io/v1 webhook configurations and validating admission
-//! policies with their bindings. Stored and validated; kumo does not yet call webhooks or
-//! evaluate policies.
+//! policies with their bindings. Stored and validated here; the webhooks are called by
+//! `admission::webhook`. Validating admission policies (CEL) are not evaluated yet.
 
 use kumo_apimachinery::validation::{is_dns1123_subdomain, FieldError, Path};
 use serde_json::{json, Value};
