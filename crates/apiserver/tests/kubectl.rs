@@ -1184,3 +1184,143 @@ async fn pods_bind_to_nodes() {
     assert_eq!(b["kind"], "Binding");
     assert_eq!(b["verbs"], serde_json::json!(["create"]));
 }
+
+/// POSTs an Eviction for `pod` named `body_name` in `ns`.
+async fn evict(kc: &std::path::Path, ns: &str, pod: &str, body_name: &str) -> Out {
+    let body = format!(
+        r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{body_name}","namespace":"{ns}"}}}}"#
+    );
+    let path = format!("/api/v1/namespaces/{ns}/pods/{pod}/eviction");
+    k_in(
+        None,
+        kc,
+        &["create", "--raw", &path, "-f", "-"],
+        Some(&body),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_evict_through_disruption_budgets() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let ok = |o: Out| assert!(o.ok, "{}", o.stderr);
+    ok(k(&kc, &["create", "ns", "ev"]).await);
+    ok(k(&kc, &["-n", "ev", "create", "sa", "default"]).await);
+    for p in ["p1", "p2"] {
+        ok(k(
+            &kc,
+            &["-n", "ev", "run", p, "--image=nginx", "--labels=app=web"],
+        )
+        .await);
+        ok(k(
+            &kc,
+            &[
+                "-n",
+                "ev",
+                "patch",
+                "pod",
+                p,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#,
+            ],
+        )
+        .await);
+    }
+    ok(k(
+        &kc,
+        &[
+            "-n",
+            "ev",
+            "create",
+            "pdb",
+            "pdb1",
+            "--selector=app=web",
+            "--min-available=1",
+        ],
+    )
+    .await);
+    // The disruption controller has not looked at the budget yet: 429.
+    let out = evict(&kc, "ev", "p1", "p1").await;
+    assert!(
+        out.stderr.contains(
+            "(TooManyRequests): Cannot evict pod as it would violate the pod's disruption budget."
+        ),
+        "{}",
+        out.stderr
+    );
+    ok(k(
+        &kc,
+        &["-n", "ev", "patch", "pdb", "pdb1", "--subresource=status", "--type=merge", "-p",
+          r#"{"status":{"observedGeneration":1,"disruptionsAllowed":0,"currentHealthy":2,"desiredHealthy":1,"expectedPods":2}}"#],
+    )
+    .await);
+    let out = evict(&kc, "ev", "p1", "p1").await;
+    assert!(out.stderr.contains("TooManyRequests"), "{}", out.stderr);
+    let out = evict(&kc, "ev", "p1", "p2").await;
+    assert!(
+        out.stderr
+            .contains("(BadRequest): name in URL does not match name in Eviction object"),
+        "{}",
+        out.stderr
+    );
+    ok(k(
+        &kc,
+        &[
+            "-n",
+            "ev",
+            "patch",
+            "pdb",
+            "pdb1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"disruptionsAllowed":1}}"#,
+        ],
+    )
+    .await);
+    let out = evict(&kc, "ev", "p1", "p1").await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        out.stdout.contains(r#""status":"Success""#),
+        "{}",
+        out.stdout
+    );
+    // The budget took the disruption; the pod is gone.
+    let out = k(
+        &kc,
+        &["-n", "ev", "get", "pdb", "pdb1", "-o", "jsonpath={.status.disruptionsAllowed} {.status.conditions[*].reason} {.status.disruptedPods.p1}"],
+    )
+    .await;
+    assert!(
+        out.stdout.starts_with("0 InsufficientPods 20"),
+        "{}",
+        out.stdout
+    );
+    assert!(!k(&kc, &["-n", "ev", "get", "pod", "p1"]).await.ok);
+    // Two budgets for one pod: upstream's 500.
+    ok(k(
+        &kc,
+        &[
+            "-n",
+            "ev",
+            "create",
+            "pdb",
+            "pdb2",
+            "--selector=app=web",
+            "--min-available=1",
+        ],
+    )
+    .await);
+    let out = evict(&kc, "ev", "p2", "p2").await;
+    assert!(out.stderr.contains("This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."), "{}", out.stderr);
+    // A pending pod is not protected by any budget.
+    ok(k(
+        &kc,
+        &["-n", "ev", "run", "p3", "--image=nginx", "--labels=app=web"],
+    )
+    .await);
+    assert!(evict(&kc, "ev", "p3", "p3").await.ok);
+}
