@@ -1,0 +1,609 @@
+//! kumo's controller-manager: `kumo controller-manager`, an API client like
+//! kube-controller-manager. It talks only to the API server (HTTPS, a kubeconfig), never to
+//! storage. Controllers are informer-driven: one watch and cache per resource
+//! ([`informer`]), shared by every controller, whose handlers put keys on a rate-limited
+//! [`workqueue`]; workers reconcile one key at a time. With leader election ([`leader`])
+//! only the holder of the Lease kube-system/kube-controller-manager runs controllers.
+//!
+//! Controllers today: serviceaccount, root-ca-certificate-publisher,
+//! clusterrole-aggregation, namespace ([`controllers`]).
+
+pub mod clients;
+pub mod controllers;
+pub mod error;
+pub mod healthz;
+pub mod informer;
+pub mod leader;
+pub mod workqueue;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use error::{Error, Result};
+
+use informer::InformerFactory;
+use leader::{LeaderElectionConfig, LeaderElector};
+
+/// Every controller kube-controller-manager v1.37 knows, with its old alias (if any),
+/// whether it is on by default, and whether kumo has it yet.
+pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
+    (
+        "bootstrap-signer-controller",
+        Some("bootstrapsigner"),
+        false,
+        false,
+    ),
+    (
+        "certificatesigningrequest-approving-controller",
+        Some("csrapproving"),
+        true,
+        false,
+    ),
+    (
+        "certificatesigningrequest-cleaner-controller",
+        Some("csrcleaner"),
+        true,
+        false,
+    ),
+    (
+        "certificatesigningrequest-signing-controller",
+        Some("csrsigning"),
+        true,
+        false,
+    ),
+    (
+        "clusterrole-aggregation-controller",
+        Some("clusterrole-aggregation"),
+        true,
+        true,
+    ),
+    ("cronjob-controller", Some("cronjob"), true, false),
+    ("daemonset-controller", Some("daemonset"), true, false),
+    ("deployment-controller", Some("deployment"), true, false),
+    ("device-taint-eviction-controller", None, true, false),
+    ("disruption-controller", Some("disruption"), true, false),
+    ("endpoints-controller", Some("endpoint"), true, false),
+    (
+        "endpointslice-controller",
+        Some("endpointslice"),
+        true,
+        false,
+    ),
+    (
+        "endpointslice-mirroring-controller",
+        Some("endpointslicemirroring"),
+        true,
+        false,
+    ),
+    (
+        "ephemeral-volume-controller",
+        Some("ephemeral-volume"),
+        true,
+        false,
+    ),
+    (
+        "garbage-collector-controller",
+        Some("garbagecollector"),
+        true,
+        false,
+    ),
+    (
+        "horizontal-pod-autoscaler-controller",
+        Some("horizontalpodautoscaling"),
+        true,
+        false,
+    ),
+    ("job-controller", Some("job"), true, false),
+    (
+        "kube-apiserver-serving-clustertrustbundle-publisher-controller",
+        None,
+        true,
+        false,
+    ),
+    (
+        "legacy-serviceaccount-token-cleaner-controller",
+        Some("legacy-service-account-token-cleaner"),
+        true,
+        false,
+    ),
+    ("namespace-controller", Some("namespace"), true, true),
+    ("node-ipam-controller", Some("nodeipam"), true, false),
+    (
+        "node-lifecycle-controller",
+        Some("nodelifecycle"),
+        true,
+        true,
+    ),
+    (
+        "persistentvolume-attach-detach-controller",
+        Some("attachdetach"),
+        true,
+        false,
+    ),
+    (
+        "persistentvolume-binder-controller",
+        Some("persistentvolume-binder"),
+        true,
+        false,
+    ),
+    (
+        "persistentvolume-expander-controller",
+        Some("persistentvolume-expander"),
+        true,
+        false,
+    ),
+    (
+        "persistentvolume-protection-controller",
+        Some("pv-protection"),
+        true,
+        false,
+    ),
+    (
+        "persistentvolumeclaim-protection-controller",
+        Some("pvc-protection"),
+        true,
+        false,
+    ),
+    (
+        "pod-garbage-collector-controller",
+        Some("podgc"),
+        true,
+        false,
+    ),
+    (
+        "podcertificaterequest-cleaner-controller",
+        None,
+        true,
+        false,
+    ),
+    ("podgroup-protection-controller", None, true, false),
+    ("replicaset-controller", Some("replicaset"), true, false),
+    (
+        "replicationcontroller-controller",
+        Some("replicationcontroller"),
+        true,
+        false,
+    ),
+    (
+        "resourceclaim-controller",
+        Some("resource-claim-controller"),
+        true,
+        false,
+    ),
+    ("resourcepoolstatusrequest-controller", None, true, false),
+    (
+        "resourcequota-controller",
+        Some("resourcequota"),
+        true,
+        false,
+    ),
+    (
+        "root-ca-certificate-publisher-controller",
+        Some("root-ca-cert-publisher"),
+        true,
+        true,
+    ),
+    ("selinux-warning-controller", None, false, false),
+    ("service-cidr-controller", None, true, false),
+    (
+        "serviceaccount-controller",
+        Some("serviceaccount"),
+        true,
+        true,
+    ),
+    (
+        "serviceaccount-token-controller",
+        Some("serviceaccount-token"),
+        true,
+        false,
+    ),
+    ("statefulset-controller", Some("statefulset"), true, false),
+    (
+        "storage-version-migrator-controller",
+        Some("svm"),
+        true,
+        false,
+    ),
+    (
+        "storageversion-garbage-collector-controller",
+        Some("storage-version-gc"),
+        true,
+        false,
+    ),
+    ("taint-eviction-controller", None, true, false),
+    (
+        "token-cleaner-controller",
+        Some("tokencleaner"),
+        false,
+        false,
+    ),
+    (
+        "ttl-after-finished-controller",
+        Some("ttl-after-finished"),
+        true,
+        false,
+    ),
+    ("ttl-controller", Some("ttl"), true, false),
+    (
+        "validatingadmissionpolicy-status-controller",
+        None,
+        true,
+        false,
+    ),
+    (
+        "volumeattributesclass-protection-controller",
+        None,
+        true,
+        false,
+    ),
+];
+
+/// The canonical name of a controller name or alias, if upstream knows it.
+pub fn canonical_name(name: &str) -> Option<&'static str> {
+    KNOWN_CONTROLLERS
+        .iter()
+        .find(|(n, a, _, _)| *n == name || *a == Some(name))
+        .map(|(n, ..)| *n)
+}
+
+/// Resolves `--controllers` (aliases to canonical names), rejecting unknown names with
+/// upstream's message.
+pub fn resolve_controllers(flags: &[String]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut errs = Vec::new();
+    for f in flags {
+        if f == "*" {
+            out.push(f.clone());
+            continue;
+        }
+        let bare = f.strip_prefix('-').unwrap_or(f);
+        match canonical_name(bare) {
+            Some(n) if f.starts_with('-') => out.push(format!("-{n}")),
+            Some(n) => out.push(n.to_owned()),
+            None => errs.push(format!("{bare:?} is not in the list of known controllers")),
+        }
+    }
+    if !errs.is_empty() {
+        return Err(Error::Flag(errs.join(", ")));
+    }
+    Ok(out)
+}
+
+/// Whether `name` runs under the resolved `controllers` (upstream's IsControllerEnabled).
+pub fn is_enabled(name: &str, controllers: &[String]) -> bool {
+    let mut star = false;
+    for c in controllers {
+        if c == name {
+            return true;
+        }
+        if c.strip_prefix('-') == Some(name) {
+            return false;
+        }
+        if c == "*" {
+            star = true;
+        }
+    }
+    star && KNOWN_CONTROLLERS
+        .iter()
+        .any(|(n, _, on, _)| *n == name && *on)
+}
+
+/// Settings of `kumo controller-manager`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The kubeconfig to reach the API server with.
+    pub kubeconfig: PathBuf,
+    /// Take part in leader election before running controllers.
+    pub leader_elect: bool,
+    /// `--controllers` as given (names or aliases, `*`, `-name`).
+    pub controllers: Vec<String>,
+    /// The CA published in `kube-root-ca.crt`; default: the kubeconfig's CA.
+    pub root_ca_file: Option<PathBuf>,
+    /// Where to serve /healthz (port 0 picks one); None: not served.
+    pub serve: Option<SocketAddr>,
+    /// The holderIdentity; default `<hostname>_<uuid>`.
+    pub identity: Option<String>,
+    /// Each controller acts as its own ServiceAccount in kube-system (token from
+    /// TokenRequest) instead of with the kubeconfig's credentials.
+    pub use_service_account_credentials: bool,
+}
+
+impl Config {
+    /// Upstream's defaults for this kubeconfig: leader election on, `*`, 127.0.0.1:10257.
+    pub fn new(kubeconfig: impl Into<PathBuf>) -> Self {
+        Config {
+            kubeconfig: kubeconfig.into(),
+            leader_elect: true,
+            controllers: vec!["*".into()],
+            root_ca_file: None,
+            serve: Some(SocketAddr::from(([127, 0, 0, 1], 10257))),
+            identity: None,
+            use_service_account_credentials: false,
+        }
+    }
+}
+
+/// The kubeconfig's cluster CA, PEM (certificate-authority-data or certificate-authority).
+fn kubeconfig_ca(path: &Path, kc: &Kubeconfig) -> Result<String> {
+    let bad = |message: String| Error::Kubeconfig {
+        path: path.display().to_string(),
+        message,
+    };
+    let ctx_name = kc.current_context.clone().unwrap_or_default();
+    let cluster_name = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == ctx_name)
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone())
+        .ok_or_else(|| bad(format!("context {ctx_name:?} not found")))?;
+    let cluster = kc
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster_name)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or_else(|| bad(format!("cluster {cluster_name:?} not found")))?;
+    if let Some(data) = &cluster.certificate_authority_data {
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|e| bad(format!("certificate-authority-data: {e}")))?;
+        return String::from_utf8(pem).map_err(|e| bad(format!("certificate-authority-data: {e}")));
+    }
+    if let Some(file) = &cluster.certificate_authority {
+        let p = path.parent().unwrap_or(Path::new(".")).join(file);
+        return std::fs::read_to_string(&p).map_err(|source| Error::Io {
+            path: p.display().to_string(),
+            source,
+        });
+    }
+    Err(bad("no certificate authority for the cluster".into()))
+}
+
+/// A running controller-manager.
+pub struct ControllerManager {
+    /// Where /healthz is served, if it is.
+    pub healthz_addr: Option<SocketAddr>,
+    /// This instance's holderIdentity.
+    pub identity: String,
+    stop: watch::Sender<bool>,
+    leading: watch::Receiver<bool>,
+    task: JoinHandle<Result<()>>,
+}
+
+impl ControllerManager {
+    /// Reads the kubeconfig, starts /healthz, then (after winning the election, when
+    /// enabled) the informers and controllers. Returns once serving has started.
+    pub async fn start(cfg: Config) -> Result<ControllerManager> {
+        let controllers = resolve_controllers(&cfg.controllers)?;
+        let path = cfg.kubeconfig.clone();
+        let bad = |message: String| Error::Kubeconfig {
+            path: path.display().to_string(),
+            message,
+        };
+        let kc = Kubeconfig::read_from(&cfg.kubeconfig).map_err(|e| bad(e.to_string()))?;
+        let root_ca = match &cfg.root_ca_file {
+            Some(f) => std::fs::read_to_string(f).map_err(|source| Error::Io {
+                path: f.display().to_string(),
+                source,
+            })?,
+            None => kubeconfig_ca(&cfg.kubeconfig, &kc)?,
+        };
+        let kcfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| bad(e.to_string()))?;
+        let client = Client::try_from(kcfg.clone())?;
+        let identity = cfg
+            .identity
+            .clone()
+            .unwrap_or_else(leader::default_identity);
+        let (stop, stop_rx) = watch::channel(false);
+        let (leading_tx, leading) = watch::channel(false);
+
+        let le_cfg = LeaderElectionConfig::kube_controller_manager(identity.clone());
+        let elector = cfg
+            .leader_elect
+            .then(|| LeaderElector::new(client.clone(), le_cfg.clone()));
+        let checks: healthz::Checks = Arc::default();
+        if let Some(e) = &elector {
+            // Upstream's leaderElection watchdog: a leader that has not renewed for the
+            // lease duration plus 20 s is unhealthy.
+            let last = e.last_renew();
+            let leading = leading.clone();
+            let limit = le_cfg.lease_duration + Duration::from_secs(20);
+            checks.write().push((
+                "leaderElection".into(),
+                Arc::new(move || {
+                    if !*leading.borrow() {
+                        return Ok(());
+                    }
+                    match *last.lock() {
+                        Some(t) if Instant::now().duration_since(t) > limit => Err(format!(
+                            "failed election to renew leadership on lease {}",
+                            le_cfg.name
+                        )),
+                        _ => Ok(()),
+                    }
+                }),
+            ));
+        }
+        let healthz_addr = match cfg.serve {
+            Some(addr) => Some(healthz::serve(addr, checks.clone(), stop_rx.clone()).await?),
+            None => None,
+        };
+        let clients = Arc::new(clients::ClientBuilder::new(
+            client.clone(),
+            kcfg,
+            cfg.use_service_account_credentials,
+            stop_rx.clone(),
+        ));
+        let task = tokio::spawn(run(
+            clients,
+            checks,
+            controllers,
+            root_ca,
+            elector,
+            stop_rx,
+            leading_tx,
+        ));
+        Ok(ControllerManager {
+            healthz_addr,
+            identity,
+            stop,
+            leading,
+            task,
+        })
+    }
+
+    /// Whether this instance holds the lease and runs controllers.
+    pub fn is_leader(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Waits until this instance leads.
+    pub async fn wait_leading(&mut self) {
+        let _ = self.leading.wait_for(|l| *l).await;
+    }
+
+    /// Stops the controllers and informers (the lease is not released, as upstream by
+    /// default: a standby takes over once it expires).
+    pub async fn shutdown(self) -> Result<()> {
+        self.stop.send_replace(true);
+        self.task.await.unwrap_or(Ok(()))
+    }
+
+    /// Runs until the controllers stop (an error when leadership is lost).
+    pub async fn wait(self) -> Result<()> {
+        let r = self.task.await.unwrap_or(Ok(()));
+        self.stop.send_replace(true);
+        r
+    }
+}
+
+async fn run(
+    clients: Arc<clients::ClientBuilder>,
+    checks: healthz::Checks,
+    controllers: Vec<String>,
+    root_ca: String,
+    elector: Option<LeaderElector>,
+    mut stop: watch::Receiver<bool>,
+    leading: watch::Sender<bool>,
+) -> Result<()> {
+    let Some(mut elector) = elector else {
+        leading.send_replace(true);
+        let tasks = start_controllers(clients, &checks, &controllers, root_ca, stop.clone());
+        let _ = stop.wait_for(|s| *s).await;
+        futures::future::join_all(tasks).await;
+        return Ok(());
+    };
+    if !elector.acquire(&mut stop).await {
+        return Ok(());
+    }
+    leading.send_replace(true);
+    // Controllers stop with their own signal, so losing the lease stops them too.
+    let (ctl_stop, ctl_stop_rx) = watch::channel(false);
+    let tasks = start_controllers(clients, &checks, &controllers, root_ca, ctl_stop_rx);
+    let r = elector.renew(&mut stop).await;
+    leading.send_replace(false);
+    ctl_stop.send_replace(true);
+    futures::future::join_all(tasks).await;
+    r
+}
+
+/// Creates the enabled controllers (registering their handlers), then starts the informers.
+fn start_controllers(
+    clients: Arc<clients::ClientBuilder>,
+    checks: &healthz::Checks,
+    controllers: &[String],
+    root_ca: String,
+    stop: watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    // Informers watch with the controller-manager's own identity ("shared-informers").
+    let factory = InformerFactory::new(clients.root());
+    let mut tasks = Vec::new();
+    let on = |n: &str| is_enabled(n, controllers);
+    if on("serviceaccount-controller") {
+        tasks.push(controllers::serviceaccount::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("node-lifecycle-controller") {
+        tasks.push(controllers::nodelifecycle::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("root-ca-certificate-publisher-controller") {
+        tasks.push(controllers::rootca::start(
+            clients.clone(),
+            root_ca,
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("clusterrole-aggregation-controller") {
+        tasks.push(controllers::clusterrole_aggregation::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("namespace-controller") {
+        tasks.push(controllers::namespace::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    for (name, _, default_on, have) in KNOWN_CONTROLLERS {
+        if !have && *default_on && on(name) {
+            tracing::debug!(controller = name, "not implemented in kumo yet; skipped");
+        }
+    }
+    tasks.extend(factory.start(stop));
+    // A ping check per started controller, named as upstream's (once per process: a
+    // leader that lost the lease and won it again does not add them twice).
+    let mut c = checks.write();
+    for (name, _, _, have) in KNOWN_CONTROLLERS {
+        if *have && on(name) && !c.iter().any(|(n, _)| n == name) {
+            c.push(((*name).to_owned(), Arc::new(|| Ok(()))));
+        }
+    }
+    drop(c);
+    tasks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controllers_flag_resolves_aliases_and_switches() {
+        let c = resolve_controllers(&["*".into(), "-serviceaccount".into()]).expect("valid");
+        assert_eq!(
+            c,
+            vec!["*".to_string(), "-serviceaccount-controller".to_string()]
+        );
+        assert!(!is_enabled("serviceaccount-controller", &c));
+        assert!(is_enabled("namespace-controller", &c));
+        assert!(!is_enabled("bootstrap-signer-controller", &c));
+        let only = resolve_controllers(&["namespace".into()]).expect("valid");
+        assert!(is_enabled("namespace-controller", &only));
+        assert!(!is_enabled("serviceaccount-controller", &only));
+        let err = resolve_controllers(&["nope".into()]).expect_err("unknown");
+        assert_eq!(
+            err.to_string(),
+            "\"nope\" is not in the list of known controllers"
+        );
+    }
+}
