@@ -1,0 +1,197 @@
+//! kumo's kubelet: the node agent. It registers its Node, renews its Lease in
+//! `kube-node-lease`, reports node status, runs the pods bound to it (watched by
+//! `spec.nodeName`) on a CRI-shaped [`runtime::Runtime`], and runs static pods from
+//! `--pod-manifest-path` with a mirror pod for each in the API. It is an API client only,
+//! as upstream's kubelet is.
+//!
+//! Layout: [`node`] registration, status and lease; [`pods`] the pod workers and their
+//! status; [`static_pods`] the manifest directory and mirror pods; [`runtime`] the runtime
+//! interface and the `sim` runtime.
+
+pub mod cli;
+pub mod events;
+pub mod node;
+pub mod pods;
+pub mod runtime;
+pub mod static_pods;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+
+/// Kubelet errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: PathBuf, message: String },
+    #[error("API: {0}")]
+    Api(#[from] kube::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A taint to register with (`key[=value]:Effect`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taint {
+    pub key: String,
+    pub value: String,
+    pub effect: String,
+}
+
+impl std::str::FromStr for Taint {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Taint> {
+        let (kv, effect) = s
+            .rsplit_once(':')
+            .ok_or_else(|| Error::Invalid(format!("invalid taint spec: {s}")))?;
+        if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+            return Err(Error::Invalid(format!(
+                "invalid taint effect: {effect}, unsupported taint effect"
+            )));
+        }
+        let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+        if key.is_empty() {
+            return Err(Error::Invalid(format!("invalid taint spec: {s}")));
+        }
+        Ok(Taint {
+            key: key.into(),
+            value: value.into(),
+            effect: effect.into(),
+        })
+    }
+}
+
+/// Settings of `kumo kubelet`, named after upstream's flags.
+#[derive(Clone, Debug)]
+pub struct KubeletConfig {
+    pub kubeconfig: PathBuf,
+    /// `--hostname-override`: the Node's name.
+    pub node_name: String,
+    /// `--node-ip`.
+    pub node_ip: Option<IpAddr>,
+    /// `--node-labels`.
+    pub node_labels: BTreeMap<String, String>,
+    /// `--register-with-taints`.
+    pub register_with_taints: Vec<Taint>,
+    /// `--cloud-provider=external`.
+    pub cloud_provider_external: bool,
+    /// `--provider-id`.
+    pub provider_id: Option<String>,
+    /// `--pod-manifest-path` (staticPodPath).
+    pub pod_manifest_path: Option<PathBuf>,
+    /// `--max-pods`.
+    pub max_pods: u32,
+    /// Capacity the sim runtime reports.
+    pub cpu: String,
+    pub memory: String,
+    /// `--pod-cidr`: pod IPs come from the Node's spec.podCIDR, else from here.
+    pub pod_cidr: String,
+    /// How often node status is computed (upstream's nodeStatusUpdateFrequency).
+    pub status_update_frequency: Duration,
+    /// How often the static pod path is read again (upstream: 20 s, plus file events).
+    pub static_pod_rescan: Duration,
+}
+
+impl KubeletConfig {
+    /// Upstream's defaults for a node named `node_name`.
+    pub fn new(kubeconfig: impl Into<PathBuf>, node_name: impl Into<String>) -> KubeletConfig {
+        KubeletConfig {
+            kubeconfig: kubeconfig.into(),
+            node_name: node_name.into(),
+            node_ip: None,
+            node_labels: BTreeMap::new(),
+            register_with_taints: Vec::new(),
+            cloud_provider_external: false,
+            provider_id: None,
+            pod_manifest_path: None,
+            max_pods: 110,
+            cpu: "4".into(),
+            memory: "8Gi".into(),
+            pod_cidr: "10.244.0.0/24".into(),
+            status_update_frequency: Duration::from_secs(10),
+            static_pod_rescan: static_pods::RESCAN,
+        }
+    }
+}
+
+/// The kubelet version it reports (nodeInfo.kubeletVersion).
+pub const KUBELET_VERSION: &str = "v1.37.2-kumo";
+
+/// A client for `path`.
+pub async fn client(path: &std::path::Path) -> Result<Client> {
+    let bad = |message: String| Error::Kubeconfig {
+        path: path.to_owned(),
+        message,
+    };
+    let kc = Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    Client::try_from(cfg).map_err(Error::Api)
+}
+
+/// Runs the kubelet until the process ends.
+pub async fn run(cfg: KubeletConfig) -> Result<()> {
+    let client = client(&cfg.kubeconfig).await?;
+    let runtime: Arc<dyn runtime::Runtime> = Arc::new(runtime::Sim::default());
+    let cfg = Arc::new(cfg);
+    let node = node::register(&client, &cfg, &*runtime).await?;
+    tracing::info!(node = %cfg.node_name, "node registered");
+    let node_uid = node.metadata.uid.clone().unwrap_or_default();
+    // What upstream's kubelet announces when it starts (its node events name the node
+    // by name, also as uid).
+    let node_event = |reason: &'static str, message: String| events::Record {
+        kind: "Node",
+        namespace: String::new(),
+        name: cfg.node_name.clone(),
+        uid: cfg.node_name.clone(),
+        field_path: None,
+        warning: false,
+        reason,
+        message,
+    };
+    let n = &cfg.node_name;
+    events::emit(
+        &client,
+        n,
+        vec![
+            node_event("Starting", "Starting kubelet.".into()),
+            node_event(
+                "NodeHasSufficientMemory",
+                format!("Node {n} status is now: NodeHasSufficientMemory"),
+            ),
+            node_event(
+                "NodeHasNoDiskPressure",
+                format!("Node {n} status is now: NodeHasNoDiskPressure"),
+            ),
+            node_event(
+                "NodeHasSufficientPID",
+                format!("Node {n} status is now: NodeHasSufficientPID"),
+            ),
+            node_event(
+                "NodeAllocatableEnforced",
+                "Updated Node Allocatable limit across pods".into(),
+            ),
+            node_event("NodeReady", format!("Node {n} status is now: NodeReady")),
+        ],
+    );
+    tokio::spawn(node::heartbeat(
+        client.clone(),
+        cfg.clone(),
+        node_uid.clone(),
+    ));
+    tokio::spawn(node::status_loop(
+        client.clone(),
+        cfg.clone(),
+        runtime.clone(),
+    ));
+    let statics = static_pods::Source::new(cfg.clone());
+    pods::run(client, cfg, runtime, node_uid, statics).await
+}

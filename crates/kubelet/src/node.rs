@@ -1,0 +1,283 @@
+//! The kubelet's Node: registration (labels, taints, addresses, providerID as upstream's
+//! kubelet sets them), node status (conditions, capacity, nodeInfo) and the Lease heartbeat
+//! in `kube-node-lease`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::{json, Value};
+
+use crate::runtime::Runtime;
+use crate::{KubeletConfig, Result, KUBELET_VERSION};
+
+/// The taint a node registers with under an external cloud provider, until the cloud
+/// node controller initializes it.
+pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+
+/// How long a lease lasts and how often it is renewed (upstream's defaults).
+pub const LEASE_DURATION_SECONDS: i32 = 40;
+pub const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(10);
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// The Node object the kubelet registers.
+fn node_object(cfg: &KubeletConfig, runtime: &dyn Runtime) -> Value {
+    let mut labels = json!({
+        "beta.kubernetes.io/arch": arch(),
+        "beta.kubernetes.io/os": "linux",
+        "kubernetes.io/arch": arch(),
+        "kubernetes.io/hostname": cfg.node_name,
+        "kubernetes.io/os": "linux",
+    });
+    for (k, v) in &cfg.node_labels {
+        labels[k] = json!(v);
+    }
+    let mut taints: Vec<Value> = cfg
+        .register_with_taints
+        .iter()
+        .map(|t| {
+            let mut v = json!({"key": t.key, "effect": t.effect});
+            if !t.value.is_empty() {
+                v["value"] = json!(t.value);
+            }
+            v
+        })
+        .collect();
+    let mut annotations = json!({"volumes.kubernetes.io/controller-managed-attach-detach": "true"});
+    if cfg.cloud_provider_external {
+        taints.push(json!({"key": UNINITIALIZED_TAINT, "value": "true", "effect": "NoSchedule"}));
+        if let Some(ip) = cfg.node_ip {
+            annotations["alpha.kubernetes.io/provided-node-ip"] = json!(ip.to_string());
+        }
+    }
+    let mut spec = json!({});
+    if !taints.is_empty() {
+        spec["taints"] = json!(taints);
+    }
+    if let Some(p) = &cfg.provider_id {
+        spec["providerID"] = json!(p);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": cfg.node_name, "labels": labels, "annotations": annotations},
+        "spec": spec,
+        "status": status(cfg, runtime, None),
+    })
+}
+
+/// The addresses the kubelet reports: none under an external cloud provider (the cloud
+/// node controller sets them), else the node IP and the host name.
+fn addresses(cfg: &KubeletConfig) -> Vec<Value> {
+    if cfg.cloud_provider_external {
+        return Vec::new();
+    }
+    let ip = cfg
+        .node_ip
+        .map(|i| i.to_string())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    vec![
+        json!({"type": "InternalIP", "address": ip}),
+        json!({"type": "Hostname", "address": cfg.node_name}),
+    ]
+}
+
+/// Node status: conditions in upstream's order with its reasons and messages, capacity,
+/// nodeInfo. `old` keeps the transition times of conditions that did not change.
+pub fn status(cfg: &KubeletConfig, runtime: &dyn Runtime, old: Option<&Value>) -> Value {
+    let now = now();
+    let condition = |type_: &str, status: &str, reason: &str, message: &str| {
+        let previous = old
+            .and_then(|o| o.get("conditions"))
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().find(|c| c["type"] == type_));
+        let transition = match previous {
+            Some(p) if p["status"] == status => p["lastTransitionTime"].clone(),
+            _ => json!(now),
+        };
+        json!({
+            "type": type_, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": now, "lastTransitionTime": transition,
+        })
+    };
+    let capacity = json!({
+        "cpu": cfg.cpu, "memory": cfg.memory, "pods": cfg.max_pods.to_string(),
+        "ephemeral-storage": "100Gi", "hugepages-1Gi": "0", "hugepages-2Mi": "0",
+    });
+    let (rt_name, rt_version) = runtime.version();
+    let machine_id = {
+        let d = ring::digest::digest(&ring::digest::SHA256, cfg.node_name.as_bytes());
+        d.as_ref()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    json!({
+        "conditions": [
+            condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+            condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+        ],
+        "addresses": addresses(cfg),
+        "capacity": capacity,
+        "allocatable": capacity,
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "nodeInfo": {
+            "machineID": machine_id,
+            "systemUUID": machine_id,
+            "bootID": BOOT_ID.as_str(),
+            "kernelVersion": kernel,
+            "osImage": "kumo (simulated runtime)",
+            "containerRuntimeVersion": format!("{rt_name}://{rt_version}"),
+            "kubeletVersion": KUBELET_VERSION,
+            "operatingSystem": "linux",
+            "architecture": arch(),
+        },
+    })
+}
+
+static BOOT_ID: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| uuid::Uuid::new_v4().to_string());
+
+/// Registers the Node, retrying with backoff (100 ms doubling to 7 s, as upstream) until
+/// the API server takes it; an existing Node of the same name is kept and its status
+/// refreshed.
+pub async fn register(client: &Client, cfg: &KubeletConfig, runtime: &dyn Runtime) -> Result<Node> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let node: Node = serde_json::from_value(node_object(cfg, runtime))
+            .map_err(|e| crate::Error::Invalid(e.to_string()))?;
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(n) => return Ok(n),
+            Err(kube::Error::Api(e)) if e.code == 409 => match nodes.get(&cfg.node_name).await {
+                Ok(n) => return Ok(n),
+                Err(e) => tracing::warn!(error = %e, "reading the existing node"),
+            },
+            Err(e) => tracing::warn!(node = %cfg.node_name, error = %e, "unable to register node"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(7));
+    }
+}
+
+/// Renews the node's Lease every 10 s (created on first use, owned by the Node).
+pub async fn heartbeat(client: Client, cfg: Arc<KubeletConfig>, node_uid: String) {
+    let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    loop {
+        let body = json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": cfg.node_name,
+                "namespace": "kube-node-lease",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": cfg.node_name, "uid": node_uid}],
+            },
+            "spec": {
+                "holderIdentity": cfg.node_name,
+                "leaseDurationSeconds": LEASE_DURATION_SECONDS,
+                "renewTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+            },
+        });
+        let result = match serde_json::from_value::<Lease>(body.clone()) {
+            Ok(lease) => match leases.create(&PostParams::default(), &lease).await {
+                Err(kube::Error::Api(e)) if e.code == 409 => leases
+                    .patch(
+                        &cfg.node_name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": body["spec"]})),
+                    )
+                    .await
+                    .map(|_| ()),
+                r => r.map(|_| ()),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "lease");
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(node = %cfg.node_name, error = %e, "failed to renew lease");
+        }
+        tokio::time::sleep(LEASE_RENEW_INTERVAL).await;
+    }
+}
+
+/// Computes node status every `status_update_frequency` and patches it when it changed
+/// (beyond heartbeat times) or every 5 minutes.
+pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<dyn Runtime>) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut last_report = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(cfg.status_update_frequency).await;
+        let current = match nodes.get(&cfg.node_name).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(node = %cfg.node_name, error = %e, "error getting node");
+                continue;
+            }
+        };
+        let old = serde_json::to_value(&current.status).unwrap_or(Value::Null);
+        let mut new = status(&cfg, &*runtime, Some(&old));
+        if cfg.cloud_provider_external {
+            // The cloud node controller owns the addresses.
+            new["addresses"] = old.get("addresses").cloned().unwrap_or(json!([]));
+        }
+        let strip = |v: &Value| {
+            let mut v = v.clone();
+            if let Some(cs) = v.get_mut("conditions").and_then(Value::as_array_mut) {
+                for c in cs {
+                    if let Some(c) = c.as_object_mut() {
+                        c.remove("lastHeartbeatTime");
+                    }
+                }
+            }
+            v
+        };
+        let changed = [
+            "conditions",
+            "capacity",
+            "allocatable",
+            "nodeInfo",
+            "addresses",
+        ]
+        .iter()
+        .any(|k| strip(&old).get(k) != strip(&new).get(k));
+        if !changed && last_report.elapsed() < Duration::from_secs(300) {
+            continue;
+        }
+        match nodes
+            .patch_status(
+                &cfg.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": new})),
+            )
+            .await
+        {
+            Ok(_) => last_report = std::time::Instant::now(),
+            Err(e) => {
+                tracing::warn!(node = %cfg.node_name, error = %e, "error updating node status")
+            }
+        }
+    }
+}

@@ -1,0 +1,877 @@
+//! Pod workers: the pods bound to this node (watched by `spec.nodeName`) and the static
+//! pods are run on the runtime — sandbox, init containers in order, then containers —
+//! restarted by restartPolicy with CrashLoopBackOff (10 s doubling to 300 s), reported in
+//! pods/status with upstream's phases, conditions and container states, and finished when
+//! deleted (containers stopped, then the pod deleted with grace period 0). Static pods get
+//! a mirror pod, recreated when deleted and replaced when the manifest changes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::Client;
+use serde_json::{json, Value};
+
+use crate::events::Record;
+use crate::runtime::{ContainerConfig, Runtime, State};
+use crate::static_pods::{self, CONFIG_HASH, CONFIG_MIRROR};
+use crate::{KubeletConfig, Result};
+
+const BACKOFF_START: Duration = Duration::from_secs(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+fn rfc3339(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    k8s_openapi::jiff::Timestamp::from_second(secs)
+        .map(|ts| ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default()
+}
+
+fn s<'a>(v: &'a Value, p: &str) -> &'a str {
+    v.pointer(p).and_then(Value::as_str).unwrap_or("")
+}
+
+/// One container the worker runs.
+#[derive(Default)]
+struct Container {
+    id: Option<String>,
+    image_ref: String,
+    restart_count: u32,
+    /// The last exit, for lastState.
+    last: Option<Value>,
+    /// No restart before this instant (CrashLoopBackOff / ImagePullBackOff).
+    backoff_until: Option<Instant>,
+    backoff: Duration,
+    waiting: Option<(String, String)>,
+}
+
+/// What the kubelet keeps of one pod.
+struct Worker {
+    sandbox: Option<String>,
+    ip: Option<String>,
+    start_time: String,
+    containers: BTreeMap<String, Container>,
+    init_done: bool,
+    /// The status last written, to write only changes.
+    written: Option<Value>,
+}
+
+/// The pod workers of a node.
+struct Workers {
+    client: Client,
+    cfg: Arc<KubeletConfig>,
+    runtime: Arc<dyn Runtime>,
+    node_uid: String,
+    workers: HashMap<String, Worker>,
+    next_ip: u32,
+    pod_cidr: Option<(Ipv4Addr, u8)>,
+    /// Images pulled on this node (for "already present on machine").
+    pulled: std::collections::HashSet<String>,
+}
+
+fn parse_cidr(c: &str) -> Option<(Ipv4Addr, u8)> {
+    let (ip, len) = c.split_once('/')?;
+    Some((ip.parse().ok()?, len.parse().ok()?))
+}
+
+/// Runs the pod workers until the process ends.
+pub async fn run(
+    client: Client,
+    cfg: Arc<KubeletConfig>,
+    runtime: Arc<dyn Runtime>,
+    node_uid: String,
+    mut statics: static_pods::Source,
+) -> Result<()> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let (reader, writer) = reflector::store();
+    let selector = format!("spec.nodeName={}", cfg.node_name);
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let stream = reflector(
+        writer,
+        watcher(api, watcher::Config::default().fields(&selector)),
+    )
+    .default_backoff()
+    .touched_objects();
+    let notify = wake.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Err(e) = ev {
+                tracing::debug!(error = %e, "pod watch");
+            }
+            notify.notify_one();
+        }
+    });
+    let mut w = Workers {
+        client,
+        pod_cidr: parse_cidr(&cfg.pod_cidr),
+        cfg,
+        runtime,
+        node_uid,
+        workers: HashMap::new(),
+        next_ip: 2,
+        pulled: std::collections::HashSet::new(),
+    };
+    let mut last_node_read = None::<Instant>;
+    loop {
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        if last_node_read.is_none_or(|t: Instant| t.elapsed() > Duration::from_secs(10)) {
+            last_node_read = Some(Instant::now());
+            w.read_pod_cidr().await;
+        }
+        statics.rescan(false);
+        let api_pods: Vec<Value> = reader
+            .state()
+            .iter()
+            .filter_map(|p| serde_json::to_value(p.as_ref()).ok())
+            .collect();
+        w.sync(&api_pods, &statics.pods()).await;
+    }
+}
+
+impl Workers {
+    async fn read_pod_cidr(&mut self) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        if let Ok(n) = nodes.get(&self.cfg.node_name).await {
+            if let Some(c) = n.spec.and_then(|s| s.pod_cidr).and_then(|c| parse_cidr(&c)) {
+                self.pod_cidr = Some(c);
+            }
+        }
+    }
+
+    fn host_ip(&self) -> String {
+        self.cfg
+            .node_ip
+            .map(|i| i.to_string())
+            .unwrap_or_else(|| "127.0.0.1".into())
+    }
+
+    fn allocate_ip(&mut self) -> String {
+        let (base, len) = self.pod_cidr.unwrap_or((Ipv4Addr::new(10, 244, 0, 0), 24));
+        let size = 1u32 << (32 - u32::from(len.min(30)));
+        let ip = u32::from(base) + (self.next_ip % (size - 2)).max(2);
+        self.next_ip += 1;
+        Ipv4Addr::from(ip).to_string()
+    }
+
+    async fn sync(&mut self, api_pods: &[Value], statics: &[Value]) {
+        let pods_api: Api<Pod> = Api::all(self.client.clone());
+        // Mirror pods are not run; they stand for static pods.
+        let mirrors: HashMap<(String, String), &Value> = api_pods
+            .iter()
+            .filter(|p| {
+                p.pointer("/metadata/annotations")
+                    .and_then(|a| a.get(CONFIG_MIRROR))
+                    .is_some()
+            })
+            .map(|p| {
+                (
+                    (
+                        s(p, "/metadata/namespace").to_owned(),
+                        s(p, "/metadata/name").to_owned(),
+                    ),
+                    p,
+                )
+            })
+            .collect();
+        let mut desired: Vec<(Value, bool)> = api_pods
+            .iter()
+            .filter(|p| {
+                p.pointer("/metadata/annotations")
+                    .and_then(|a| a.get(CONFIG_MIRROR))
+                    .is_none()
+            })
+            .map(|p| (p.clone(), false))
+            .collect();
+        desired.extend(statics.iter().map(|p| (p.clone(), true)));
+        let mut keep = std::collections::HashSet::new();
+        for (pod, is_static) in &desired {
+            let uid = s(pod, "/metadata/uid").to_owned();
+            let ns = s(pod, "/metadata/namespace").to_owned();
+            let name = s(pod, "/metadata/name").to_owned();
+            if !is_static
+                && pod
+                    .pointer("/metadata/deletionTimestamp")
+                    .is_some_and(|v| !v.is_null())
+            {
+                if let Some(w) = self.workers.get(&uid) {
+                    let killing: Vec<Record> = w
+                        .containers
+                        .iter()
+                        .filter(|(_, c)| c.id.is_some())
+                        .map(|(n, _)| {
+                            Record::container(
+                                pod,
+                                n,
+                                false,
+                                false,
+                                "Killing",
+                                format!("Stopping container {n}"),
+                            )
+                        })
+                        .collect();
+                    crate::events::emit(&self.client, &self.cfg.node_name, killing);
+                }
+                self.kill(&uid);
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+                let dp = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                if let Err(e) = api.delete(&name, &dp).await {
+                    tracing::debug!(namespace = %ns, pod = %name, error = %e, "deleting a terminated pod");
+                }
+                continue;
+            }
+            keep.insert(uid.clone());
+            let status = self.run_pod(pod);
+            // A static pod reports through its mirror pod.
+            let (target_ns, target_name, current) = if *is_static {
+                let hash = pod
+                    .pointer("/metadata/annotations")
+                    .and_then(|a| a.get(CONFIG_HASH))
+                    .cloned();
+                match mirrors.get(&(ns.clone(), name.clone())) {
+                    Some(m)
+                        if m.pointer("/metadata/annotations")
+                            .and_then(|a| a.get(CONFIG_MIRROR))
+                            .cloned()
+                            == hash
+                            && m.pointer("/metadata/deletionTimestamp")
+                                .is_none_or(Value::is_null) =>
+                    {
+                        (ns.clone(), name.clone(), Some(*m))
+                    }
+                    _ => continue,
+                }
+            } else {
+                (ns.clone(), name.clone(), Some(pod))
+            };
+            let merged = merge_conditions(current.and_then(|c| c.get("status")), status);
+            let worker = self.workers.get_mut(&uid);
+            let unchanged = worker.as_ref().and_then(|w| w.written.as_ref()) == Some(&merged)
+                && current
+                    .and_then(|c| c.get("status"))
+                    .is_some_and(|st| same_status(st, &merged));
+            if unchanged {
+                continue;
+            }
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &target_ns);
+            match api
+                .patch_status(
+                    &target_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": merged})),
+                )
+                .await
+            {
+                Ok(_) => {
+                    if let Some(w) = self.workers.get_mut(&uid) {
+                        w.written = Some(merged);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(namespace = %target_ns, pod = %target_name, error = %e, "status update")
+                }
+            }
+        }
+        let gone: Vec<String> = self
+            .workers
+            .keys()
+            .filter(|u| !keep.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.kill(&uid);
+        }
+        self.sync_mirrors(&pods_api, &mirrors, statics).await;
+    }
+
+    /// Creates missing mirror pods, replaces outdated or deleted ones, deletes orphans.
+    async fn sync_mirrors(
+        &self,
+        _all: &Api<Pod>,
+        mirrors: &HashMap<(String, String), &Value>,
+        statics: &[Value],
+    ) {
+        let mut wanted = std::collections::HashSet::new();
+        for pod in statics {
+            let ns = s(pod, "/metadata/namespace").to_owned();
+            let name = s(pod, "/metadata/name").to_owned();
+            wanted.insert((ns.clone(), name.clone()));
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+            let hash = pod
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(CONFIG_HASH))
+                .cloned();
+            if let Some(m) = mirrors.get(&(ns.clone(), name.clone())) {
+                let current = m
+                    .pointer("/metadata/annotations")
+                    .and_then(|a| a.get(CONFIG_MIRROR))
+                    .cloned()
+                    == hash
+                    && m.pointer("/metadata/deletionTimestamp")
+                        .is_none_or(Value::is_null);
+                if current {
+                    continue;
+                }
+                delete_now(&api, &name, s(m, "/metadata/uid")).await;
+                continue;
+            }
+            let mirror = static_pods::mirror_of(pod, &self.cfg.node_name, &self.node_uid);
+            match serde_json::from_value::<Pod>(mirror) {
+                Ok(p) => {
+                    if let Err(e) = api.create(&PostParams::default(), &p).await {
+                        tracing::warn!(namespace = %ns, pod = %name, error = %e, "failed creating a mirror pod");
+                    }
+                }
+                Err(e) => tracing::warn!(pod = %name, error = %e, "mirror pod"),
+            }
+        }
+        for ((ns, name), m) in mirrors {
+            if !wanted.contains(&(ns.clone(), name.clone())) {
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+                delete_now(&api, name, s(m, "/metadata/uid")).await;
+            }
+        }
+    }
+
+    fn kill(&mut self, uid: &str) {
+        if let Some(w) = self.workers.remove(uid) {
+            for c in w.containers.values() {
+                if let Some(id) = &c.id {
+                    let _ = self.runtime.stop_container(id, Duration::from_secs(30));
+                }
+            }
+            if let Some(sb) = &w.sandbox {
+                self.runtime.remove_pod_sandbox(sb);
+            }
+        }
+    }
+
+    /// Advances one pod (starts, restarts, observes its containers) and returns its
+    /// status as the kubelet computes it.
+    fn run_pod(&mut self, pod: &Value) -> Value {
+        let uid = s(pod, "/metadata/uid").to_owned();
+        let host_network = pod.pointer("/spec/hostNetwork").and_then(Value::as_bool) == Some(true);
+        if !self.workers.contains_key(&uid) {
+            let ip = if host_network {
+                self.host_ip()
+            } else {
+                self.allocate_ip()
+            };
+            self.workers.insert(
+                uid.clone(),
+                Worker {
+                    sandbox: None,
+                    ip: Some(ip),
+                    start_time: rfc3339(SystemTime::now()),
+                    containers: BTreeMap::new(),
+                    init_done: false,
+                    written: None,
+                },
+            );
+        }
+        let annotations: BTreeMap<String, String> = pod
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let restart_policy = match s(pod, "/spec/restartPolicy") {
+            "" => "Always",
+            p => p,
+        }
+        .to_owned();
+        let phase_now = s(pod, "/status/phase").to_owned();
+        let runtime = self.runtime.clone();
+        let mut events = Vec::new();
+        let Some(w) = self.workers.get_mut(&uid) else {
+            return json!({});
+        };
+        let pulled = &mut self.pulled;
+        if w.sandbox.is_none() {
+            w.sandbox = Some(runtime.run_pod_sandbox(&uid));
+        }
+        let sandbox = w.sandbox.clone().unwrap_or_default();
+        let terminal = matches!(phase_now.as_str(), "Succeeded" | "Failed");
+        let inits: Vec<Value> = pod
+            .pointer("/spec/initContainers")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mains: Vec<Value> = pod
+            .pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if !terminal {
+            // Init containers one at a time, each to a successful exit.
+            if !w.init_done {
+                let mut all_done = true;
+                for c in &inits {
+                    let name = s(c, "/name").to_owned();
+                    let mut annotations = annotations.clone();
+                    // A simulated init container finishes at once unless told otherwise.
+                    annotations
+                        .entry(format!("sim.kumo.io/exit-after-seconds/{name}"))
+                        .or_insert_with(|| "0".into());
+                    let done = step(
+                        &*runtime,
+                        &sandbox,
+                        w,
+                        pod,
+                        c,
+                        &annotations,
+                        "OnFailure",
+                        true,
+                        pulled,
+                        &mut events,
+                    );
+                    if !done {
+                        all_done = false;
+                        break;
+                    }
+                }
+                w.init_done = all_done;
+            }
+            if w.init_done {
+                for c in &mains {
+                    step(
+                        &*runtime,
+                        &sandbox,
+                        w,
+                        pod,
+                        c,
+                        &annotations,
+                        &restart_policy,
+                        false,
+                        pulled,
+                        &mut events,
+                    );
+                }
+            }
+        }
+        let status = pod_status(
+            pod,
+            w,
+            &*runtime,
+            &inits,
+            &mains,
+            &restart_policy,
+            &self
+                .cfg
+                .node_ip
+                .map(|i| i.to_string())
+                .unwrap_or_else(|| "127.0.0.1".into()),
+        );
+        crate::events::emit(&self.client, &self.cfg.node_name, events);
+        status
+    }
+}
+
+/// Deletes a pod at once (grace period 0), only the incarnation with `uid`.
+async fn delete_now(api: &Api<Pod>, name: &str, uid: &str) {
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    if let Err(e) = api.delete(name, &dp).await {
+        tracing::debug!(pod = %name, error = %e, "deleting a mirror pod");
+    }
+}
+
+/// Advances one container: pulls, creates and starts it, or restarts it after an exit as
+/// `restart_policy` says (with back-off). Returns whether it exited successfully (for
+/// init containers).
+#[allow(clippy::too_many_arguments)]
+fn step(
+    runtime: &dyn Runtime,
+    sandbox: &str,
+    w: &mut Worker,
+    pod: &Value,
+    spec: &Value,
+    annotations: &BTreeMap<String, String>,
+    restart_policy: &str,
+    init: bool,
+    pulled: &mut std::collections::HashSet<String>,
+    events: &mut Vec<Record>,
+) -> bool {
+    let name = s(spec, "/name").to_owned();
+    let image = s(spec, "/image").to_owned();
+    let ev = |warning: bool, reason: &'static str, message: String| {
+        Record::container(pod, &name, init, warning, reason, message)
+    };
+    let c = w.containers.entry(name.clone()).or_default();
+    if let Some(id) = c.id.clone() {
+        let Ok(st) = runtime.container_status(&id) else {
+            c.id = None;
+            return false;
+        };
+        let State::Exited {
+            exit_code,
+            started_at,
+            finished_at,
+        } = st.state
+        else {
+            return false;
+        };
+        let succeeded = exit_code == 0;
+        if init && succeeded {
+            return true;
+        }
+        let restart = match restart_policy {
+            "Always" => true,
+            "OnFailure" => !succeeded,
+            _ => false,
+        };
+        if !restart {
+            return succeeded;
+        }
+        // Remember the exit, then wait out the back-off before starting again.
+        c.last = Some(terminated_json(exit_code, started_at, finished_at, &id));
+        c.id = None;
+        c.backoff = if c.backoff.is_zero() {
+            BACKOFF_START
+        } else {
+            (c.backoff * 2).min(BACKOFF_MAX)
+        };
+        c.backoff_until = Some(Instant::now() + c.backoff);
+        c.restart_count += 1;
+        c.waiting = Some(("CrashLoopBackOff".into(), String::new()));
+        events.push(ev(
+            true,
+            "BackOff",
+            format!(
+                "Back-off restarting failed container {name} in pod {}_{}({})",
+                s(pod, "/metadata/name"),
+                s(pod, "/metadata/namespace"),
+                s(pod, "/metadata/uid")
+            ),
+        ));
+        return false;
+    }
+    if c.backoff_until.is_some_and(|t| Instant::now() < t) {
+        return false;
+    }
+    // Pulled once per node unless the policy says always (or the tag is latest/absent).
+    let policy = match s(spec, "/imagePullPolicy") {
+        "" if image.ends_with(":latest")
+            || !image.rsplit('/').next().unwrap_or("").contains(':') =>
+        {
+            "Always"
+        }
+        "" => "IfNotPresent",
+        p => p,
+    };
+    let present = pulled.contains(&image) && policy != "Always";
+    if !present {
+        events.push(ev(false, "Pulling", format!("Pulling image \"{image}\"")));
+    }
+    let started_pull = Instant::now();
+    match runtime.pull_image(&image, annotations, &name) {
+        Ok(r) => {
+            c.image_ref = r;
+            if present {
+                events.push(ev(
+                    false,
+                    "Pulled",
+                    format!("Container image \"{image}\" already present on machine"),
+                ));
+            } else {
+                let took = started_pull.elapsed();
+                events.push(ev(
+                    false,
+                    "Pulled",
+                    format!("Successfully pulled image \"{image}\" in {took:?} ({took:?} including waiting). Image size: 0 bytes."),
+                ));
+                pulled.insert(image.clone());
+            }
+        }
+        Err(e) => {
+            events.push(ev(
+                true,
+                "Failed",
+                format!("Failed to pull image \"{image}\": {e}"),
+            ));
+            events.push(ev(true, "Failed", "Error: ErrImagePull".into()));
+            let first = !matches!(&c.waiting, Some((r, _)) if r == "ErrImagePull" || r == "ImagePullBackOff");
+            c.waiting = Some(if first {
+                ("ErrImagePull".into(), e.to_string())
+            } else {
+                (
+                    "ImagePullBackOff".into(),
+                    format!("Back-off pulling image \"{image}\""),
+                )
+            });
+            c.backoff = if c.backoff.is_zero() {
+                BACKOFF_START
+            } else {
+                (c.backoff * 2).min(BACKOFF_MAX)
+            };
+            c.backoff_until = Some(Instant::now() + c.backoff);
+            return false;
+        }
+    }
+    let config = ContainerConfig {
+        name: name.clone(),
+        image,
+        annotations: annotations.clone(),
+    };
+    let id = runtime.create_container(sandbox, &config, &c.image_ref);
+    events.push(ev(false, "Created", format!("Created container: {name}")));
+    if runtime.start_container(&id).is_ok() {
+        events.push(ev(false, "Started", format!("Started container {name}")));
+        c.id = Some(id);
+        c.waiting = None;
+        c.backoff_until = None;
+    }
+    false
+}
+
+fn terminated_json(
+    exit_code: i32,
+    started_at: SystemTime,
+    finished_at: SystemTime,
+    id: &str,
+) -> Value {
+    json!({"terminated": {
+        "exitCode": exit_code,
+        "reason": if exit_code == 0 { "Completed" } else { "Error" },
+        "startedAt": rfc3339(started_at),
+        "finishedAt": rfc3339(finished_at),
+        "containerID": format!("sim://{id}"),
+    }})
+}
+
+/// The status of one pod: container states, phase and conditions as upstream computes
+/// them.
+#[allow(clippy::too_many_arguments)]
+fn pod_status(
+    pod: &Value,
+    w: &Worker,
+    runtime: &dyn Runtime,
+    inits: &[Value],
+    mains: &[Value],
+    restart_policy: &str,
+    host_ip: &str,
+) -> Value {
+    let pod_name = s(pod, "/metadata/name");
+    let pod_ns = s(pod, "/metadata/namespace");
+    let uid = s(pod, "/metadata/uid");
+    let status_of = |spec: &Value, init: bool| -> (Value, bool, bool, Option<i32>) {
+        // (status, running, ready, exit code if exited)
+        let name = s(spec, "/name");
+        let image = s(spec, "/image");
+        let c = w.containers.get(name);
+        let mut v = json!({"name": name, "image": image, "imageID": "", "ready": false, "restartCount": c.map_or(0, |c| c.restart_count), "started": false});
+        if let Some(last) = c.and_then(|c| c.last.clone()) {
+            v["lastState"] = last;
+        } else {
+            v["lastState"] = json!({});
+        }
+        let live = c
+            .and_then(|c| c.id.as_ref())
+            .and_then(|id| runtime.container_status(id).ok());
+        match live {
+            Some(st) => {
+                v["imageID"] = json!(st.image_ref);
+                v["containerID"] = json!(format!("sim://{}", st.id));
+                match st.state {
+                    State::Running { started_at } => {
+                        v["state"] = json!({"running": {"startedAt": rfc3339(started_at)}});
+                        v["started"] = json!(true);
+                        v["ready"] = json!(!init);
+                        (v, true, !init, None)
+                    }
+                    State::Exited {
+                        exit_code,
+                        started_at,
+                        finished_at,
+                    } => {
+                        v["state"] = terminated_json(exit_code, started_at, finished_at, &st.id);
+                        (v, false, false, Some(exit_code))
+                    }
+                    State::Created => {
+                        v["state"] = json!({"waiting": {"reason": "ContainerCreating"}});
+                        (v, false, false, None)
+                    }
+                }
+            }
+            None => {
+                let (reason, message) = match c.and_then(|c| c.waiting.clone()) {
+                    Some((r, _)) if r == "CrashLoopBackOff" => {
+                        let backoff = c.map_or(BACKOFF_START, |c| c.backoff);
+                        (r, format!("back-off {}s restarting failed container={name} pod={pod_name}_{pod_ns}({uid})", backoff.as_secs()))
+                    }
+                    Some(rm) => rm,
+                    None if init || w.init_done => ("ContainerCreating".into(), String::new()),
+                    None => ("PodInitializing".into(), String::new()),
+                };
+                let mut waiting = json!({"reason": reason});
+                if !message.is_empty() {
+                    waiting["message"] = json!(message);
+                }
+                v["state"] = json!({"waiting": waiting});
+                (v, false, false, None)
+            }
+        }
+    };
+    let init_statuses: Vec<_> = inits.iter().map(|c| status_of(c, true)).collect();
+    let statuses: Vec<_> = mains.iter().map(|c| status_of(c, false)).collect();
+    let running = statuses.iter().filter(|s| s.1).count();
+    let exited: Vec<i32> = statuses.iter().filter_map(|s| s.3).collect();
+    let all_exited = !statuses.is_empty() && exited.len() == statuses.len();
+    let phase = if !w.init_done {
+        "Pending"
+    } else if all_exited && restart_policy == "Never" {
+        if exited.iter().all(|c| *c == 0) {
+            "Succeeded"
+        } else {
+            "Failed"
+        }
+    } else if all_exited && restart_policy == "OnFailure" && exited.iter().all(|c| *c == 0) {
+        "Succeeded"
+    } else if running > 0
+        || statuses
+            .iter()
+            .any(|s| s.0["restartCount"].as_u64().unwrap_or(0) > 0)
+        || all_exited
+    {
+        "Running"
+    } else {
+        "Pending"
+    };
+    let not_ready: Vec<String> = statuses
+        .iter()
+        .filter(|s| !s.2)
+        .map(|s| s.0["name"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let now = rfc3339(SystemTime::now());
+    let cond = |t: &str, ok: bool, reason: &str, message: String| {
+        let mut c = json!({"type": t, "status": if ok { "True" } else { "False" }, "lastProbeTime": null, "lastTransitionTime": now});
+        if !ok && !reason.is_empty() {
+            c["reason"] = json!(reason);
+            c["message"] = json!(message);
+        }
+        c
+    };
+    let terminal = matches!(phase, "Succeeded" | "Failed");
+    let ready = not_ready.is_empty() && !terminal;
+    let (ready_reason, ready_message) = if terminal {
+        ("PodCompleted", String::new())
+    } else {
+        (
+            "ContainersNotReady",
+            format!("containers with unready status: [{}]", not_ready.join(" ")),
+        )
+    };
+    let pending_inits: Vec<String> = if w.init_done {
+        Vec::new()
+    } else {
+        init_statuses
+            .iter()
+            .filter(|s| s.3 != Some(0))
+            .map(|s| s.0["name"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    let mut conditions = vec![
+        cond(
+            "PodReadyToStartContainers",
+            w.sandbox.is_some() && !terminal,
+            "",
+            String::new(),
+        ),
+        cond(
+            "Initialized",
+            w.init_done,
+            "ContainersNotInitialized",
+            format!(
+                "containers with incomplete status: [{}]",
+                pending_inits.join(" ")
+            ),
+        ),
+        cond("Ready", ready, ready_reason, ready_message.clone()),
+        cond("ContainersReady", ready, ready_reason, ready_message),
+        cond("PodScheduled", true, "", String::new()),
+    ];
+    if terminal {
+        conditions[2]["reason"] = json!("PodCompleted");
+        conditions[3]["reason"] = json!("PodCompleted");
+    }
+    let ip = w.ip.clone().unwrap_or_default();
+    let mut st = json!({
+        "phase": phase,
+        "conditions": conditions,
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "startTime": w.start_time,
+        "containerStatuses": statuses.into_iter().map(|s| s.0).collect::<Vec<_>>(),
+        "qosClass": pod.pointer("/status/qosClass").cloned().unwrap_or(json!("BestEffort")),
+    });
+    if !inits.is_empty() {
+        st["initContainerStatuses"] =
+            json!(init_statuses.into_iter().map(|s| s.0).collect::<Vec<_>>());
+    }
+    st
+}
+
+/// The kubelet's conditions, keeping the others' (DisruptionTarget, readiness gates) and
+/// the transition times of conditions whose status did not change.
+fn merge_conditions(current: Option<&Value>, mut new: Value) -> Value {
+    let old: Vec<Value> = current
+        .and_then(|c| c.get("conditions"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if let Some(list) = new.get_mut("conditions").and_then(Value::as_array_mut) {
+        for c in list.iter_mut() {
+            if let Some(o) = old
+                .iter()
+                .find(|o| o["type"] == c["type"] && o["status"] == c["status"])
+            {
+                c["lastTransitionTime"] = o["lastTransitionTime"].clone();
+            }
+        }
+        let ours: Vec<Value> = list.iter().map(|c| c["type"].clone()).collect();
+        for o in old {
+            if !ours.contains(&o["type"]) {
+                list.push(o);
+            }
+        }
+    }
+    if let Some(t) = current.and_then(|c| c.get("startTime")) {
+        new["startTime"] = t.clone();
+    }
+    new
+}
+
+/// Whether the stored status already says what `new` says.
+fn same_status(stored: &Value, new: &Value) -> bool {
+    new.as_object()
+        .is_some_and(|o| o.iter().all(|(k, v)| stored.get(k) == Some(v)))
+}

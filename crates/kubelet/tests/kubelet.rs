@@ -1,0 +1,338 @@
+//! The kubelet against an in-process API server, with its own node identity
+//! (`system:node:w1`, so the Node authorizer and NodeRestriction apply), driven and
+//! observed with the real kubectl: registration, lease, pods bound to the node run and
+//! stop, restart policies, and static pods with their mirror pods.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kumo_apiserver::{pki, ApiServer, ApiServerConfig};
+use kumo_kubelet::KubeletConfig;
+
+fn kubectl(kc: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", kc)
+        .output()
+        .expect("kubectl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn k(kc: &Path, args: &[&str]) -> (bool, String, String) {
+    let kc = kc.to_owned();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        kubectl(&kc, &a)
+    })
+    .await
+    .unwrap()
+}
+
+/// Polls `kubectl args` until its stdout satisfies `ok` (20 s).
+async fn until(kc: &Path, args: &[&str], what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, out, err) = k(kc, args).await;
+        if ok(&out) {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: last output {out:?} {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn node_kubeconfig(data_dir: &Path, admin: &Path, node: &str) -> PathBuf {
+    let ca = pki::Ca::load_or_create(&data_dir.join("pki")).unwrap();
+    let cert = ca
+        .issue_client(&format!("system:node:{node}"), &["system:nodes"])
+        .unwrap();
+    let server = std::fs::read_to_string(admin)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_owned))
+        .unwrap();
+    let path = data_dir.join(format!("kubelet-{node}.conf"));
+    std::fs::write(
+        &path,
+        pki::kubeconfig(
+            "kumo",
+            &server,
+            &ca.cert_pem,
+            &format!("system:node:{node}"),
+            &cert,
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubelet_runs_pods_and_static_pods() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ApiServerConfig::new(dir.path());
+    cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let server = ApiServer::start(cfg).await.unwrap();
+    let admin = server.admin_kubeconfig.clone();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("static-web.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\n  labels:\n    app: static\nspec:\n  containers:\n  - name: web\n    image: nginx:1.29\n",
+    )
+    .unwrap();
+    let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "w1"), "w1");
+    kcfg.pod_manifest_path = Some(manifests.clone());
+    kcfg.static_pod_rescan = Duration::from_millis(500);
+    kcfg.status_update_frequency = Duration::from_secs(1);
+    tokio::spawn(async move {
+        if let Err(e) = kumo_kubelet::run(kcfg).await {
+            panic!("kubelet: {e}");
+        }
+    });
+
+    // Registered and Ready, with upstream's labels and a lease.
+    until(
+        &admin,
+        &[
+            "get",
+            "node",
+            "w1",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ],
+        "node Ready",
+        |o| o == "True",
+    )
+    .await;
+    let (_, labels, _) = k(
+        &admin,
+        &["get", "node", "w1", "-o", "jsonpath={.metadata.labels}"],
+    )
+    .await;
+    for l in [
+        "\"kubernetes.io/hostname\":\"w1\"",
+        "\"kubernetes.io/os\":\"linux\"",
+        "\"kubernetes.io/arch\"",
+    ] {
+        assert!(labels.contains(l), "{labels}");
+    }
+    let (_, info, _) = k(
+        &admin,
+        &[
+            "get",
+            "node",
+            "w1",
+            "-o",
+            "jsonpath={.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
+        ],
+    )
+    .await;
+    assert_eq!(info, "v1.37.2-kumo sim://0.1.0");
+    until(&admin, &["-n", "kube-node-lease", "get", "lease", "w1", "-o", "jsonpath={.spec.holderIdentity} {.spec.leaseDurationSeconds} {.metadata.ownerReferences[0].kind}"], "lease", |o| o == "w1 40 Node").await;
+
+    // A pod bound to the node runs, with an IP from the pod range.
+    let (ok, _, err) = k(&admin, &["create", "sa", "default"]).await;
+    assert!(ok, "{err}");
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  nodeName: w1\n  containers:\n  - name: nginx\n    image: nginx:1.29\n";
+    std::fs::write(dir.path().join("web.yaml"), pod).unwrap();
+    let (ok, _, err) = k(
+        &admin,
+        &[
+            "create",
+            "-f",
+            dir.path().join("web.yaml").to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    until(
+        &admin,
+        &[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.status.phase} {.status.conditions[?(@.type==\"Ready\")].status}",
+        ],
+        "pod Running",
+        |o| o == "Running True",
+    )
+    .await;
+    let (_, ip, _) = k(
+        &admin,
+        &[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.status.podIP} {.status.containerStatuses[0].state.running.startedAt}",
+        ],
+    )
+    .await;
+    assert!(ip.starts_with("10.244.0."), "{ip}");
+    // The kubelet's events, in upstream's words.
+    let events = until(
+        &admin,
+        &[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=web",
+            "-o",
+            "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+        ],
+        "pod events",
+        |o| o.contains("Started:"),
+    )
+    .await;
+    for line in [
+        "Pulling: Pulling image \"nginx:1.29\"",
+        "Created: Created container: nginx",
+        "Started: Started container nginx",
+    ] {
+        assert!(events.contains(line), "{events}");
+    }
+    assert!(
+        events.contains("Pulled: Successfully pulled image \"nginx:1.29\" in "),
+        "{events}"
+    );
+    // Deleted: stopped, then gone.
+    let (ok, _, err) = k(&admin, &["delete", "pod", "web", "--wait=false"]).await;
+    assert!(ok, "{err}");
+    until(&admin, &["get", "pods", "-o", "name"], "web gone", |o| {
+        !o.contains("pod/web\n")
+    })
+    .await;
+
+    // Restart policies: a crashing container backs off; a finished one succeeds.
+    let crash = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: crash\n  annotations:\n    sim.kumo.io/exit-after-seconds: \"0\"\n    sim.kumo.io/exit-code: \"1\"\nspec:\n  nodeName: w1\n  containers:\n  - name: c\n    image: busybox\n";
+    let done = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: done\n  annotations:\n    sim.kumo.io/exit-after-seconds: \"0\"\nspec:\n  nodeName: w1\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: busybox\n";
+    for (n, body) in [("crash", crash), ("done", done)] {
+        let f = dir.path().join(format!("{n}.yaml"));
+        std::fs::write(&f, body).unwrap();
+        let (ok, _, err) = k(&admin, &["create", "-f", f.to_str().unwrap()]).await;
+        assert!(ok, "{err}");
+    }
+    until(&admin, &["get", "pod", "crash", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].lastState.terminated.exitCode}"], "crash loop", |o| o == "CrashLoopBackOff 1 1").await;
+    until(
+        &admin,
+        &[
+            "get",
+            "pod",
+            "done",
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[0].state.terminated.reason}",
+        ],
+        "succeeded",
+        |o| o == "Succeeded Completed",
+    )
+    .await;
+
+    // The static pod's mirror: named after the node, owned by it, Running.
+    let mirror = "static-web-w1";
+    until(
+        &admin,
+        &["get", "pod", mirror, "-o", "jsonpath={.status.phase}"],
+        "mirror Running",
+        |o| o == "Running",
+    )
+    .await;
+    let (_, owner, _) = k(
+        &admin,
+        &[
+            "get",
+            "pod",
+            mirror,
+            "-o",
+            "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
+        ],
+    )
+    .await;
+    assert_eq!(owner, "Node/w1");
+    let (_, hash, _) = k(
+        &admin,
+        &[
+            "get",
+            "pod",
+            mirror,
+            "-o",
+            "jsonpath={.metadata.annotations.kubernetes\\.io/config\\.mirror}",
+        ],
+    )
+    .await;
+    assert_eq!(hash.len(), 32, "{hash}");
+    let (_, uid, _) = k(
+        &admin,
+        &["get", "pod", mirror, "-o", "jsonpath={.metadata.uid}"],
+    )
+    .await;
+    // Deleting the mirror pod brings it back (a new object; the static pod kept running).
+    let (ok, _, err) = k(&admin, &["delete", "pod", mirror, "--wait=false"]).await;
+    assert!(ok, "{err}");
+    until(
+        &admin,
+        &[
+            "get",
+            "pod",
+            mirror,
+            "-o",
+            "jsonpath={.metadata.uid} {.status.phase}",
+        ],
+        "mirror back",
+        |o| o.ends_with(" Running") && !o.starts_with(&uid),
+    )
+    .await;
+    // The node may not create a pod that is not a mirror pod (NodeRestriction).
+    let node_kc = dir.path().join("kubelet-w1.conf");
+    let (ok, _, err) = k(
+        &node_kc,
+        &[
+            "run",
+            "sneaky",
+            "--image=nginx",
+            "--overrides={\"spec\":{\"nodeName\":\"w1\"}}",
+        ],
+    )
+    .await;
+    assert!(!ok && err.contains("can only create mirror pods"), "{err}");
+    // Changing the manifest replaces the mirror pod with the new hash; removing it
+    // deletes the mirror pod.
+    std::fs::write(
+        manifests.join("static-web.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\n  labels:\n    app: static\n    version: two\nspec:\n  containers:\n  - name: web\n    image: nginx:1.29\n",
+    )
+    .unwrap();
+    until(
+        &admin,
+        &[
+            "get",
+            "pod",
+            mirror,
+            "-o",
+            "jsonpath={.metadata.labels.version} {.status.phase}",
+        ],
+        "mirror replaced",
+        |o| o == "two Running",
+    )
+    .await;
+    std::fs::remove_file(manifests.join("static-web.yaml")).unwrap();
+    until(
+        &admin,
+        &["get", "pods", "-o", "name"],
+        "mirror deleted",
+        |o| !o.contains(mirror),
+    )
+    .await;
+}
