@@ -1,11 +1,10 @@
 //! The conformance tests kumo is recorded as passing (conformance/kumo-passing.txt) still
-//! pass against `kumo apiserver`: no regressions.
+//! pass against the cluster `kumo up` runs (API server, controller-manager, scheduler and
+//! a kubelet, in process): no regressions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Command;
 
-use kumo_apiserver::{ApiServer, ApiServerConfig};
 use kumo_e2e::{repo_root, require_reference_binaries, run};
 
 /// Names listed in the passing list (comments and blank lines skipped).
@@ -18,14 +17,15 @@ fn listed() -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn recorded_conformance_tests_still_pass_on_kumo() {
     require_reference_binaries(&["e2e.test"]).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = ApiServerConfig::new(dir.path().join("kumo"));
-    cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let server = ApiServer::start(cfg).await.unwrap();
-    let kubeconfig = server.admin_kubeconfig.clone();
+    let mut cfg = kumo::cluster::ClusterConfig::new(dir.path().join("kumo"));
+    cfg.port = 0;
+    cfg.node_name = "kumo-e2e".into();
+    let cluster = kumo::cluster::start(cfg).await.unwrap();
+    let kubeconfig = cluster.api.admin_kubeconfig.clone();
     let out_dir = dir.path().join("conformance");
     let out = tokio::task::spawn_blocking(move || {
         run(Command::new(repo_root().join("scripts/conformance"))

@@ -1,6 +1,7 @@
 //! `kumo`: one binary, one subcommand per component.
 
 mod bench;
+mod certs;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -18,11 +19,22 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run kumo: today the API server on the embedded store (controllers, scheduler,
-    /// kubelet and the cloud join as they land).
+    /// Run kumo: the API server on the embedded store, the controller-manager, the
+    /// scheduler and a kubelet (the cloud joins when it lands).
     Up(UpArgs),
     /// The API server alone: HTTPS on --secure-port over the embedded store or etcd.
     Apiserver(ApiserverArgs),
+    /// The controller-manager alone: controllers that watch the API server (--kubeconfig).
+    ControllerManager(ControllerManagerArgs),
+    /// The scheduler alone: binds pods to nodes through the API server (--kubeconfig).
+    Scheduler(kumo_scheduler::cli::Args),
+    /// The node agent alone: registers a Node and runs its pods on the sim runtime.
+    Kubelet(kumo_kubelet::cli::Args),
+    /// Certificates of a data directory, as kubeadm's `certs`: check-expiration, renew.
+    Certs {
+        #[command(subcommand)]
+        what: certs::Certs,
+    },
     /// Benchmarks that measure kumo side by side with the reference.
     Bench {
         #[command(subcommand)]
@@ -66,6 +78,40 @@ struct ApiserverArgs {
     /// etcd endpoints, comma-separated, for --store etcd.
     #[arg(long, value_delimiter = ',')]
     etcd_servers: Vec<String>,
+    /// An audit.k8s.io/v1 Policy file; requests are audited only with one.
+    #[arg(long)]
+    audit_policy_file: Option<std::path::PathBuf>,
+    /// Where audit events are written, one JSON line each ('-' for stdout).
+    #[arg(long)]
+    audit_log_path: Option<std::path::PathBuf>,
+}
+
+/// Flags of `kumo controller-manager`, named as kube-controller-manager's.
+#[derive(clap::Args)]
+struct ControllerManagerArgs {
+    /// Path to a kubeconfig with the API server's address and this component's credentials.
+    #[arg(long)]
+    kubeconfig: std::path::PathBuf,
+    /// Take part in leader election (Lease kube-system/kube-controller-manager) first.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    leader_elect: bool,
+    /// Controllers to enable: '*' all on-by-default ones, 'foo' enables foo, '-foo' disables it.
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    controllers: Vec<String>,
+    /// The CA published in the kube-root-ca.crt ConfigMaps (default: the kubeconfig's CA).
+    #[arg(long)]
+    root_ca_file: Option<std::path::PathBuf>,
+    /// The address /healthz is served on.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind_address: std::net::IpAddr,
+    /// The HTTPS port for /healthz (0: not served).
+    #[arg(long, default_value_t = 10257)]
+    secure_port: u16,
+    /// Each controller acts as its own ServiceAccount in kube-system (as kubeadm sets it).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    use_service_account_credentials: bool,
 }
 
 /// Flags of `kumo up`.
@@ -77,6 +123,9 @@ struct UpArgs {
     /// The API server's port on 127.0.0.1.
     #[arg(long, default_value_t = 6443)]
     port: u16,
+    /// The kubelet's node name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
 }
 
 async fn up(args: UpArgs) -> Result<()> {
@@ -88,23 +137,48 @@ async fn up(args: UpArgs) -> Result<()> {
             std::path::PathBuf::from(home).join(".kumo").join("default")
         }
     };
-    let mut cfg = kumo_apiserver::ApiServerConfig::new(&data_dir);
-    cfg.bind = std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), args.port);
-    let server = kumo_apiserver::ApiServer::start(cfg).await?;
+    let mut cfg = kumo::cluster::ClusterConfig::new(&data_dir);
+    cfg.port = args.port;
+    if let Some(n) = args.node_name {
+        cfg.node_name = n;
+    }
+    let cluster = kumo::cluster::start(cfg).await?;
+    let server = &cluster.api;
     println!(
         "kumo: API server ready at https://{} in {} ms (state in {})",
         server.local_addr,
         server.startup.as_millis(),
         data_dir.display()
     );
+    println!("kumo: controller-manager, scheduler and kubelet started, each with its own identity");
     println!(
-        "kumo: not running yet: controller-manager, scheduler, kubelet, cloud (see the open issues)"
+        "kumo: node {} (simulated containers); static pods: put manifests in {}",
+        cluster.config.node_name,
+        cluster.config.static_pod_path().display()
     );
+    println!("kumo: not running yet: the cloud and its controller manager (see the open issues)");
     println!(
-        "To use it:\n  export KUBECONFIG={}\n  kubectl get namespaces",
+        "To use it:\n  export KUBECONFIG={}\n  kubectl get nodes",
         server.admin_kubeconfig.display()
     );
-    server.wait().await
+    cluster.api.wait().await
+}
+
+async fn controller_manager(args: ControllerManagerArgs) -> Result<()> {
+    let mut cfg = kumo_controller_manager::Config::new(&args.kubeconfig);
+    cfg.leader_elect = args.leader_elect;
+    cfg.controllers = args.controllers;
+    cfg.root_ca_file = args.root_ca_file;
+    cfg.use_service_account_credentials = args.use_service_account_credentials;
+    cfg.serve = (args.secure_port != 0)
+        .then(|| std::net::SocketAddr::new(args.bind_address, args.secure_port));
+    let cm = kumo_controller_manager::ControllerManager::start(cfg).await?;
+    match cm.healthz_addr {
+        Some(a) => println!("kumo controller-manager: serving /healthz on https://{a}"),
+        None => println!("kumo controller-manager: started"),
+    }
+    cm.wait().await?;
+    Ok(())
 }
 
 async fn apiserver(args: ApiserverArgs) -> Result<()> {
@@ -112,6 +186,8 @@ async fn apiserver(args: ApiserverArgs) -> Result<()> {
     let mut cfg = kumo_apiserver::ApiServerConfig::new(&args.data_dir);
     cfg.bind = std::net::SocketAddr::new(args.bind_address, args.secure_port);
     cfg.advertise_address = args.advertise_address;
+    cfg.audit_policy_file = args.audit_policy_file;
+    cfg.audit_log_path = args.audit_log_path;
     cfg.store = match args.store.as_str() {
         "etcd" if args.etcd_servers.is_empty() => {
             anyhow::bail!("--store etcd needs --etcd-servers")
@@ -151,6 +227,25 @@ fn main() -> Result<()> {
                 .build()?;
             rt.block_on(apiserver(args))
         }
+        Command::Kubelet(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            Ok(rt.block_on(kumo_kubelet::cli::run(args))?)
+        }
+        Command::Scheduler(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            Ok(rt.block_on(kumo_scheduler::cli::run(args))?)
+        }
+        Command::ControllerManager(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(controller_manager(args))
+        }
+        Command::Certs { what } => certs::run(what),
         Command::Bench { what } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

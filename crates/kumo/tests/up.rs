@@ -44,3 +44,137 @@ fn kumo_up_prints_a_working_kubeconfig() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("namespace/default"));
 }
+
+/// kubectl against `kubeconfig`: (ok, stdout, stderr).
+fn kubectl(kubeconfig: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Polls `kubectl args` until its stdout satisfies `ok` (60 s).
+fn until(kubeconfig: &str, args: &[&str], what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, out, err) = kubectl(kubeconfig, args);
+        if ok(&out) {
+            return out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {out:?} {err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+/// Seed 003's walk through a cluster, on `kumo up`: the node registers and is Ready, the
+/// control plane's leases are in kube-system, `kubectl run` is scheduled and runs, and a
+/// static pod's mirror pod appears, owned by the node, and comes back when deleted.
+#[test]
+fn kumo_up_runs_pods_on_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kumo"))
+        .args(["up", "--port", "0", "--node-name", "cka-w1", "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut kubeconfig = None;
+    let mut manifests = None;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(p) = line.split("static pods: put manifests in ").nth(1) {
+            manifests = Some(p.trim().to_owned());
+        }
+        if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
+            kubeconfig = Some(path.to_owned());
+            break;
+        }
+    }
+    let kc = kubeconfig.unwrap();
+    let manifests = manifests.unwrap();
+    let check = std::panic::catch_unwind(|| {
+        until(
+            &kc,
+            &[
+                "get",
+                "node",
+                "cka-w1",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ],
+            "node Ready",
+            |o| o == "True",
+        );
+        // The node-lifecycle controller lifts the not-ready taint once the node is Ready.
+        until(
+            &kc,
+            &["get", "node", "cka-w1", "-o", "jsonpath={.spec.taints}"],
+            "no taints",
+            |o| o.is_empty(),
+        );
+        until(
+            &kc,
+            &["-n", "kube-system", "get", "lease", "-o", "name"],
+            "leases",
+            |o| {
+                o.contains("lease.coordination.k8s.io/kube-controller-manager")
+                    && o.contains("lease.coordination.k8s.io/kube-scheduler")
+            },
+        );
+        until(
+            &kc,
+            &["get", "sa", "default", "-o", "name"],
+            "default service account",
+            |o| o.contains("default"),
+        );
+        let (ok, _, err) = kubectl(&kc, &["run", "web", "--image=nginx:1.29", "--port=80"]);
+        assert!(ok, "{err}");
+        until(
+            &kc,
+            &[
+                "get",
+                "pod",
+                "web",
+                "-o",
+                "jsonpath={.spec.nodeName} {.status.phase}",
+            ],
+            "web Running",
+            |o| o == "cka-w1 Running",
+        );
+        std::fs::write(
+            std::path::Path::new(&manifests).join("static-web.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\nspec:\n  containers:\n  - name: web\n    image: nginx:1.29\n",
+        )
+        .unwrap();
+        until(&kc, &["get", "pod", "static-web-cka-w1", "-o", "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name} {.status.phase}"], "mirror pod", |o| o == "Node/cka-w1 Running");
+        let (ok, _, err) = kubectl(&kc, &["delete", "pod", "static-web-cka-w1"]);
+        assert!(ok, "{err}");
+        until(
+            &kc,
+            &[
+                "get",
+                "pod",
+                "static-web-cka-w1",
+                "-o",
+                "jsonpath={.status.phase}",
+            ],
+            "mirror back",
+            |o| o == "Running",
+        );
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Err(e) = check {
+        std::panic::resume_unwind(e);
+    }
+}
