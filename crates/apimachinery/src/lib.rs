@@ -4,6 +4,7 @@
 //! protobuf encoding of the built-in types.
 
 pub mod protobuf;
+pub mod quantity;
 pub mod selector;
 pub mod status;
 pub mod validation;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kumo_apimachinery::quantity::Quantity as Exact;
 
 /// CPU a container without a CPU request counts as when scoring (upstream's
 /// `DefaultMilliCPURequest`).
@@ -100,46 +101,17 @@ fn is_scalar(name: &str) -> bool {
 
 /// A quantity as a float of its base unit (`100m` → 0.1, `1Ki` → 1024).
 pub fn parse_quantity(s: &str) -> Option<f64> {
-    let s = s.trim();
-    if s.is_empty() {
-        return None;
-    }
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        e if e.starts_with('e') || e.starts_with('E') => 10f64.powi(e[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(n * mult)
+    Exact::parse(s).map(|q| q.as_f64())
 }
 
 /// `Quantity.MilliValue()`: rounded up to a whole milli-unit.
 pub fn parse_milli(s: &str) -> Option<i64> {
-    parse_quantity(s).map(|v| (v * 1000.0 - 1e-6).ceil() as i64)
+    Exact::parse(s).and_then(|q| i64::try_from(q.milli_value()).ok())
 }
 
 /// `Quantity.Value()`: rounded up to a whole unit.
 pub fn parse_value(s: &str) -> Option<i64> {
-    parse_quantity(s).map(|v| (v - 1e-9).ceil() as i64)
+    Exact::parse(s).and_then(|q| i64::try_from(q.value()).ok())
 }
 
 fn container_requests(c: &Container) -> Resources {

@@ -13,6 +13,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod kubectl;
+
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;

@@ -244,36 +244,7 @@ fn default_volume(v: &mut Value) {
 
 /// A Quantity as a number (enough to compare requests with limits).
 fn quantity(v: &Value) -> Option<f64> {
-    let s = match v {
-        Value::String(s) => s.trim(),
-        Value::Number(n) => return n.as_f64(),
-        _ => return None,
-    };
-    let split = s
-        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        _ => return None,
-    };
-    Some(n * mult)
+    kumo_apimachinery::quantity::Quantity::from_json(v).map(|q| q.as_f64())
 }
 
 /// The QoS class of a pod, as upstream's ComputePodQOS (cpu and memory only).
