@@ -12,8 +12,21 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::{
+    GeneralPurpose, GeneralPurposeConfig, STANDARD, URL_SAFE_NO_PAD,
+};
+use base64::engine::DecodePaddingMode;
 use base64::Engine;
+
+/// Decodes JWS parts as Go's base64.RawURLEncoding does (go-jose): unpadded, and
+/// non-zero trailing bits in the last character are ignored, not an error.
+const JWS_DECODE: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::URL_SAFE,
+    GeneralPurposeConfig::new()
+        .with_encode_padding(false)
+        .with_decode_allow_trailing_bits(true)
+        .with_decode_padding_mode(DecodePaddingMode::RequireNone),
+);
 use kumo_storage::Store;
 use ring::rand::SystemRandom;
 use ring::signature::{
@@ -218,13 +231,13 @@ impl SigningKey {
         else {
             return Err(None);
         };
-        let header: Value = URL_SAFE_NO_PAD
+        let header: Value = JWS_DECODE
             .decode(h)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .ok_or(None)?;
-        let payload = URL_SAFE_NO_PAD.decode(p).map_err(|_| None)?;
-        let sig = URL_SAFE_NO_PAD.decode(s).map_err(|_| None)?;
+        let payload = JWS_DECODE.decode(p).map_err(|_| None)?;
+        let sig = JWS_DECODE.decode(s).map_err(|_| None)?;
         if let Some(kid) = header.get("kid").and_then(Value::as_str) {
             if !kid.is_empty() && kid != self.kid {
                 return Err(Some("invalid signature, no keys found".into()));
@@ -255,7 +268,7 @@ fn unverified_issuer(token: &str) -> Option<String> {
     else {
         return None;
     };
-    let payload = URL_SAFE_NO_PAD.decode(p).ok()?;
+    let payload = JWS_DECODE.decode(p).ok()?;
     let claims: Value = serde_json::from_slice(&payload).ok()?;
     claims.get("iss")?.as_str().map(str::to_owned)
 }
