@@ -422,6 +422,19 @@ async fn bootstrap_kubernetes_service(
     port: u16,
 ) -> Result<()> {
     use serde_json::json;
+    // The aggregator's Local APIServices, one per served built-in group version.
+    for (obj, status) in crate::registry::apiregistration::local_api_services(registry) {
+        ensure(
+            rest,
+            registry,
+            ("apiregistration.k8s.io", "v1", "apiservices"),
+            None,
+            &obj,
+            None,
+            Some(&status),
+        )
+        .await?;
+    }
     let cidr = crate::registry::service_cidr();
     let name = crate::registry::DEFAULT_SERVICE_CIDR;
     let ready = json!({"status": {"conditions": [{

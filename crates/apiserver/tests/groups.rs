@@ -863,3 +863,37 @@ async fn policy_networking_certificates_flowcontrol_admission() {
         ])
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_api_services_as_the_aggregator_registers_them() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let out = k(&kc, &["get", "apiservices"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("SERVICE   AVAILABLE   AGE"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines[1].starts_with("v1.     ") && lines[1].contains("Local     True"),
+        "{}",
+        out.stdout
+    );
+    let out = k(
+        &kc,
+        &["get", "apiservice", "v1.apps", "-o", "jsonpath={.spec.groupPriorityMinimum} {.spec.versionPriority} {.metadata.labels.kube-aggregator\\.kubernetes\\.io/automanaged} {.status.conditions[0].reason}"],
+    )
+    .await;
+    assert_eq!(out.stdout, "17800 15 onstart Local");
+    // The name must be version.group.
+    let bad = "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: v1.example.com\nspec:\n  group: other.example.com\n  version: v1\n  groupPriorityMinimum: 100\n  versionPriority: 10\n";
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(bad)).await;
+    assert!(
+        out.stderr
+            .contains("must be `spec.version+\".\"+spec.group`"),
+        "{}",
+        out.stderr
+    );
+}

@@ -6,6 +6,7 @@
 //! shared in [`crate::rest`], so adding a resource is one small strategy.
 
 mod admissionregistration;
+pub mod apiregistration;
 mod apps;
 pub mod authentication;
 pub mod authorization;
@@ -451,6 +452,7 @@ impl Registry {
             resources: core::resources()
                 .into_iter()
                 .chain(pods::resources())
+                .chain(apiregistration::resources())
                 .chain(events::resources())
                 .chain(coordination::resources())
                 .chain(nodes::resources())

@@ -1,0 +1,186 @@
+//! apiregistration.k8s.io/v1 APIServices: the kube-aggregator's list of API group
+//! versions. kumo serves every group itself, so, as kube-apiserver's autoregister
+//! controller does at start, each served group version has a "Local" APIService (always
+//! Available); aggregated API servers (spec.service) are stored but not proxied to yet.
+
+use kumo_apimachinery::validation::{FieldError, Path};
+use serde_json::{json, Value};
+
+use super::printing::{col, keep_status};
+use super::{age_of, name_of, str_at, Column, Registry, Resource, Strategy};
+
+pub(super) fn resources() -> Vec<Resource> {
+    vec![Resource {
+        group: "apiregistration.k8s.io",
+        version: "v1",
+        kind: "APIService",
+        plural: "apiservices",
+        singular: "apiservice",
+        namespaced: false,
+        short_names: &[],
+        categories: &["api-extensions"],
+        subresources: &["status"],
+        strategy: Box::new(ApiServices),
+    }]
+}
+
+/// kube-apiserver's group and version priorities (its apiVersionPriorities table) for
+/// the group versions kumo serves; a group version missing here gets no APIService, as
+/// upstream skips it.
+const PRIORITIES: &[(&str, &str, i64, i64)] = &[
+    ("", "v1", 18000, 1),
+    ("events.k8s.io", "v1", 17750, 15),
+    ("apps", "v1", 17800, 15),
+    ("authentication.k8s.io", "v1", 17700, 15),
+    ("authorization.k8s.io", "v1", 17600, 15),
+    ("autoscaling", "v1", 17500, 15),
+    ("autoscaling", "v2", 17500, 30),
+    ("batch", "v1", 17400, 15),
+    ("certificates.k8s.io", "v1", 17300, 15),
+    ("networking.k8s.io", "v1", 17200, 15),
+    ("policy", "v1", 17100, 15),
+    ("rbac.authorization.k8s.io", "v1", 17000, 15),
+    ("storage.k8s.io", "v1", 16800, 15),
+    ("apiextensions.k8s.io", "v1", 16700, 15),
+    ("admissionregistration.k8s.io", "v1", 16700, 15),
+    ("scheduling.k8s.io", "v1", 16600, 15),
+    ("coordination.k8s.io", "v1", 16500, 15),
+    ("node.k8s.io", "v1", 16300, 15),
+    ("discovery.k8s.io", "v1", 16200, 15),
+    ("resource.k8s.io", "v1", 16200, 21),
+    ("flowcontrol.apiserver.k8s.io", "v1", 16100, 21),
+    ("storagemigration.k8s.io", "v1", 15800, 15),
+];
+
+/// The Local APIServices of the served built-in group versions: (object, status).
+pub fn local_api_services(registry: &Registry) -> Vec<(Value, Value)> {
+    let mut served: Vec<(&str, &str)> = vec![("", "v1")];
+    for (g, versions) in registry.groups() {
+        for v in versions {
+            served.push((g, v));
+        }
+    }
+    PRIORITIES
+        .iter()
+        .filter(|(g, v, ..)| served.contains(&(*g, *v)))
+        .map(|(g, v, group_priority, version_priority)| {
+            let obj = json!({
+                "apiVersion": "apiregistration.k8s.io/v1",
+                "kind": "APIService",
+                "metadata": {
+                    "name": format!("{v}.{g}"),
+                    "labels": {"kube-aggregator.kubernetes.io/automanaged": "onstart"},
+                },
+                "spec": {
+                    "group": g, "version": v,
+                    "groupPriorityMinimum": group_priority, "versionPriority": version_priority,
+                },
+            });
+            let status = json!({"status": {"conditions": [{
+                "type": "Available",
+                "status": "True",
+                "reason": "Local",
+                "message": "Local APIServices are always available",
+                "lastTransitionTime": crate::time::now_rfc3339(),
+            }]}});
+            (obj, status)
+        })
+        .collect()
+}
+
+struct ApiServices;
+
+impl Strategy for ApiServices {
+    fn prepare_update(&self, new: &mut Value, old: &Value) {
+        keep_status(new, old);
+    }
+
+    fn validate_name(&self, name: &str) -> Vec<String> {
+        // `<version>.<group>`; the core group's is `v1.`.
+        match name.split_once('.') {
+            Some((v, _)) if !v.is_empty() => Vec::new(),
+            _ => vec![format!("\"{name}\" must be in the form <version>.<group>")],
+        }
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let spec = Path::new("spec");
+        let name = name_of(obj);
+        let (group, version) = (str_at(obj, "/spec/group"), str_at(obj, "/spec/version"));
+        if version.is_empty() {
+            errs.push(FieldError::required(&spec.child("version"), ""));
+        }
+        if name != format!("{version}.{group}") {
+            errs.push(FieldError::invalid(
+                &Path::new("metadata").child("name"),
+                name,
+                format!("must be `spec.version+\".\"+spec.group`: \"{version}.{group}\""),
+            ));
+        }
+        let priority = |k: &str| {
+            obj.pointer(&format!("/spec/{k}"))
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+        };
+        let group_priority = priority("groupPriorityMinimum");
+        if !(1..=20000).contains(&group_priority) {
+            errs.push(FieldError::invalid(
+                &spec.child("groupPriorityMinimum"),
+                group_priority,
+                "must be positive and less than 20000",
+            ));
+        }
+        let version_priority = priority("versionPriority");
+        if !(1..=1000).contains(&version_priority) {
+            errs.push(FieldError::invalid(
+                &spec.child("versionPriority"),
+                version_priority,
+                "must be positive and less than 1000",
+            ));
+        }
+        errs
+    }
+
+    fn validate_update(&self, new: &Value, _old: &Value) -> Vec<FieldError> {
+        self.validate(new)
+    }
+
+    fn columns(&self) -> Vec<Column> {
+        vec![
+            Column::NAME,
+            col(
+                "Service",
+                "string",
+                "The reference to the service that hosts this API endpoint.",
+            ),
+            col("Available", "string", "Whether this service is available."),
+            Column::AGE,
+        ]
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let service = match obj.pointer("/spec/service").filter(|s| !s.is_null()) {
+            Some(s) => format!("{}/{}", str_at(s, "/namespace"), str_at(s, "/name")),
+            None => "Local".into(),
+        };
+        let available = obj
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|c| c.iter().find(|c| c["type"] == "Available"))
+            .map(|c| {
+                let status = c["status"].as_str().unwrap_or("Unknown");
+                match c["reason"].as_str() {
+                    Some(r) if status != "True" && !r.is_empty() => format!("{status} ({r})"),
+                    _ => status.to_owned(),
+                }
+            })
+            .unwrap_or_else(|| "Unknown".into());
+        vec![
+            json!(name_of(obj)),
+            json!(service),
+            json!(available),
+            json!(age_of(obj)),
+        ]
+    }
+}
