@@ -352,6 +352,20 @@ async fn custom_resources_follow_their_definition() {
         serde_json::json!({"replicas": 5, "selector": "a=b"})
     );
 
+    // ... and in OpenAPI v2 (paths and the definition), as kube-apiserver publishes it.
+    let v2 = out_json(&k(&kc, &["get", "--raw", "/openapi/v2"]).await);
+    let def = &v2["definitions"]["com.example.stable.v1.CronTab"];
+    assert_eq!(
+        def["x-kubernetes-group-version-kind"][0]["kind"], "CronTab",
+        "{def}"
+    );
+    assert!(
+        def["properties"]["spec"]["properties"]["replicas"].is_object(),
+        "{def}"
+    );
+    assert!(v2["paths"]
+        .get("/apis/stable.example.com/v1/namespaces/{namespace}/crontabs")
+        .is_some());
     // Deleting the definition removes the resource from discovery, and its objects.
     let out = k(&kc, &["delete", "crd", "crontabs.stable.example.com"]).await;
     assert_eq!(
@@ -363,6 +377,10 @@ async fn custom_resources_follow_their_definition() {
     assert_eq!(api_resource(&kc, "crontabs").await, None);
     let index = out_json(&k(&kc, &["get", "--raw", "/openapi/v3"]).await);
     assert!(index["paths"].get("apis/stable.example.com/v1").is_none());
+    let v2 = out_json(&k(&kc, &["get", "--raw", "/openapi/v2"]).await);
+    assert!(v2["definitions"]
+        .get("com.example.stable.v1.CronTab")
+        .is_none());
     let out = k(&kc, &["get", "ct"]).await;
     assert_eq!(
         out.stderr,

@@ -248,10 +248,11 @@ impl Built {
 
     fn v2_protobuf(&self, registry: &Registry) -> &Document {
         self.v2_protobuf.get_or_init(|| {
-            let names = v2_names(registry);
+            let mut defs = Vec::new();
+            v2_definitions(registry, |n, d| defs.push((n.to_owned(), d)));
             let body = proto::document(
                 crate::KUBERNETES_VERSION,
-                names.iter().map(|n| (*n, v2_definition(n))),
+                defs.iter().map(|(n, d)| (n.as_str(), d.clone())),
             );
             let digest = ring::digest::digest(&ring::digest::SHA512, &body);
             Document {
@@ -646,7 +647,7 @@ fn item_ops(
 }
 
 /// The paths of one group version.
-/// Custom resources are documented in v3 only (`custom`).
+/// Custom resources' paths are included with `custom`.
 fn gv_paths(registry: &Registry, group: &str, version: &str, custom: bool) -> Map<String, Value> {
     let camel = group_camel(group);
     let tag = format!(
@@ -866,16 +867,83 @@ fn status_text(code: &str) -> &'static str {
     }
 }
 
-/// The definitions the served paths use (the names are the same in both forms).
-fn v2_names(registry: &Registry) -> BTreeSet<&'static str> {
+/// The definitions the served paths use (the names are the same in both forms), custom
+/// resources' included, each in v2 form when `f` asks for it.
+fn v2_definitions(registry: &Registry, mut f: impl FnMut(&str, Value)) {
     let mut names = BTreeSet::new();
+    let mut custom: BTreeMap<String, Value> = BTreeMap::new();
     for (g, v) in group_versions(registry) {
         referenced(
-            &Value::Object(gv_paths(registry, g, v, false)).to_string(),
+            &Value::Object(gv_paths(registry, g, v, true)).to_string(),
             &mut names,
         );
+        for r in registry.in_group_version(g, v) {
+            for (n, d) in r.strategy.openapi_definitions().into_iter().flatten() {
+                referenced(&d.to_string(), &mut names);
+                custom.insert(n, d);
+            }
+        }
     }
-    names
+    for n in &names {
+        f(n, v2_definition(n));
+    }
+    for (n, mut d) in custom {
+        crd_schema_to_v2(&mut d, true);
+        f(&n, schema_to_v2(&d));
+    }
+}
+
+/// What OpenAPI v2 (and kubectl reading it) cannot express, taken out of a custom
+/// resource's structural schema as apiextensions-apiserver's ToStructuralOpenAPIV2 does:
+/// junctors go, a nullable field loses its type and children, a field that preserves
+/// unknown fields loses its children (and, below the root, its object type).
+fn crd_schema_to_v2(s: &mut Value, root: bool) {
+    let Some(o) = s.as_object_mut() else {
+        return;
+    };
+    for k in ["allOf", "oneOf", "anyOf", "not"] {
+        o.remove(k);
+    }
+    if o.remove("nullable") == Some(Value::Bool(true)) {
+        o.remove("type");
+        o.remove("items");
+        o.remove("properties");
+    }
+    if o.remove("x-kubernetes-preserve-unknown-fields") == Some(Value::Bool(true)) {
+        o.remove("items");
+        o.remove("properties");
+        if !root && o.get("type").and_then(Value::as_str) == Some("object") {
+            o.remove("type");
+        }
+    }
+    if o.get("type").and_then(Value::as_str) == Some("array") && !o.contains_key("items") {
+        o.remove("type");
+    }
+    // Required fields that may be null are not required in v2.
+    let nullable: Vec<String> = o
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| {
+            p.iter()
+                .filter(|(_, v)| v.get("nullable") == Some(&Value::Bool(true)))
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(req) = o.get_mut("required").and_then(Value::as_array_mut) {
+        req.retain(|r| !r.as_str().is_some_and(|r| nullable.iter().any(|n| n == r)));
+    }
+    if let Some(props) = o.get_mut("properties").and_then(Value::as_object_mut) {
+        for v in props.values_mut() {
+            crd_schema_to_v2(v, false);
+        }
+    }
+    if let Some(items) = o.get_mut("items") {
+        crd_schema_to_v2(items, false);
+    }
+    if let Some(extra) = o.get_mut("additionalProperties").filter(|v| v.is_object()) {
+        crd_schema_to_v2(extra, false);
+    }
 }
 
 /// One definition in v2 form, parsed for the conversion only (the value is not kept).
@@ -896,7 +964,7 @@ fn v2_document(registry: &Registry) -> Document {
     out.push_str(",\"paths\":{");
     let mut first = true;
     for (g, v) in group_versions(registry) {
-        for (p, item) in gv_paths(registry, g, v, false) {
+        for (p, item) in gv_paths(registry, g, v, true) {
             let m: Map<String, Value> = item
                 .as_object()
                 .into_iter()
@@ -921,14 +989,16 @@ fn v2_document(registry: &Registry) -> Document {
         }
     }
     out.push_str("},\"definitions\":{");
-    for (i, n) in v2_names(registry).iter().enumerate() {
-        if i > 0 {
+    let mut first = true;
+    v2_definitions(registry, |n, d| {
+        if !first {
             out.push(',');
         }
+        first = false;
         out.push_str(&json!(n).to_string());
         out.push(':');
-        out.push_str(&v2_definition(n).to_string());
-    }
+        out.push_str(&d.to_string());
+    });
     out.push_str("},\"securityDefinitions\":");
     out.push_str(&security_scheme().to_string());
     out.push_str(",\"security\":[{\"BearerToken\":[]}]}");
