@@ -491,3 +491,79 @@ spec:
     assert_eq!(lines[0], "NAME   AGE", "{}", out.stderr);
     assert!(lines[1].starts_with("w1     "), "{}", out.stdout);
 }
+
+const WIDGETS: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  names: {plural: widgets, singular: widget, kind: Widget}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {type: integer, default: 1}
+              color: {type: string}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defaults_apply_on_write_and_on_read() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let out = create(&kc, WIDGETS, &[]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let w =
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w1\nspec:\n  color: red\n";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = create(&kc, w, &[]).await;
+        if out.ok {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", out.stderr);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let out = k(&kc, &["get", "widget", "w1", "-o", "jsonpath={.spec.size}"]).await;
+    assert_eq!(out.stdout, "1");
+    // A default added later shows on objects stored before it.
+    let out = k(
+        &kc,
+        &["patch", "crd", "widgets.example.com", "--type=json", "-p",
+          r#"[{"op":"add","path":"/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/shape","value":{"type":"string","default":"round"}}]"#],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = k(
+            &kc,
+            &["get", "widget", "w1", "-o", "jsonpath={.spec.shape}"],
+        )
+        .await;
+        if out.stdout == "round" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} {}",
+            out.stdout,
+            out.stderr
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let out = k(
+        &kc,
+        &["get", "widgets", "-o", "jsonpath={.items[0].spec.shape}"],
+    )
+    .await;
+    assert_eq!(out.stdout, "round");
+}

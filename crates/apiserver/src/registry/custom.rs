@@ -23,6 +23,8 @@ pub(super) struct CustomResource {
     scale: Option<ScaleSpec>,
     /// The printer columns after `Name`, with their JSON paths.
     columns: Vec<(Column, String)>,
+    /// Whether the schema sets any defaults.
+    has_defaults: bool,
 }
 
 impl CustomResource {
@@ -104,7 +106,15 @@ impl CustomResource {
             status: version.pointer("/subresources/status").is_some(),
             scale,
             columns,
+            has_defaults: false,
         }
+        .with_defaults_noted()
+    }
+
+    /// Notes whether the schema has any `default` (reads then apply them).
+    fn with_defaults_noted(mut self) -> Self {
+        self.has_defaults = self.schema.to_string().contains("\"default\":");
+        self
     }
 
     /// Prunes and defaults `obj` by the schema (metadata, apiVersion and kind stay).
@@ -151,6 +161,30 @@ impl Strategy for CustomResource {
 
     fn prepare_status_update(&self, new: &mut Value, _old: &Value) {
         self.normalize(new);
+    }
+
+    // Defaults apply on read too ("defaulting from storage"): objects stored before a
+    // default was added to the schema are served with it.
+    fn served_form(&self, mut obj: Value) -> Value {
+        if self.has_defaults {
+            if let Some(o) = obj.as_object_mut() {
+                let keep: Vec<(String, Value)> = ["apiVersion", "kind", "metadata"]
+                    .iter()
+                    .filter_map(|k| o.remove(*k).map(|v| ((*k).to_owned(), v)))
+                    .collect();
+                default(&self.schema, &mut obj, 0);
+                if let Some(o) = obj.as_object_mut() {
+                    for (k, v) in keep {
+                        o.insert(k, v);
+                    }
+                }
+            }
+        }
+        obj
+    }
+
+    fn converts(&self) -> bool {
+        self.has_defaults
     }
 
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
