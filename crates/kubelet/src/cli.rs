@@ -12,6 +12,10 @@ pub struct Args {
     /// (system:node:<name> in system:nodes).
     #[arg(long)]
     pub kubeconfig: PathBuf,
+    /// A KubeletConfiguration file (kubelet.config.k8s.io/v1beta1); flags given on the
+    /// command line win over it, as upstream.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// The Node's name (default: the host name).
     #[arg(long)]
     pub hostname_override: Option<String>,
@@ -33,12 +37,12 @@ pub struct Args {
     /// The directory of static pod manifests (staticPodPath).
     #[arg(long)]
     pub pod_manifest_path: Option<PathBuf>,
-    /// Most pods on this node.
-    #[arg(long, default_value_t = 110)]
-    pub max_pods: u32,
-    /// The pod range to use while the Node has no spec.podCIDR.
-    #[arg(long, default_value = "10.244.0.0/24")]
-    pub pod_cidr: String,
+    /// Most pods on this node (default 110).
+    #[arg(long)]
+    pub max_pods: Option<u32>,
+    /// The pod range to use while the Node has no spec.podCIDR (default 10.244.0.0/24).
+    #[arg(long)]
+    pub pod_cidr: Option<String>,
     /// The container runtime; `sim` simulates containers.
     #[arg(long, default_value = "sim", value_parser = ["sim"])]
     pub runtime: String,
@@ -50,9 +54,87 @@ pub struct Args {
     pub sim_memory: String,
 }
 
+/// The fields of a KubeletConfiguration file kumo's kubelet uses.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(rename_all = "camelCase")]
+struct FileConfig {
+    kind: Option<String>,
+    static_pod_path: Option<PathBuf>,
+    max_pods: Option<u32>,
+    pod_cidr: Option<String>,
+    provider_id: Option<String>,
+    register_with_taints: Option<Vec<FileTaint>>,
+    node_status_update_frequency: Option<String>,
+}
+
+#[derive(serde::Deserialize, Debug)]
+struct FileTaint {
+    key: String,
+    #[serde(default)]
+    value: String,
+    effect: String,
+}
+
+/// A Go duration such as `10s`, `1m30s`, `500ms`.
+fn go_duration(s: &str) -> Option<std::time::Duration> {
+    let mut total = 0f64;
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let (n, tail) = rest.split_at(digits);
+        let n: f64 = n.parse().ok()?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let factor = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        total += n * factor;
+        rest = tail;
+    }
+    std::time::Duration::try_from_secs_f64(total).ok()
+}
+
 impl Args {
-    /// The configuration these flags describe.
+    /// The configuration these flags (and the --config file under them) describe.
     pub fn config(self) -> crate::Result<KubeletConfig> {
+        let file: FileConfig = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    crate::Error::Invalid(format!(
+                        "failed to load Kubelet config file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                let f: FileConfig = serde_yaml::from_str(&text).map_err(|e| {
+                    crate::Error::Invalid(format!(
+                        "failed to load Kubelet config file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                if f.kind
+                    .as_deref()
+                    .is_some_and(|k| k != "KubeletConfiguration")
+                {
+                    return Err(crate::Error::Invalid(format!(
+                        "{}: kind must be KubeletConfiguration",
+                        path.display()
+                    )));
+                }
+                f
+            }
+            None => FileConfig::default(),
+        };
         let name = match self.hostname_override {
             Some(n) => n,
             None => std::fs::read_to_string("/etc/hostname")
@@ -69,12 +151,35 @@ impl Args {
             labels.insert(k.to_owned(), v.to_owned());
         }
         cfg.node_labels = labels;
-        cfg.register_with_taints = self.register_with_taints;
+        cfg.register_with_taints = if self.register_with_taints.is_empty() {
+            file.register_with_taints
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| Taint {
+                    key: t.key,
+                    value: t.value,
+                    effect: t.effect,
+                })
+                .collect()
+        } else {
+            self.register_with_taints
+        };
         cfg.cloud_provider_external = self.cloud_provider == "external";
-        cfg.provider_id = self.provider_id;
-        cfg.pod_manifest_path = self.pod_manifest_path;
-        cfg.max_pods = self.max_pods;
-        cfg.pod_cidr = self.pod_cidr;
+        cfg.provider_id = self.provider_id.or(file.provider_id);
+        cfg.pod_manifest_path = self.pod_manifest_path.or(file.static_pod_path);
+        if let Some(m) = self.max_pods.or(file.max_pods) {
+            cfg.max_pods = m;
+        }
+        if let Some(c) = self.pod_cidr.or(file.pod_cidr) {
+            cfg.pod_cidr = c;
+        }
+        if let Some(d) = file
+            .node_status_update_frequency
+            .as_deref()
+            .and_then(go_duration)
+        {
+            cfg.status_update_frequency = d;
+        }
         cfg.cpu = self.sim_cpu;
         cfg.memory = self.sim_memory;
         Ok(cfg)
@@ -84,4 +189,63 @@ impl Args {
 /// Runs `kumo kubelet`.
 pub async fn run(args: Args) -> crate::Result<()> {
     crate::run(args.config()?).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn config_file_under_flags() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("config.yaml");
+        std::fs::write(
+            &f,
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: /etc/kubernetes/manifests\nmaxPods: 50\nnodeStatusUpdateFrequency: 1m30s\nregisterWithTaints:\n- key: dedicated\n  value: infra\n  effect: NoSchedule\n",
+        )
+        .expect("write");
+        let cli = Cli::parse_from([
+            "kubelet",
+            "--kubeconfig",
+            "/k",
+            "--hostname-override",
+            "w1",
+            "--config",
+            f.to_str().expect("utf8"),
+            "--max-pods",
+            "20",
+        ]);
+        let cfg = cli.args.config().expect("config");
+        assert_eq!(
+            cfg.pod_manifest_path.as_deref(),
+            Some(std::path::Path::new("/etc/kubernetes/manifests"))
+        );
+        assert_eq!(cfg.max_pods, 20, "the flag wins");
+        assert_eq!(
+            cfg.status_update_frequency,
+            std::time::Duration::from_secs(90)
+        );
+        assert_eq!(cfg.register_with_taints[0].value, "infra");
+        std::fs::write(&f, "kind: Pod\n").expect("write");
+        let cli = Cli::parse_from([
+            "kubelet",
+            "--kubeconfig",
+            "/k",
+            "--config",
+            f.to_str().expect("utf8"),
+        ]);
+        assert!(cli.args.config().is_err());
+        assert_eq!(
+            go_duration("500ms"),
+            Some(std::time::Duration::from_millis(500))
+        );
+        assert_eq!(go_duration("x"), None);
+    }
 }
