@@ -530,13 +530,30 @@ fn step(
             c.id = None;
             return false;
         };
-        let State::Exited {
-            exit_code,
-            started_at,
-            finished_at,
-        } = st.state
-        else {
-            return false;
+        let (exit_code, started_at, finished_at) = match st.state {
+            State::Exited {
+                exit_code,
+                started_at,
+                finished_at,
+            } => (exit_code, started_at, finished_at),
+            State::Running { started_at } => {
+                // A liveness probe that keeps failing restarts the container.
+                if probe_failing(spec, annotations, "liveness", started_at) {
+                    events.push(ev(
+                        true,
+                        "Unhealthy",
+                        "Liveness probe failed: simulated failure".into(),
+                    ));
+                    events.push(ev(
+                        false,
+                        "Killing",
+                        format!("Container {name} failed liveness probe, will be restarted"),
+                    ));
+                    let _ = runtime.kill_container(&id);
+                }
+                return false;
+            }
+            State::Created => return false,
         };
         let succeeded = exit_code == 0;
         if init && succeeded {
@@ -651,6 +668,58 @@ fn step(
     false
 }
 
+/// The probe of `kind` (`readiness`, `liveness`, `startup`) of a container spec.
+fn probe<'a>(spec: &'a Value, kind: &str) -> Option<&'a Value> {
+    spec.get(format!("{kind}Probe")).filter(|p| p.is_object())
+}
+
+/// Whether the sim makes probe `kind` of this container fail.
+fn sim_fails(spec: &Value, annotations: &BTreeMap<String, String>, kind: &str) -> bool {
+    let name = s(spec, "/name");
+    annotations
+        .get(&format!("sim.kumo.io/probe-fail/{name}"))
+        .or_else(|| annotations.get("sim.kumo.io/probe-fail"))
+        .is_some_and(|v| v.split(',').any(|k| k.trim() == kind))
+}
+
+fn probe_field(p: &Value, k: &str, default: u64) -> u64 {
+    p.get(k).and_then(Value::as_u64).unwrap_or(default)
+}
+
+/// Whether the probe has not (yet) passed: within initialDelaySeconds, or failing.
+fn probe_pending(
+    spec: &Value,
+    annotations: &BTreeMap<String, String>,
+    kind: &str,
+    started: SystemTime,
+) -> bool {
+    let Some(p) = probe(spec, kind) else {
+        return false;
+    };
+    let delay = Duration::from_secs(probe_field(p, "initialDelaySeconds", 0));
+    let elapsed = started.elapsed().unwrap_or_default();
+    elapsed < delay || sim_fails(spec, annotations, kind)
+}
+
+/// Whether the probe failed `failureThreshold` times in a row (after its delay).
+fn probe_failing(
+    spec: &Value,
+    annotations: &BTreeMap<String, String>,
+    kind: &str,
+    started: SystemTime,
+) -> bool {
+    let Some(p) = probe(spec, kind) else {
+        return false;
+    };
+    if !sim_fails(spec, annotations, kind) {
+        return false;
+    }
+    let delay = probe_field(p, "initialDelaySeconds", 0);
+    let period = probe_field(p, "periodSeconds", 10).max(1);
+    let threshold = probe_field(p, "failureThreshold", 3).max(1);
+    started.elapsed().unwrap_or_default() >= Duration::from_secs(delay + period * threshold)
+}
+
 fn terminated_json(
     exit_code: i32,
     started_at: SystemTime,
@@ -681,6 +750,15 @@ fn pod_status(
     let pod_name = s(pod, "/metadata/name");
     let pod_ns = s(pod, "/metadata/namespace");
     let uid = s(pod, "/metadata/uid");
+    let annotations: BTreeMap<String, String> = pod
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
     let status_of = |spec: &Value, init: bool| -> (Value, bool, bool, Option<i32>) {
         // (status, running, ready, exit code if exited)
         let name = s(spec, "/name");
@@ -702,9 +780,15 @@ fn pod_status(
                 match st.state {
                     State::Running { started_at } => {
                         v["state"] = json!({"running": {"startedAt": rfc3339(started_at)}});
-                        v["started"] = json!(true);
-                        v["ready"] = json!(!init);
-                        (v, true, !init, None)
+                        // Not started while a startup probe has not passed; not ready
+                        // while the readiness probe does not pass (or before its delay).
+                        let started = !probe_pending(spec, &annotations, "startup", started_at);
+                        let ready = !init
+                            && started
+                            && !probe_pending(spec, &annotations, "readiness", started_at);
+                        v["started"] = json!(started);
+                        v["ready"] = json!(ready);
+                        (v, true, ready, None)
                     }
                     State::Exited {
                         exit_code,

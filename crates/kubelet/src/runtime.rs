@@ -8,7 +8,9 @@
 //! `/<c>` suffix):
 //! * `sim.kumo.io/exit-after-seconds[/<c>]`: the container exits after that many seconds;
 //! * `sim.kumo.io/exit-code[/<c>]`: with that code (0 by default);
-//! * `sim.kumo.io/pull[/<c>]: fail`: pulling the image fails (ErrImagePull).
+//! * `sim.kumo.io/pull[/<c>]: fail`: pulling the image fails (ErrImagePull);
+//! * `sim.kumo.io/probe-fail[/<c>]: readiness,liveness,startup`: those probes fail (the
+//!   kubelet reads this one: probes are the kubelet's).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -76,6 +78,8 @@ pub trait Runtime: Send + Sync {
     /// Stops a container (SIGTERM, then SIGKILL after `grace`).
     fn stop_container(&self, id: &str, grace: Duration) -> Result<(), RuntimeError>;
     fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError>;
+    /// Kills a container at once (SIGKILL: exit code 137), as after a failed liveness probe.
+    fn kill_container(&self, id: &str) -> Result<(), RuntimeError>;
 }
 
 struct SimContainer {
@@ -206,6 +210,22 @@ impl Runtime for Sim {
             // A simulated process honours SIGTERM at once and exits cleanly.
             c.status.state = State::Exited {
                 exit_code: 0,
+                started_at,
+                finished_at: SystemTime::now(),
+            };
+        }
+        Ok(())
+    }
+
+    fn kill_container(&self, id: &str) -> Result<(), RuntimeError> {
+        let mut all = self.lock();
+        let c = all
+            .get_mut(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        Self::advance(c);
+        if let State::Running { started_at } = c.status.state {
+            c.status.state = State::Exited {
+                exit_code: 137,
                 started_at,
                 finished_at: SystemTime::now(),
             };

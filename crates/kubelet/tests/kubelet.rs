@@ -240,6 +240,49 @@ async fn kubelet_runs_pods_and_static_pods() {
     )
     .await;
 
+    // Probes: a failing readiness probe keeps the pod Running but not Ready; a failing
+    // liveness probe restarts the container.
+    let unready = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: unready\n  annotations:\n    sim.kumo.io/probe-fail: readiness\nspec:\n  nodeName: w1\n  containers:\n  - name: c\n    image: nginx:1.29\n    readinessProbe:\n      httpGet: {path: /, port: 80}\n";
+    let sick = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: sick\n  annotations:\n    sim.kumo.io/probe-fail: liveness\nspec:\n  nodeName: w1\n  containers:\n  - name: c\n    image: nginx:1.29\n    livenessProbe:\n      httpGet: {path: /, port: 80}\n      periodSeconds: 1\n      failureThreshold: 1\n";
+    for (n, body) in [("unready", unready), ("sick", sick)] {
+        let f = dir.path().join(format!("{n}.yaml"));
+        std::fs::write(&f, body).unwrap();
+        let (ok, _, err) = k(&admin, &["create", "-f", f.to_str().unwrap()]).await;
+        assert!(ok, "{err}");
+    }
+    until(&admin, &["get", "pod", "unready", "-o", "jsonpath={.status.phase} {.status.containerStatuses[0].ready} {.status.conditions[?(@.type==\"Ready\")].reason}"], "running, not ready", |o| o == "Running false ContainersNotReady").await;
+    until(
+        &admin,
+        &[
+            "get",
+            "pod",
+            "sick",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ],
+        "liveness restarts",
+        |o| o.parse::<u32>().is_ok_and(|n| n >= 1),
+    )
+    .await;
+    let events = until(
+        &admin,
+        &[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=sick",
+            "-o",
+            "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+        ],
+        "liveness events",
+        |o| o.contains("Unhealthy:"),
+    )
+    .await;
+    assert!(
+        events.contains("Killing: Container c failed liveness probe, will be restarted"),
+        "{events}"
+    );
+
     // The static pod's mirror: named after the node, owned by it, Running.
     let mirror = "static-web-w1";
     until(
