@@ -26,6 +26,7 @@ mod ingress;
 mod networking;
 mod node;
 mod nodes;
+mod podcertificates;
 mod pods;
 mod policy;
 mod printing;
@@ -471,6 +472,7 @@ impl Registry {
                 .chain(policy::resources())
                 .chain(ingress::resources())
                 .chain(certificates::resources())
+                .chain(podcertificates::resources())
                 .chain(authentication::resources())
                 .chain(flowcontrol::resources())
                 .chain(admissionregistration::resources())
