@@ -854,8 +854,16 @@ fn pod_status(
         .map(|s| s.0["name"].as_str().unwrap_or("").to_owned())
         .collect();
     let now = rfc3339(SystemTime::now());
+    // The pod generation this status describes (PodObservedGenerationTracking).
+    let generation = pod
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
     let cond = |t: &str, ok: bool, reason: &str, message: String| {
         let mut c = json!({"type": t, "status": if ok { "True" } else { "False" }, "lastProbeTime": null, "lastTransitionTime": now});
+        if generation > 0 {
+            c["observedGeneration"] = json!(generation);
+        }
         if !ok && !reason.is_empty() {
             c["reason"] = json!(reason);
             c["message"] = json!(message);
@@ -917,6 +925,9 @@ fn pod_status(
         "containerStatuses": statuses.into_iter().map(|s| s.0).collect::<Vec<_>>(),
         "qosClass": pod.pointer("/status/qosClass").cloned().unwrap_or(json!("BestEffort")),
     });
+    if generation > 0 {
+        st["observedGeneration"] = json!(generation);
+    }
     if !inits.is_empty() {
         st["initContainerStatuses"] =
             json!(init_statuses.into_iter().map(|s| s.0).collect::<Vec<_>>());

@@ -182,6 +182,33 @@ async fn kubelet_runs_pods_and_static_pods() {
     )
     .await;
     assert!(ip.starts_with("10.244.0."), "{ip}");
+    // A spec update is observed: status.observedGeneration follows metadata.generation.
+    let (ok, _, err) = k(
+        &admin,
+        &[
+            "patch",
+            "pod",
+            "web",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"activeDeadlineSeconds":5000}}"#,
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    until(
+        &admin,
+        &[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.metadata.generation} {.status.observedGeneration}",
+        ],
+        "observed generation",
+        |o| o == "2 2",
+    )
+    .await;
     // The kubelet's events, in upstream's words.
     let events = until(
         &admin,
