@@ -1730,11 +1730,12 @@ impl Rest {
             };
             chain.admit(&attrs, None).await?;
             chain.validate(&attrs, None).await?;
-            let finalizers = meta(&old)
+            let mut new = old.clone();
+            gc_finalizers(&mut new, &opts);
+            let finalizers = meta(&new)
                 .and_then(|m| m.get("finalizers"))
                 .and_then(Value::as_array)
                 .is_some_and(|f| !f.is_empty());
-            let mut new = old.clone();
             let grace = res.strategy.graceful_delete(&old, &opts);
             let pending = res.strategy.delete_pending(&mut new);
             if finalizers || pending || grace.is_some_and(|g| g > 0) {
@@ -1945,6 +1946,62 @@ impl Rest {
                 "items": deleted,
             }),
         ))
+    }
+}
+
+/// The garbage collector's finalizers a DELETE sets, as upstream's
+/// deletionFinalizersForGarbageCollection: `orphan` when dependents are orphaned
+/// (orphanDependents=true, propagationPolicy=Orphan, or already so), `foregroundDeletion`
+/// when they are deleted first (propagationPolicy=Foreground, or already so); neither for
+/// Background. Every resource's default policy in v1 is to delete dependents.
+fn gc_finalizers(obj: &mut Value, opts: &Value) {
+    const ORPHAN: &str = "orphan";
+    const FOREGROUND: &str = "foregroundDeletion";
+    let current: Vec<String> = meta(obj)
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    // Without an explicit option, whichever of the two finalizers comes first decides.
+    let first = current.iter().find(|f| *f == ORPHAN || *f == FOREGROUND);
+    let orphan_opt = opts.get("orphanDependents").and_then(Value::as_bool);
+    let policy = opts.get("propagationPolicy").and_then(Value::as_str);
+    let (orphan, foreground) = match (orphan_opt, policy) {
+        (Some(o), _) => (o, false),
+        (None, Some("Orphan")) => (true, false),
+        (None, Some("Background")) => (false, false),
+        (None, Some("Foreground")) => (false, true),
+        _ => (
+            first.is_some_and(|f| f == ORPHAN),
+            first.is_some_and(|f| f == FOREGROUND),
+        ),
+    };
+    let mut next: Vec<String> = current
+        .iter()
+        .filter(|f| *f != ORPHAN && *f != FOREGROUND)
+        .cloned()
+        .collect();
+    if orphan {
+        next.push(ORPHAN.into());
+    }
+    if foreground {
+        next.push(FOREGROUND.into());
+    }
+    let same = next.len() == current.len() && next.iter().all(|f| current.contains(f));
+    if same {
+        return;
+    }
+    if next.is_empty() {
+        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("finalizers");
+        }
+    } else {
+        set_meta(obj, "finalizers", json!(next));
     }
 }
 
