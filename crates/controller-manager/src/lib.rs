@@ -6,7 +6,8 @@
 //! only the holder of the Lease kube-system/kube-controller-manager runs controllers.
 //!
 //! Controllers today: serviceaccount, root-ca-certificate-publisher,
-//! clusterrole-aggregation, namespace ([`controllers`]).
+//! clusterrole-aggregation, namespace, node-lifecycle, replicaset, replicationcontroller,
+//! deployment, endpointslice, endpoints, garbage-collector ([`controllers`]).
 
 pub mod clients;
 pub mod controllers;
@@ -67,15 +68,15 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
     ),
     ("cronjob-controller", Some("cronjob"), true, false),
     ("daemonset-controller", Some("daemonset"), true, false),
-    ("deployment-controller", Some("deployment"), true, false),
+    ("deployment-controller", Some("deployment"), true, true),
     ("device-taint-eviction-controller", None, true, false),
     ("disruption-controller", Some("disruption"), true, false),
-    ("endpoints-controller", Some("endpoint"), true, false),
+    ("endpoints-controller", Some("endpoint"), true, true),
     (
         "endpointslice-controller",
         Some("endpointslice"),
         true,
-        false,
+        true,
     ),
     (
         "endpointslice-mirroring-controller",
@@ -93,7 +94,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "garbage-collector-controller",
         Some("garbagecollector"),
         true,
-        false,
+        true,
     ),
     (
         "horizontal-pod-autoscaler-controller",
@@ -165,12 +166,12 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         false,
     ),
     ("podgroup-protection-controller", None, true, false),
-    ("replicaset-controller", Some("replicaset"), true, false),
+    ("replicaset-controller", Some("replicaset"), true, true),
     (
         "replicationcontroller-controller",
         Some("replicationcontroller"),
         true,
-        false,
+        true,
     ),
     (
         "resourceclaim-controller",
@@ -558,8 +559,49 @@ fn start_controllers(
             stop.clone(),
         ));
     }
+    if on("deployment-controller") {
+        tasks.push(controllers::deployment::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("replicationcontroller-controller") {
+        tasks.push(controllers::replicaset::start_replication_controllers(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("replicaset-controller") {
+        tasks.push(controllers::replicaset::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("garbage-collector-controller") {
+        tasks.push(controllers::garbagecollector::start(
+            clients.clone(),
+            stop.clone(),
+        ));
+    }
     if on("namespace-controller") {
         tasks.push(controllers::namespace::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("endpoints-controller") {
+        tasks.push(controllers::endpoints::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("endpointslice-controller") {
+        tasks.push(controllers::endpointslice::start(
             clients.clone(),
             &factory,
             stop.clone(),

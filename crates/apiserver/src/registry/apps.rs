@@ -507,6 +507,12 @@ impl Strategy for Deployments {
         validate_status(new, old, &DEPLOYMENT_STATUS)
     }
 
+    // Upstream's status strategy resets only spec and labels: the deployment controller
+    // writes the revision annotation through /status (no new generation).
+    fn status_keeps_metadata(&self) -> bool {
+        true
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         default_deployment(obj);
         obj["status"] = json!({});

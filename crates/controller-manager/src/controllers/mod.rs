@@ -1,8 +1,13 @@
 //! The controllers, and the worker loop they share.
 
 pub mod clusterrole_aggregation;
+pub mod deployment;
+pub mod endpoints;
+pub mod endpointslice;
+pub mod garbagecollector;
 pub mod namespace;
 pub mod nodelifecycle;
+pub mod replicaset;
 pub mod rootca;
 pub mod serviceaccount;
 
