@@ -151,6 +151,46 @@ fn kumo_up_runs_pods_on_its_node() {
             "web Running",
             |o| o == "cka-w1 Running",
         );
+        // Seed 001's start: a Deployment's pods run, and its Service has their endpoints.
+        let (ok, _, err) = kubectl(
+            &kc,
+            &[
+                "create",
+                "deployment",
+                "hello",
+                "--image=nginx:1.29",
+                "--port=80",
+                "--replicas=2",
+            ],
+        );
+        assert!(ok, "{err}");
+        let (ok, _, err) = kubectl(&kc, &["expose", "deployment", "hello", "--port=80"]);
+        assert!(ok, "{err}");
+        until(
+            &kc,
+            &[
+                "get",
+                "deployment",
+                "hello",
+                "-o",
+                "jsonpath={.status.availableReplicas}",
+            ],
+            "deployment available",
+            |o| o == "2",
+        );
+        until(
+            &kc,
+            &[
+                "get",
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=hello",
+                "-o",
+                "jsonpath={.items[0].endpoints[*].conditions.ready}",
+            ],
+            "endpoints ready",
+            |o| o == "true true",
+        );
         std::fs::write(
             std::path::Path::new(&manifests).join("static-web.yaml"),
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\nspec:\n  containers:\n  - name: web\n    image: nginx:1.29\n",
