@@ -116,15 +116,16 @@ impl ApiServer {
             // Not an admission plugin upstream but part of RBAC's storage; it refuses
             // before any other plugin validates.
             Arc::new(crate::auth::escalation::Escalation { rbac: rbac.clone() }),
-            // LimitRanger, NodeRestriction, TaintNodesByCondition, PodSecurity,
-            // ResourceQuota, MutatingAdmissionWebhook, ValidatingAdmissionWebhook
+            // kube-apiserver's order (its AllOrderedPlugins): ResourceQuota comes last, so
+            // that nothing refused later has been charged.
             Arc::new(crate::admission::limitranger::LimitRanger),
             Arc::new(crate::admission::noderestriction::NodeRestriction),
             Arc::new(crate::admission::taintnodes::TaintNodesByCondition),
             Arc::new(crate::admission::podsecurity::PodSecurity::default()),
-            Arc::new(crate::admission::quota::ResourceQuota::new()),
+            Arc::new(crate::admission::runtimeclass::RuntimeClass),
             Arc::new(crate::admission::webhook::Webhooks::mutating()),
             Arc::new(crate::admission::webhook::Webhooks::validating()),
+            Arc::new(crate::admission::quota::ResourceQuota::new()),
         ];
         let _ = rest.admission.set(crate::admission::Chain::new(plugins));
         let rest = Arc::new(rest);

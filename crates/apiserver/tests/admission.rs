@@ -714,3 +714,44 @@ async fn quota_holds_under_concurrent_creates() {
         .count();
     assert_eq!(ours, 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_classes_add_overhead_and_scheduling() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    must(
+        &kc,
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n",
+    )
+    .await;
+    must(
+        &kc,
+        "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata:\n  name: kata\nhandler: kata\noverhead:\n  podFixed:\n    cpu: 250m\n    memory: 120Mi\nscheduling:\n  nodeSelector:\n    runtime: kata\n  tolerations:\n  - key: kata\n    operator: Exists\n    effect: NoSchedule\n",
+    )
+    .await;
+    must(
+        &kc,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  runtimeClassName: kata\n  containers:\n  - name: c\n    image: nginx\n",
+    )
+    .await;
+    let pod = out_json(&k(&kc, &["get", "pod", "p", "-o", "json"]).await);
+    assert_eq!(pod["spec"]["overhead"]["cpu"], "250m");
+    assert_eq!(pod["spec"]["nodeSelector"]["runtime"], "kata");
+    assert!(pod["spec"]["tolerations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["key"] == "kata"));
+    // A class that does not exist: upstream's refusal.
+    let out = apply(
+        &kc,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: q\nspec:\n  runtimeClassName: missing\n  containers:\n  - name: c\n    image: nginx\n",
+    )
+    .await;
+    assert!(
+        out.stderr
+            .contains("pods \"q\" is forbidden: pod rejected: RuntimeClass \"missing\" not found"),
+        "{}",
+        out.stderr
+    );
+}

@@ -5,7 +5,8 @@
 //! resource's strategy (`Strategy::admit_create`: ServiceAccount, Priority,
 //! DefaultTolerationSeconds, DefaultStorageClass) and NamespaceLifecycle in `rest`; the
 //! plugins here need more: the requesting user (NodeRestriction), other collections
-//! (LimitRanger, ResourceQuota, PodSecurity's namespace labels) or the network (webhooks).
+//! (LimitRanger, ResourceQuota, PodSecurity's namespace labels, RuntimeClass) or the
+//! network (webhooks).
 //! `rest` runs [`Chain::admit`] after the strategy's admission and [`Chain::validate`]
 //! after the strategy's validation, for creates, updates (every retry of an update runs
 //! them again, as upstream's GuaranteedUpdate does) and deletes.
@@ -14,6 +15,7 @@ pub mod limitranger;
 pub mod noderestriction;
 pub mod podsecurity;
 pub mod quota;
+pub mod runtimeclass;
 pub mod taintnodes;
 pub mod webhook;
 
