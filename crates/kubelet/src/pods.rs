@@ -58,6 +58,9 @@ struct Worker {
     sandbox: Option<String>,
     ip: Option<String>,
     start_time: String,
+    started: Instant,
+    /// activeDeadlineSeconds ran out: the pod failed.
+    deadline_exceeded: bool,
     containers: BTreeMap<String, Container>,
     init_done: bool,
     /// The status last written, to write only changes.
@@ -381,6 +384,8 @@ impl Workers {
                     sandbox: None,
                     ip: Some(ip),
                     start_time: rfc3339(SystemTime::now()),
+                    started: Instant::now(),
+                    deadline_exceeded: false,
                     containers: BTreeMap::new(),
                     init_done: false,
                     written: None,
@@ -412,7 +417,36 @@ impl Workers {
             w.sandbox = Some(runtime.run_pod_sandbox(&uid));
         }
         let sandbox = w.sandbox.clone().unwrap_or_default();
-        let terminal = matches!(phase_now.as_str(), "Succeeded" | "Failed");
+        // activeDeadlineSeconds: past it, every container is stopped and the pod fails.
+        let deadline = pod
+            .pointer("/spec/activeDeadlineSeconds")
+            .and_then(Value::as_u64)
+            .map(Duration::from_secs);
+        if !w.deadline_exceeded && deadline.is_some_and(|d| w.started.elapsed() >= d) {
+            w.deadline_exceeded = true;
+            for c in w.containers.values() {
+                if let Some(id) = &c.id {
+                    let _ = runtime.stop_container(id, Duration::from_secs(0));
+                }
+            }
+            let s = |p: &str| {
+                pod.pointer(p)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            events.push(Record {
+                kind: "Pod",
+                namespace: s("/metadata/namespace"),
+                name: s("/metadata/name"),
+                uid: s("/metadata/uid"),
+                field_path: None,
+                warning: false,
+                reason: "DeadlineExceeded",
+                message: "Pod was active on the node longer than the specified deadline".into(),
+            });
+        }
+        let terminal = matches!(phase_now.as_str(), "Succeeded" | "Failed") || w.deadline_exceeded;
         let inits: Vec<Value> = pod
             .pointer("/spec/initContainers")
             .and_then(Value::as_array)
@@ -927,6 +961,11 @@ fn pod_status(
     });
     if generation > 0 {
         st["observedGeneration"] = json!(generation);
+    }
+    if w.deadline_exceeded {
+        st["phase"] = json!("Failed");
+        st["reason"] = json!("DeadlineExceeded");
+        st["message"] = json!("Pod was active on the node longer than the specified deadline");
     }
     if !inits.is_empty() {
         st["initContainerStatuses"] =

@@ -267,6 +267,24 @@ async fn kubelet_runs_pods_and_static_pods() {
     )
     .await;
 
+    // activeDeadlineSeconds: the pod fails once it ran that long.
+    let f = dir.path().join("deadline.yaml");
+    std::fs::write(&f, "apiVersion: v1\nkind: Pod\nmetadata:\n  name: deadline\nspec:\n  nodeName: w1\n  activeDeadlineSeconds: 1\n  containers:\n  - name: c\n    image: nginx:1.29\n").unwrap();
+    let (ok, _, err) = k(&admin, &["create", "-f", f.to_str().unwrap()]).await;
+    assert!(ok, "{err}");
+    until(
+        &admin,
+        &[
+            "get",
+            "pod",
+            "deadline",
+            "-o",
+            "jsonpath={.status.phase} {.status.reason}",
+        ],
+        "deadline exceeded",
+        |o| o == "Failed DeadlineExceeded",
+    )
+    .await;
     // Probes: a failing readiness probe keeps the pod Running but not Ready; a failing
     // liveness probe restarts the container.
     let unready = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: unready\n  annotations:\n    sim.kumo.io/probe-fail: readiness\nspec:\n  nodeName: w1\n  containers:\n  - name: c\n    image: nginx:1.29\n    readinessProbe:\n      httpGet: {path: /, port: 80}\n";

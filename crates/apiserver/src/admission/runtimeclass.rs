@@ -25,7 +25,7 @@ impl Plugin for RuntimeClass {
         let Some(pod) = obj else { return Ok(()) };
         if a.operation != Operation::Create
             || a.subresource.is_some()
-            || a.resource.group != ""
+            || !a.resource.group.is_empty()
             || a.resource.plural != "pods"
         {
             return Ok(());
