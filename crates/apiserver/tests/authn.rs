@@ -497,3 +497,31 @@ async fn service_account_issuer_discovery() {
     assert_eq!(header["kid"], key["kid"]);
     assert_eq!(header["alg"], "ES256");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn certificates_from_another_ca_are_refused() {
+    let (server, dir) = start().await;
+    let admin = server.admin_kubeconfig.clone();
+    // A certificate for a system:masters user, signed by a CA the server does not trust.
+    let other = tempfile::tempdir().unwrap();
+    let rogue_ca = pki::Ca::load_or_create(other.path()).unwrap();
+    let cert = rogue_ca
+        .issue_client("mallory", &["system:masters"])
+        .unwrap();
+    let ca = std::fs::read_to_string(dir.path().join("pki/ca.crt")).unwrap();
+    let path = dir.path().join("mallory.conf");
+    std::fs::write(
+        &path,
+        pki::kubeconfig("kumo", &server_url(&admin), &ca, "mallory", &cert),
+    )
+    .unwrap();
+    let out = k(&path, &["get", "secrets", "-A"]).await;
+    assert!(!out.ok, "a certificate from another CA was accepted");
+    assert!(
+        out.stderr.contains("certificate") || out.stderr.contains("tls"),
+        "{}",
+        out.stderr
+    );
+    // The server is unharmed.
+    assert!(k(&admin, &["get", "namespaces"]).await.ok);
+}
