@@ -437,41 +437,29 @@ fn admit_pod_status(a: &Attributes<'_>, node: &str, obj: Option<&Value>) -> Resu
             q(node)
         ));
     }
-    if !sem_eq(
-        old.pointer("/metadata/labels"),
-        new.pointer("/metadata/labels"),
-    ) {
-        return deny(format!(
-            "node {} cannot update labels through pod status",
-            q(node)
-        ));
-    }
-    if !sem_eq(
-        old.pointer("/status/resourceClaimStatuses"),
-        new.pointer("/status/resourceClaimStatuses"),
-    ) {
-        return deny(format!(
-            "node {} cannot update resource claim statues",
-            q(node)
-        ));
-    }
-    if !sem_eq(
-        old.pointer("/status/extendedResourceClaimStatus"),
-        new.pointer("/status/extendedResourceClaimStatus"),
-    ) {
-        return deny(format!(
-            "node {} cannot update extended resource claim status",
-            q(node)
-        ));
-    }
-    if !sem_eq(
-        old.pointer("/status/nodeAllocatableResourceClaimStatuses"),
-        new.pointer("/status/nodeAllocatableResourceClaimStatuses"),
-    ) {
-        return deny(format!(
-            "node {} cannot update node allocatable resource claim statuses",
-            q(node)
-        ));
+    // What a node may not change through pod status, with what it is told.
+    const KEPT: &[(&str, &str)] = &[
+        (
+            "/metadata/labels",
+            "cannot update labels through pod status",
+        ),
+        (
+            "/status/resourceClaimStatuses",
+            "cannot update resource claim statues",
+        ),
+        (
+            "/status/extendedResourceClaimStatus",
+            "cannot update extended resource claim status",
+        ),
+        (
+            "/status/nodeAllocatableResourceClaimStatuses",
+            "cannot update node allocatable resource claim statuses",
+        ),
+    ];
+    for (pointer, why) in KEPT {
+        if !sem_eq(old.pointer(pointer), new.pointer(pointer)) {
+            return deny(format!("node {} {why}", q(node)));
+        }
     }
     Ok(())
 }
