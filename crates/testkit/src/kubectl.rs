@@ -80,3 +80,74 @@ pub async fn get(kubeconfig: &Path, args: &[&str]) -> Option<serde_json::Value> 
     let out = k(kubeconfig, &a).await;
     out.ok.then(|| serde_json::from_str(&out.stdout).unwrap())
 }
+
+/// Creates a Node object that looks Ready (allocatable cpu/memory/110 pods, labels, taints
+/// as JSON or ""), as a kubelet would report it: for tests that run no kubelet.
+pub async fn node(
+    kubeconfig: &Path,
+    name: &str,
+    cpu: &str,
+    memory: &str,
+    labels: &[(&str, &str)],
+    taints: &str,
+) {
+    let mut l = serde_json::json!({"kubernetes.io/hostname": name});
+    for (k, v) in labels {
+        l[*k] = serde_json::json!(v);
+    }
+    let taints: serde_json::Value = if taints.is_empty() {
+        serde_json::json!([])
+    } else {
+        serde_json::from_str(taints).unwrap()
+    };
+    let obj = serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": l},
+        "spec": {"taints": taints},
+    });
+    let out = k_in(kubeconfig, &["create", "-f", "-"], Some(&obj.to_string())).await;
+    assert!(out.ok, "{}", out.stderr);
+    let status = serde_json::json!({"status": {
+        "capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
+        "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"}],
+    }});
+    let out = k(
+        kubeconfig,
+        &[
+            "patch",
+            "node",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    // TaintNodesByCondition admission adds the not-ready taint at creation; the
+    // node-lifecycle controller (not running here) removes it once the node is Ready.
+    let node = get(kubeconfig, &["node", name]).await.unwrap();
+    let keep: Vec<serde_json::Value> = node["spec"]["taints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t["key"] != "node.kubernetes.io/not-ready")
+        .collect();
+    let patch = serde_json::json!({"spec": {"taints": keep}});
+    let out = k(
+        kubeconfig,
+        &[
+            "patch",
+            "node",
+            name,
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+}
