@@ -267,6 +267,7 @@ fn mask(table: &str) -> String {
     let stamp = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ").unwrap();
     let uid =
         regex::Regex::new(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").unwrap();
+    let padding = regex::Regex::new(r" {2,}").unwrap();
     let table = stamp.replace_all(table, "<timestamp>");
     let table = uid.replace_all(&table, "<uid>");
     table
@@ -287,6 +288,10 @@ fn mask(table: &str) -> String {
                 })
                 .collect::<String>()
         })
+        // Column padding follows the widest cell, and ages differ in width between the two
+        // sides when one is slower (99s vs 100s): compare cells, not padding. kubectl pads
+        // with at least three spaces, so single spaces inside a cell are kept.
+        .map(|l| padding.replace_all(l.trim_end(), "   ").into_owned())
         .collect::<Vec<_>>()
         .join("\n")
 }
