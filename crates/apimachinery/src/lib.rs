@@ -3,6 +3,7 @@
 //! validation rules of k8s.io/apimachinery, with upstream's messages, and the Kubernetes
 //! protobuf encoding of the built-in types.
 
+pub mod gojson;
 pub mod protobuf;
 pub mod quantity;
 pub mod selector;

@@ -186,11 +186,11 @@ impl ApiError {
     }
 
     /// 415: the request body's Content-Type is not one the endpoint reads.
-    pub fn unsupported_media_type(content_type: &str) -> Self {
+    pub fn unsupported_media_type(_content_type: &str) -> Self {
         Self::new(
             415,
             "UnsupportedMediaType",
-            format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {content_type:?})"),
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf",
         )
     }
 
@@ -230,6 +230,12 @@ impl ApiError {
             ..Details::default()
         }));
         e
+    }
+
+    /// 500 for an error kube-apiserver does not classify (a plain Go error turned into a
+    /// Status): its text as the message, no reason, no details.
+    pub fn unclassified(message: impl Into<String>) -> Self {
+        Self::new(500, "", message)
     }
 
     /// 504.

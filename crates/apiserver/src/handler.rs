@@ -62,6 +62,58 @@ fn json_response(code: u16, doc: &Value, yaml: bool) -> Response<Body> {
     resp
 }
 
+/// An answer in Kubernetes protobuf; kinds the protobuf schema does not know (custom
+/// resources) go as JSON when the client takes JSON too, else 406 as upstream.
+fn protobuf_response(code: u16, doc: &Value, json_too: bool) -> Response<Body> {
+    match kumo_apimachinery::protobuf::encode(doc) {
+        Ok(bytes) => {
+            let mut resp = Response::new(full(bytes));
+            *resp.status_mut() =
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(negotiate::PROTOBUF),
+            );
+            resp
+        }
+        Err(_) if json_too => json_response(code, doc, false),
+        Err(_) => error_response(&ApiError::not_acceptable(&[
+            "application/json",
+            "application/yaml",
+        ])),
+    }
+}
+
+/// The group version a watch path serves (`v1`, `apps/v1`), named in its protobuf frames.
+fn watched_api_version(path: &str) -> String {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segs.as_slice() {
+        ["apis", g, v, ..] => format!("{g}/{v}"),
+        ["api", v, ..] => (*v).to_owned(),
+        _ => String::new(),
+    }
+}
+
+/// A watch stream in protobuf frames (`application/vnd.kubernetes.protobuf;stream=watch`).
+/// An event that cannot be encoded ends the stream: the client watches again.
+fn protobuf_stream(rx: tokio::sync::mpsc::Receiver<Bytes>, api_version: String) -> Response<Body> {
+    let stream = futures::stream::unfold((rx, api_version), |(mut rx, gv)| async move {
+        let frame = rx.recv().await?;
+        let event: Value = serde_json::from_slice(&frame).ok()?;
+        let bytes = kumo_apimachinery::protobuf::encode_watch_frame(&gv, &event).ok()?;
+        Some((
+            Ok::<_, Infallible>(Frame::data(Bytes::from(bytes))),
+            (rx, gv),
+        ))
+    });
+    let mut resp = Response::new(StreamBody::new(stream).boxed());
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/vnd.kubernetes.protobuf;stream=watch"),
+    );
+    resp
+}
+
 fn error_response(e: &ApiError) -> Response<Body> {
     json_response(e.code, &e.to_status(), false)
 }
@@ -410,12 +462,14 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     crate::audit::request_body(content_type.as_deref(), &body);
 
     let Some(accept) = negotiate::choose(accept_header.as_deref()) else {
-        return error_response(&ApiError::not_acceptable(&[
-            "application/json",
-            "application/yaml",
-            "application/json;as=Table;v=v1;g=meta.k8s.io",
-        ]));
+        return error_response(&negotiate::not_acceptable(
+            accept_header.as_deref(),
+            method == Method::GET && negotiate::is_collection_path(trimmed),
+        ));
     };
+    if !routed(&state.registry, trimmed) {
+        return text_response(StatusCode::NOT_FOUND, "404 page not found\n".into());
+    }
     // Warnings the verbs add travel back with the answer.
     let verbs = async {
         let result = route(
@@ -436,8 +490,22 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             crate::fieldmanager::USER_AGENT.scope(user_agent, verbs),
         )
         .await;
+    let protobuf = negotiate::protobuf(accept_header.as_deref());
+    let result = match (result, protobuf) {
+        // Cached lists are JSON bytes: decoded again to be encoded as protobuf.
+        (Ok(Reply::Raw(code, bytes)), Some(_)) => serde_json::from_slice(&bytes)
+            .map(|doc| Reply::Json(code, doc))
+            .map_err(ApiError::internal),
+        (r, _) => r,
+    };
     let mut resp = match result {
-        Ok(Reply::Json(code, doc)) => json_response(code, &doc, accept.yaml),
+        Ok(Reply::Json(code, doc)) => match protobuf {
+            Some(json_too) => protobuf_response(code, &doc, json_too),
+            None => json_response(code, &doc, accept.yaml),
+        },
+        Ok(Reply::Stream(rx)) if protobuf == Some(false) => {
+            protobuf_stream(rx, watched_api_version(trimmed))
+        }
         Ok(Reply::Raw(code, bytes)) => {
             let mut resp = Response::new(full(bytes));
             *resp.status_mut() =
@@ -603,6 +671,11 @@ async fn route(
         ["apis", g, v, rest @ ..] => (*g, *v, rest),
         _ => return Err(ApiError::path_not_found()),
     };
+    // The deprecated watch paths: /api/v1/watch/[namespaces/ns/]plural[/name].
+    let (rest_segs, watch_path) = match rest_segs {
+        ["watch", tail @ ..] => (tail, true),
+        _ => (rest_segs, false),
+    };
     // [plural] [plural name] [plural name sub]
     // [namespaces ns plural] [namespaces ns plural name] [namespaces ns plural name sub]
     let (ns, plural, name, sub) = match rest_segs {
@@ -649,7 +722,24 @@ async fn route(
         body,
     };
     let r = &state.rest;
-    let gr = res.group_resource();
+    if watch_path {
+        if *method != Method::GET || sub.is_some() {
+            return Err(ApiError::path_not_found());
+        }
+        // A watch of one object is a watch of its collection narrowed to its name.
+        let mut q = query.clone();
+        q.insert("watch".into(), "true".into());
+        if let Some(n) = name {
+            let by_name = format!("metadata.name={n}");
+            let fs = match q.get("fieldSelector").filter(|f| !f.is_empty()) {
+                Some(f) => format!("{f},{by_name}"),
+                None => by_name,
+            };
+            q.insert("fieldSelector".into(), fs);
+        }
+        let req = rest::Request { query: &q, ..req };
+        return r.watch(res.clone(), ns.map(str::to_owned), &req).await;
+    }
     // Resources and subresources that are answered, not stored (reviews, TokenRequest).
     let review = state
         .auth
@@ -715,10 +805,21 @@ async fn route(
         (&Method::PUT, Some(n)) => r.update(&res, ns, n, sub, &req).await,
         (&Method::PATCH, Some(n)) => r.patch(&res, ns, n, sub, &req).await,
         (&Method::DELETE, Some(n)) if sub.is_none() => r.delete(&res, ns, n, &req).await,
-        (m, _) => Err(ApiError::method_not_supported(
-            &gr,
-            &m.as_str().to_lowercase(),
-        )),
+        // Upstream registers a route per verb a resource serves: the rest is its router's.
+        _ => Err(router_method_not_allowed()),
+    }
+}
+
+/// Whether kube-apiserver would route `path` at all; the rest gets Go's plain-text
+/// `404 page not found`, not a Status.
+fn routed(registry: &crate::registry::Registry, path: &str) -> bool {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segs.as_slice() {
+        // Every /api path has a route (an unknown version gets a 404 Status).
+        ["version"] | ["api", ..] | ["apis"] => true,
+        ["apis", g] => registry.groups().iter().any(|(name, _)| name == g),
+        ["apis", g, v, ..] => registry.serves(g, v),
+        _ => false,
     }
 }
 

@@ -71,7 +71,8 @@ pub fn choose(header: Option<&str>) -> Option<Accept> {
     };
     for r in parse_ranges(header) {
         let yaml = match r.essence {
-            "application/json" | "application/*" | "*/*" => false,
+            // Protobuf is JSON inside the server, encoded on the way out (`protobuf`).
+            "application/json" | "application/*" | "*/*" | PROTOBUF => false,
             "application/yaml" => true,
             _ => continue,
         };
@@ -91,6 +92,73 @@ pub fn choose(header: Option<&str>) -> Option<Accept> {
         return Some(Accept { output, yaml });
     }
     None
+}
+
+/// What a resource route produces: an Accept header that matches none of these is refused
+/// by kube-apiserver's router; one that does but asks for an unserved view (a v1beta1
+/// Table, say) by its negotiation.
+const PRODUCES: &[&str] = &[
+    "application/json",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
+];
+
+/// The 406 for an Accept header [`choose`] found nothing in, worded as kube-apiserver
+/// words it: its router's (listing the route's representations, watch streams included
+/// for collections) or its negotiation's.
+pub fn not_acceptable(header: Option<&str>, collection: bool) -> ApiError {
+    let routable = parse_ranges(header.unwrap_or(""))
+        .iter()
+        .any(|r| matches!(r.essence, "*/*" | "application/*") || PRODUCES.contains(&r.essence));
+    if routable {
+        return ApiError::not_acceptable(PRODUCES);
+    }
+    let mut available = PRODUCES.join(", ");
+    if collection {
+        available.push_str(
+            ", application/json;stream=watch, application/vnd.kubernetes.protobuf;stream=watch",
+        );
+    }
+    let mut e = ApiError::not_acceptable(&[]);
+    e.message = format!("406: Not Acceptable\n\nAvailable representations: {available}");
+    e.details = Some(Box::default());
+    e
+}
+
+/// Whether `path` names a collection of a resource (`/api/v1/pods`,
+/// `/apis/apps/v1/namespaces/ns/deployments`), which also serves watches.
+pub fn is_collection_path(path: &str) -> bool {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let rest = match segs.as_slice() {
+        ["api", _, rest @ ..] => rest,
+        ["apis", _, _, rest @ ..] => rest,
+        _ => return false,
+    };
+    matches!(rest, [_] | ["namespaces", _, _])
+}
+
+/// Kubernetes' protobuf media type.
+pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+
+/// How the answer [`choose`] picked is written when the client asked for protobuf first:
+/// `Some(json_too)`, where `json_too` says whether the header also accepts JSON (the
+/// fallback for kinds protobuf does not cover, as custom resources). None: not protobuf.
+pub fn protobuf(header: Option<&str>) -> Option<bool> {
+    let ranges = parse_ranges(header?);
+    let first = ranges.iter().position(|r| {
+        matches!(
+            r.essence,
+            "application/json" | "application/*" | "*/*" | "application/yaml" | PROTOBUF
+        ) && (r.essence != PROTOBUF || !r.params.iter().any(|(k, _)| *k == "as"))
+    })?;
+    if ranges[first].essence != PROTOBUF {
+        return None;
+    }
+    Some(
+        ranges[first + 1..]
+            .iter()
+            .any(|r| matches!(r.essence, "application/json" | "application/*" | "*/*")),
+    )
 }
 
 /// Whether the client prefers the aggregated discovery document (apidiscovery.k8s.io/v2
@@ -116,6 +184,32 @@ pub fn wants_aggregated_discovery(header: Option<&str>) -> bool {
 
 /// Decodes a request body as JSON or YAML according to its Content-Type.
 pub fn decode_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
+    decode_body_as("object", content_type, body)
+}
+
+/// kube-apiserver's summary of an undecodable body in its error: `<empty>`, the first 30
+/// bytes of something that looks like JSON, else their hex.
+fn summarize(body: &[u8]) -> String {
+    const MAX: usize = 30;
+    let cut = &body[..body.len().min(MAX)];
+    let more = if body.len() > MAX { " ..." } else { "" };
+    match body.first() {
+        None => "<empty>".to_owned(),
+        Some(b'{') => format!("{}{more}", String::from_utf8_lossy(cut)),
+        Some(_) => {
+            let hex: String = cut.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{hex}{more}")
+        }
+    }
+}
+
+/// [`decode_body`] for an endpoint that takes a `kind`, named in the error for a body that
+/// is not JSON (Go's scanner message, as kube-apiserver words it).
+pub fn decode_body_as(
+    kind: &str,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Value, ApiError> {
     if body.len() > MAX_BODY_BYTES {
         return Err(ApiError::request_entity_too_large(MAX_BODY_BYTES));
     }
@@ -125,9 +219,10 @@ pub fn decode_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, Api
         .unwrap_or("application/json");
     let value: Value = match essence {
         "application/json" | "" => serde_json::from_slice(body).map_err(|e| {
+            let why = kumo_apimachinery::gojson::syntax_error(body).unwrap_or_else(|| e.to_string());
             ApiError::bad_request(format!(
-                "the object provided is unrecognized (must be of type {}): couldn't get version/kind; json parse error: {e}",
-                "object"
+                "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {why} ({})",
+                summarize(body)
             ))
         })?,
         "application/yaml" => {
@@ -186,6 +281,25 @@ mod tests {
         assert_eq!(choose(Some("application/yaml")).map(|a| a.yaml), Some(true));
         assert_eq!(choose(Some("text/html")), None);
         assert_eq!(choose(None).map(|a| a.output), Some(Output::Object));
+    }
+
+    #[test]
+    fn protobuf_accept_headers() {
+        // client-go's default for built-in types.
+        let h = "application/vnd.kubernetes.protobuf, */*";
+        assert_eq!(choose(Some(h)).map(|a| a.output), Some(Output::Object));
+        assert_eq!(protobuf(Some(h)), Some(true));
+        assert_eq!(protobuf(Some(PROTOBUF)), Some(false));
+        assert_eq!(
+            protobuf(Some(
+                "application/json, application/vnd.kubernetes.protobuf"
+            )),
+            None
+        );
+        assert_eq!(protobuf(None), None);
+        let table =
+            "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json";
+        assert_eq!(protobuf(Some(table)), None);
     }
 
     #[test]

@@ -79,13 +79,20 @@ impl Request<'_> {
         self.query.get(k).map(String::as_str)
     }
 
-    fn dry_run(&self) -> Result<bool, ApiError> {
+    /// `dryRun`, validated as a field of `options` (CreateOptions, UpdateOptions, ...).
+    fn dry_run(&self, options: &str) -> Result<bool, ApiError> {
         match self.param("dryRun") {
             None | Some("") => Ok(false),
             Some("All") => Ok(true),
-            Some(other) => Err(ApiError::bad_request(format!(
-                "Invalid dry run value: {other}: valid values are All"
-            ))),
+            Some(other) => Err(invalid_options(
+                options,
+                "dryRun",
+                "FieldValueNotSupported",
+                &format!(
+                    "Unsupported value: [{}]: supported values: \"All\"",
+                    kumo_apimachinery::validation::go_quote(other)
+                ),
+            )),
         }
     }
 }
@@ -374,10 +381,20 @@ fn check_type(res: &Resource, obj: &mut Value) -> Result<(), ApiError> {
     if kind.is_empty() {
         o.insert("kind".into(), json!(res.kind));
     } else if kind != res.kind {
+        // The decoder reads the body as the kind it names, then fails to convert it to the
+        // endpoint's internal type (Go package `core` for the core group, else the group's
+        // first label).
+        let version = match api_version.rsplit('/').next() {
+            Some(v) if !v.is_empty() => v.to_owned(),
+            _ => res.version.to_owned(),
+        };
+        let internal = match res.group.split('.').next() {
+            Some("") | None => "core",
+            Some(g) => g,
+        };
         return Err(ApiError::bad_request(format!(
-            "the API version in the data ({api_version}) does not match the expected API version ({}) or the kind {kind} does not match {}",
-            res.api_version(),
-            res.kind
+            "{kind} in version {version:?} cannot be handled as a {}: converting ({version}.{kind}) to ({internal}.{}): unknown conversion",
+            res.kind, res.kind
         )));
     }
     if api_version.is_empty() {
@@ -498,9 +515,15 @@ impl Selectors {
             .collect();
         for field in fields.requirements().iter().map(|r| r.field.as_str()) {
             if !supported.contains(&field) {
-                return Err(ApiError::bad_request(format!(
-                    "field label not supported: {field}"
-                )));
+                // Kinds with their own field label conversion (the ones with selectable
+                // fields) word it their way; the rest get apimachinery's default.
+                return Err(ApiError::bad_request(if supported.len() > 2 {
+                    format!("field label not supported: {field}")
+                } else {
+                    format!(
+                        "{field:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+                    )
+                }));
             }
         }
         Ok(Selectors { labels, fields })
@@ -525,20 +548,37 @@ impl Selectors {
     }
 }
 
-/// The continue token kube-apiserver hands out: base64 of
+/// The continue token kube-apiserver hands out: unpadded URL-safe base64 of
 /// `{"v":"meta.k8s.io/v1","rv":N,"start":"<key after the prefix>"}`.
 fn encode_continue(rv: Revision, start: &str) -> String {
     let doc = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": start});
-    base64::engine::general_purpose::URL_SAFE.encode(doc.to_string())
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(doc.to_string())
 }
 
 fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
+    // Worded as upstream: "invalid continue token: continue key is not valid: <why>".
+    let invalid = |why: String| {
+        ApiError::bad_request(format!(
+            "invalid continue token: continue key is not valid: {why}"
+        ))
+    };
     let bad = || ApiError::bad_request("continue key is not valid: invalid continue token");
-    let raw = base64::engine::general_purpose::URL_SAFE
-        .decode(token)
-        .or_else(|_| base64::engine::general_purpose::STANDARD.decode(token))
-        .map_err(|_| bad())?;
-    let doc: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    if let Some(at) = kumo_apimachinery::gojson::base64_raw_url_error(token.as_bytes()) {
+        return Err(invalid(format!("illegal base64 data at input byte {at}")));
+    }
+    // Go's RawURLEncoding: newlines skipped, stray low bits of the last symbol allowed.
+    let lenient = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::URL_SAFE,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_allow_trailing_bits(true)
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::RequireNone),
+    );
+    let raw = lenient
+        .decode(token.replace(['\n', '\r'], ""))
+        .map_err(|e| invalid(e.to_string()))?;
+    let doc: Value = serde_json::from_slice(&raw).map_err(|e| {
+        invalid(kumo_apimachinery::gojson::syntax_error(&raw).unwrap_or_else(|| e.to_string()))
+    })?;
     if doc.get("v").and_then(Value::as_str) != Some("meta.k8s.io/v1") {
         return Err(ApiError::bad_request(
             "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
@@ -556,11 +596,46 @@ fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
     Ok((rv, start.to_owned()))
 }
 
+/// A resourceVersion from the query, as the storage layer parses it (a 500 whose message
+/// is the field error, as kube-apiserver answers).
 fn parse_rv(s: &str) -> Result<Revision, ApiError> {
-    s.parse::<Revision>()
+    s.parse::<u64>()
         .ok()
-        .filter(|r| *r >= 0)
-        .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {s}")))
+        .and_then(|r| Revision::try_from(r).ok())
+        .ok_or_else(|| {
+            ApiError::unclassified(format!(
+                "resourceVersion: Invalid value: {}: {}",
+                validation::go_quote(s),
+                go_strconv_error("ParseUint", s)
+            ))
+        })
+}
+
+/// A resourceVersion from an object's metadata (update, patch): a 500 with Go's parse error.
+fn parse_body_rv(s: &str) -> Result<Revision, ApiError> {
+    s.parse::<u64>()
+        .ok()
+        .and_then(|r| Revision::try_from(r).ok())
+        .ok_or_else(|| ApiError::unclassified(go_strconv_error("ParseUint", s)))
+}
+
+/// Go's strconv error text for a number that does not parse (`ParseInt`, `ParseUint`).
+fn go_strconv_error(func: &str, s: &str) -> String {
+    let digits = s
+        .strip_prefix(['+', '-'])
+        .filter(|_| func == "ParseInt")
+        .unwrap_or(s);
+    let why = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        "value out of range"
+    } else {
+        "invalid syntax"
+    };
+    format!("strconv.{func}: parsing {}: {why}", validation::go_quote(s))
+}
+
+/// The 400 for a `limit` that is not a number.
+fn go_parse_int_error(s: &str) -> String {
+    go_strconv_error("ParseInt", s)
 }
 
 /// Strips what list items do not carry (kind and apiVersion).
@@ -754,7 +829,8 @@ impl Rest {
 
     /// NamespaceLifecycle: objects are created only in namespaces that exist and are not
     /// being deleted.
-    async fn check_namespace(&self, ns: &str) -> Result<(), ApiError> {
+    /// NamespaceLifecycle for creating `name` of `res` in `ns`.
+    async fn check_namespace(&self, res: &Resource, name: &str, ns: &str) -> Result<(), ApiError> {
         let key = format!("/registry/namespaces/{ns}");
         let (kv, _) = self
             .store
@@ -769,13 +845,21 @@ impl Rest {
         };
         let obj: Value = serde_json::from_slice(&kv.value).map_err(ApiError::internal)?;
         if obj.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating") {
-            return Err(ApiError::forbidden(
-                &kumo_apimachinery::status::GroupResource::new("", "namespaces"),
-                ns,
+            let mut e = ApiError::forbidden(
+                &res.group_resource(),
+                name,
                 &format!(
                     "unable to create new content in namespace {ns} because it is being terminated"
                 ),
-            ));
+            );
+            if let Some(d) = e.details.as_mut() {
+                d.causes.push(Cause {
+                    reason: "NamespaceTerminating".into(),
+                    message: format!("namespace {ns} is being terminated"),
+                    field: "metadata.namespace".into(),
+                });
+            }
+            return Err(e);
         }
         Ok(())
     }
@@ -787,7 +871,7 @@ impl Rest {
         ns: Option<&str>,
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
-        let mut obj = crate::negotiate::decode_body(req.content_type, req.body)?;
+        let mut obj = crate::negotiate::decode_body_as(res.kind, req.content_type, req.body)?;
         check_type(res, &mut obj)?;
         let problems = crate::openapi::check_fields(
             res,
@@ -811,7 +895,7 @@ impl Rest {
         mut obj: Value,
         applied: bool,
     ) -> Result<Reply, ApiError> {
-        let dry_run = req.dry_run()?;
+        let dry_run = req.dry_run("CreateOptions")?;
         if res.namespaced {
             let ns = ns.unwrap_or("");
             match meta_str(&obj, "namespace") {
@@ -857,7 +941,8 @@ impl Rest {
         res.strategy.prepare_for_create(&mut obj);
         // NamespaceLifecycle comes first among the admission plugins.
         if let Some(ns) = ns.filter(|_| res.namespaced) {
-            self.check_namespace(ns).await?;
+            self.check_namespace(res, meta_str(&obj, "name").unwrap_or(""), ns)
+                .await?;
         }
         // Admission plugins that change or refuse the object, with the objects they look
         // up (ServiceAccount, Priority, ...).
@@ -923,10 +1008,19 @@ impl Rest {
             }
             return Err(e);
         }
+        let key = res.key(ns, &name);
         if dry_run {
+            // A dry run goes as far as the store, which refuses an existing name.
+            let (existing, _) = self
+                .store
+                .get(key.as_bytes(), None)
+                .await
+                .map_err(ApiError::internal)?;
+            if existing.is_some() {
+                return Err(ApiError::already_exists(&res.group_resource(), &name));
+            }
             return Ok(Reply::Json(201, render_one(res, req, obj)));
         }
-        let key = res.key(ns, &name);
         let written = match encode_stored(res, &obj) {
             Ok(bytes) => self
                 .store
@@ -1022,7 +1116,7 @@ impl Rest {
             None | Some("") => 0,
             Some(l) => l
                 .parse::<i64>()
-                .map_err(|_| ApiError::bad_request(format!("invalid limit: {l}")))?
+                .map_err(|_| ApiError::bad_request(go_parse_int_error(l)))?
                 .max(0) as usize,
         };
         let prefix = res.key_prefix(ns);
@@ -1042,10 +1136,13 @@ impl Rest {
         } else {
             match (req.param("resourceVersion"), req.param("resourceVersionMatch")) {
                 (None | Some(""), None | Some("")) => {}
-                (None | Some(""), Some(m)) => {
-                    return Err(ApiError::bad_request(format!(
-                        "resourceVersionMatch is forbidden unless resourceVersion is provided (got {m})"
-                    )))
+                (None | Some(""), Some(_)) => {
+                    return Err(invalid_options(
+                        "ListOptions",
+                        "resourceVersionMatch",
+                        "FieldValueForbidden",
+                        "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+                    ))
                 }
                 (Some("0"), _) => {}
                 (Some(rv), Some("Exact")) => revision = Some(parse_rv(rv)?),
@@ -1299,7 +1396,12 @@ impl Rest {
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
         crate::fieldmanager::manager(req.query, crate::fieldmanager::Options::Update)?;
-        let mut obj = crate::negotiate::decode_body(req.content_type, req.body)?;
+        let kind = if subresource == Some("scale") {
+            "Scale"
+        } else {
+            res.kind
+        };
+        let mut obj = crate::negotiate::decode_body_as(kind, req.content_type, req.body)?;
         if subresource == Some("scale") {
             check_scale_type(&mut obj)?;
         } else {
@@ -1314,10 +1416,10 @@ impl Rest {
             problems.into_iter().for_each(warn);
             crate::openapi::prune(res, &mut obj);
         }
-        let dry_run = req.dry_run()?;
+        let dry_run = req.dry_run("UpdateOptions")?;
         match_url(res, ns, name, &mut obj)?;
         let body_rv = match meta_str(&obj, "resourceVersion") {
-            Some(r) if !r.is_empty() => Some(parse_rv(r)?),
+            Some(r) if !r.is_empty() => Some(parse_body_rv(r)?),
             _ => None,
         };
         self.write_update(res, ns, name, subresource, body_rv, dry_run, req, |_old| {
@@ -1335,7 +1437,7 @@ impl Rest {
         subresource: Option<&str>,
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
-        let dry_run = req.dry_run()?;
+        let dry_run = req.dry_run("PatchOptions")?;
         let kind = req
             .content_type
             .and_then(|c| c.split(';').next())
@@ -1358,8 +1460,25 @@ impl Rest {
                         crate::negotiate::MAX_BODY_BYTES,
                     ));
                 }
-                serde_json::from_slice(req.body)
-                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?
+                let patch: Value = serde_json::from_slice(req.body).map_err(|e| {
+                    let why = kumo_apimachinery::gojson::syntax_error(req.body)
+                        .unwrap_or_else(|| e.to_string());
+                    ApiError::bad_request(format!("error decoding patch: {why}"))
+                })?;
+                let shape = match kind {
+                    "application/json-patch+json" => json_patch_shape_error(&patch),
+                    "application/merge-patch+json" => match go_json_kind(&patch) {
+                        Some(k) if k != "object" => Some(format!(
+                            "json: cannot unmarshal {k} into Go value of type map[string]interface {{}}"
+                        )),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if let Some(e) = shape {
+                    return Err(ApiError::bad_request(format!("error decoding patch: {e}")));
+                }
+                patch
             }
             other => {
                 // A PATCH of another type answers with the bare 415 upstream's handler gives.
@@ -1375,7 +1494,9 @@ impl Rest {
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
         {
-            Some(r) if !r.is_empty() && kind != "application/json-patch+json" => Some(parse_rv(r)?),
+            Some(r) if !r.is_empty() && kind != "application/json-patch+json" => {
+                Some(parse_body_rv(r)?)
+            }
             _ => None,
         };
         self.write_update(res, ns, name, subresource, patch_rv, dry_run, req, |old| {
@@ -1386,8 +1507,15 @@ impl Rest {
                         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
                     // `doc` is a copy thrown away on error, so no undo is needed; the
                     // library's undo can panic on a move into itself (found by tests/fuzz.rs).
-                    json_patch::patch_unsafe(&mut doc, &p)
-                        .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+                    // Upstream answers a patch that does not apply with a generic 422
+                    // whose message does not say why.
+                    json_patch::patch_unsafe(&mut doc, &p).map_err(|_| {
+                        let mut e = ApiError::unprocessable(
+                            "the server rejected our request due to an error in our request",
+                        );
+                        e.details = Some(Box::default());
+                        e
+                    })?;
                 }
                 _ => {
                     if !patch.is_object() {
@@ -1436,7 +1564,7 @@ impl Rest {
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
         use crate::fieldmanager::{apply, decode_apply, manager, Options};
-        let dry_run = req.dry_run()?;
+        let dry_run = req.dry_run("PatchOptions")?;
         let manager = manager(req.query, Options::Patch)?;
         let force = matches!(req.param("force"), Some("true" | "1"));
         let mut config = decode_apply(res, req.body)?;
@@ -1698,9 +1826,9 @@ impl Rest {
         let opts = if req.body.iter().all(u8::is_ascii_whitespace) {
             json!({})
         } else {
-            crate::negotiate::decode_body(req.content_type, req.body)?
+            crate::negotiate::decode_body_as("DeleteOptions", req.content_type, req.body)?
         };
-        let dry_run = req.dry_run()?
+        let dry_run = req.dry_run("DeleteOptions")?
             || opts
                 .get("dryRun")
                 .and_then(Value::as_array)
@@ -1768,7 +1896,7 @@ impl Rest {
             }
             let uid = meta_str(&old, "uid").unwrap_or("").to_owned();
             let answer = |old: Value| {
-                if res.strategy.returns_deleted_object() {
+                if res.returns_deleted_object() {
                     Reply::Json(200, render_one(res, req, old))
                 } else {
                     Reply::Json(200, success_status(&res.group_resource(), name, &uid))
@@ -1851,7 +1979,7 @@ impl Rest {
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
         let mut body = crate::negotiate::decode_body(req.content_type, req.body)?;
-        let dry_run = req.dry_run()?;
+        let dry_run = req.dry_run("CreateOptions")?;
         let key = res.key(ns, name);
         let user = crate::auth::current_user();
         let chain = self.chain();
@@ -2028,17 +2156,80 @@ fn mark_deleting(obj: &mut Value, grace: Option<i64>) {
 }
 
 fn invalid_watch(msg: &str) -> ApiError {
+    invalid_options(
+        "ListOptions",
+        "sendInitialEvents",
+        "FieldValueForbidden",
+        &format!("Forbidden: {msg}"),
+    )
+}
+
+/// The 422 kube-apiserver answers for a bad query parameter, validated as a field of the
+/// request's options object: `ListOptions.meta.k8s.io "" is invalid: <field>: <detail>`.
+fn invalid_options(kind: &str, field: &str, reason: &str, detail: &str) -> ApiError {
     ApiError::invalid(
         "meta.k8s.io",
-        "ListOptions",
+        kind,
         "",
-        format!("ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: {msg}"),
+        format!("{kind}.meta.k8s.io \"\" is invalid: {field}: {detail}"),
         vec![Cause {
-            reason: "FieldValueForbidden".into(),
-            message: format!("Forbidden: {msg}"),
-            field: "sendInitialEvents".into(),
+            reason: reason.into(),
+            message: detail.into(),
+            field: field.into(),
         }],
     )
+}
+
+/// The JSON type name Go's decoder uses in its errors (None for null, which decodes into
+/// anything).
+fn go_json_kind(v: &Value) -> Option<&'static str> {
+    match v {
+        Value::Null => None,
+        Value::Bool(_) => Some("bool"),
+        Value::Number(_) => Some("number"),
+        Value::String(_) => Some("string"),
+        Value::Array(_) => Some("array"),
+        Value::Object(_) => Some("object"),
+    }
+}
+
+/// Go's first decoding error of a JSON patch read as kube-apiserver's `[]jsonPatchOp`.
+fn json_patch_shape_error(patch: &Value) -> Option<String> {
+    let items = match patch {
+        Value::Null => return None,
+        Value::Array(items) => items,
+        other => {
+            return Some(format!(
+                "json: cannot unmarshal {} into Go value of type []handlers.jsonPatchOp",
+                go_json_kind(other).unwrap_or("null")
+            ))
+        }
+    };
+    for item in items {
+        match item {
+            Value::Null => {}
+            Value::Object(op) => {
+                for (field, v) in op {
+                    let k = go_json_kind(v);
+                    if matches!(field.as_str(), "op" | "path" | "from")
+                        && k.is_some_and(|k| k != "string")
+                    {
+                        return Some(format!(
+                            "json: cannot unmarshal {} into Go struct field jsonPatchOp.{field} of type string",
+                            k.unwrap_or_default()
+                        ));
+                    }
+                }
+            }
+            other => {
+                return Some(format!(
+                    "json: cannot unmarshal {} into Go value of type handlers.jsonPatchOp",
+                    go_json_kind(other).unwrap_or("null")
+                ))
+            }
+        }
+    }
+    None
 }
 
 /// Whether anything but metadata and status changed.
@@ -2054,7 +2245,8 @@ fn spec_changed(old: &Value, new: &Value) -> bool {
     strip(old) != strip(new)
 }
 
-/// DeleteOptions.preconditions.
+/// DeleteOptions.preconditions, checked as upstream's BeforeDelete does (the conflict names
+/// the kind, not the resource).
 fn check_preconditions(
     res: &Resource,
     name: &str,
@@ -2062,7 +2254,7 @@ fn check_preconditions(
     old: &Value,
     old_rev: Revision,
 ) -> Result<(), ApiError> {
-    let gr = res.group_resource();
+    let gr = kumo_apimachinery::status::GroupResource::new(res.group, res.kind);
     if let Some(uid) = opts.pointer("/preconditions/uid").and_then(Value::as_str) {
         let have = meta_str(old, "uid").unwrap_or("");
         if uid != have {
@@ -2070,7 +2262,7 @@ fn check_preconditions(
                 &gr,
                 name,
                 &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+                    "the UID in the precondition ({uid}) does not match the UID in record ({have}). The object might have been deleted and then recreated"
                 ),
             ));
         }
@@ -2084,7 +2276,7 @@ fn check_preconditions(
                 &gr,
                 name,
                 &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in meta: {old_rev}"
+                    "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({old_rev}). The object might have been modified"
                 ),
             ));
         }

@@ -164,7 +164,9 @@ async fn kubectl_drives_the_api_server() {
     let out = k(&kc, &["get", "cm", "--field-selector", "data.a=1"]).await;
     assert!(!out.ok);
     assert!(
-        out.stderr.contains("field label not supported: data.a"),
+        out.stderr.contains(
+            r#""data.a" is not a known field selector: only "metadata.name", "metadata.namespace""#
+        ),
         "{}",
         out.stderr
     );

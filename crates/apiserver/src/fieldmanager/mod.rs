@@ -562,12 +562,6 @@ pub fn decode_apply(res: &Resource, body: &[u8]) -> Result<Value, ApiError> {
         .and_then(Value::as_str)
         .unwrap_or("");
     let kind = config.get("kind").and_then(Value::as_str).unwrap_or("");
-    if kind.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "Object 'Kind' is missing in '{}'",
-            String::from_utf8_lossy(body).trim()
-        )));
-    }
     if api_version != res.api_version() || kind != res.kind {
         // As a GroupVersionKind prints: the core group is empty (`/v1, Kind=ConfigMap`).
         let gv = if api_version.contains('/') {

@@ -478,7 +478,7 @@ fn resource_paths(r: &Resource, tag: &str, paths: &mut Map<String, Value>) {
             format!("{base}/{}/{{name}}", r.plural),
         )
     };
-    let deleted = if r.strategy.returns_deleted_object() {
+    let deleted = if r.returns_deleted_object() {
         obj
     } else {
         STATUS

@@ -166,6 +166,11 @@ fn check(
                 .find_map(|child| check(s, item, owner, child, path, depth + 1))
         }
         Some("string") => match v {
+            // []byte fields are base64 in JSON; Go's decoder refuses anything else.
+            Value::String(b) if def.get("format").and_then(Value::as_str) == Some("byte") => {
+                kumo_apimachinery::gojson::base64_error(b.as_bytes())
+                    .map(|at| format!("illegal base64 data at input byte {at}"))
+            }
             Value::String(_) => None,
             _ => mismatch(json_type(v), owner, path, want()),
         },

@@ -111,6 +111,12 @@ impl Strategy for Namespaces {
         // and removes the `kubernetes` finalizer through `finalize`.
         if let Some(o) = obj.as_object_mut() {
             o.insert("status".into(), json!({"phase": "Terminating"}));
+            // Marked as upstream's namespace storage does: a deletionTimestamp and no
+            // deletionGracePeriodSeconds.
+            if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.entry("deletionTimestamp")
+                    .or_insert_with(|| json!(crate::time::format_rfc3339(crate::time::now_secs())));
+            }
         }
         self.finalizers_pending(obj)
     }
@@ -168,22 +174,162 @@ impl Strategy for Namespaces {
     }
 }
 
-/// Keys of `data` and `binaryData` in ConfigMaps and Secrets.
-fn validate_config_keys(obj: &Value, fields: &[&str]) -> Vec<FieldError> {
+/// Upstream's MaxSecretSize: the most bytes of data a ConfigMap or Secret holds.
+const MAX_SECRET_SIZE: usize = 1024 * 1024;
+
+/// The bytes of a base64 `[]byte` value (what Go decodes it to).
+fn decoded_len(v: &Value) -> usize {
+    use base64::Engine;
+    let s = v.as_str().unwrap_or("");
+    base64::engine::general_purpose::STANDARD
+        .decode(s.replace(['\n', '\r'], ""))
+        .map_or(0, |b| b.len())
+}
+
+/// ConfigMap validation, as upstream's ValidateConfigMap: keys of `data` and `binaryData`,
+/// no key in both (reported at `data`), at most 1 MiB in all.
+fn validate_config_map(obj: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    for field in fields {
-        let Some(map) = obj.get(*field).and_then(Value::as_object) else {
-            continue;
-        };
-        for key in map.keys() {
-            let path = Path::new(field).key(key);
-            for msg in is_config_map_key(key) {
-                errs.push(FieldError::invalid(&path, key.clone(), msg));
+    let data = obj.get("data").and_then(Value::as_object);
+    let binary = obj.get("binaryData").and_then(Value::as_object);
+    let mut total = 0;
+    for (key, v) in data.into_iter().flatten() {
+        let path = Path::new("data").key(key);
+        for msg in is_config_map_key(key) {
+            errs.push(FieldError::invalid(&path, key.clone(), msg));
+        }
+        if binary.is_some_and(|b| b.contains_key(key)) {
+            errs.push(FieldError::invalid(
+                &path,
+                key.clone(),
+                "duplicate of key present in binaryData",
+            ));
+        }
+        total += v.as_str().map_or(0, str::len);
+    }
+    for (key, v) in binary.into_iter().flatten() {
+        let path = Path::new("binaryData").key(key);
+        for msg in is_config_map_key(key) {
+            errs.push(FieldError::invalid(&path, key.clone(), msg));
+        }
+        total += decoded_len(v);
+    }
+    if total > MAX_SECRET_SIZE {
+        errs.push(FieldError::too_long(&Path::new(""), MAX_SECRET_SIZE as i64));
+    }
+    errs
+}
+
+/// Secret validation, as upstream's ValidateSecret: keys, size, and the keys each built-in
+/// type requires.
+fn validate_secret(obj: &Value) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let data = obj.get("data").and_then(Value::as_object);
+    let has = |k: &str| data.is_some_and(|d| d.contains_key(k));
+    let data_path = Path::new("data");
+    let mut total = 0;
+    for (key, v) in data.into_iter().flatten() {
+        for msg in is_config_map_key(key) {
+            errs.push(FieldError::invalid(&data_path.key(key), key.clone(), msg));
+        }
+        total += decoded_len(v);
+    }
+    if total > MAX_SECRET_SIZE {
+        errs.push(FieldError::too_long(&data_path, MAX_SECRET_SIZE as i64));
+    }
+    let required = |k: &str| FieldError::required(&data_path.key(k), "");
+    match obj.get("type").and_then(Value::as_str).unwrap_or("") {
+        "kubernetes.io/service-account-token" => {
+            let name = obj
+                .pointer("/metadata/annotations/kubernetes.io~1service-account.name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if name.is_empty() {
+                errs.push(FieldError::required(
+                    &Path::new("metadata")
+                        .child("annotations")
+                        .key("kubernetes.io/service-account.name"),
+                    "",
+                ));
             }
-            if !seen.insert(key.clone()) {
-                errs.push(FieldError::duplicate(&path, key.clone()));
+        }
+        t @ ("kubernetes.io/dockercfg" | "kubernetes.io/dockerconfigjson") => {
+            let key = if t == "kubernetes.io/dockercfg" {
+                ".dockercfg"
+            } else {
+                ".dockerconfigjson"
+            };
+            match data.and_then(|d| d.get(key)) {
+                None => errs.push(required(key)),
+                Some(v) => {
+                    use base64::Engine;
+                    let raw = base64::engine::general_purpose::STANDARD
+                        .decode(v.as_str().unwrap_or(""))
+                        .unwrap_or_default();
+                    let why = match serde_json::from_slice::<Value>(&raw) {
+                        Err(_) => kumo_apimachinery::gojson::syntax_error(&raw),
+                        Ok(Value::Object(_)) | Ok(Value::Null) => None,
+                        Ok(other) => Some(format!(
+                            "json: cannot unmarshal {} into Go value of type map[string]interface {{}}",
+                            match other {
+                                Value::Array(_) => "array",
+                                Value::String(_) => "string",
+                                Value::Number(_) => "number",
+                                _ => "bool",
+                            }
+                        )),
+                    };
+                    if let Some(why) = why {
+                        errs.push(FieldError::invalid(
+                            &data_path.key(key),
+                            "<secret contents redacted>",
+                            why,
+                        ));
+                    }
+                }
             }
+        }
+        "kubernetes.io/basic-auth" => {
+            // Either may be empty, but one must be there.
+            if !has("username") && !has("password") {
+                errs.push(required("username"));
+                errs.push(required("password"));
+            }
+        }
+        "kubernetes.io/ssh-auth" => {
+            if data
+                .and_then(|d| d.get("ssh-privatekey"))
+                .is_none_or(|v| decoded_len(v) == 0)
+            {
+                errs.push(required("ssh-privatekey"));
+            }
+        }
+        "kubernetes.io/tls" => {
+            for k in ["tls.crt", "tls.key"] {
+                if !has(k) {
+                    errs.push(required(k));
+                }
+            }
+        }
+        _ => {}
+    }
+    errs
+}
+
+/// Upstream's rules for updating an immutable ConfigMap or Secret: `immutable` stays true
+/// and the data fields do not change.
+fn validate_immutable(new: &Value, old: &Value, fields: &[&str]) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    if old.get("immutable").and_then(Value::as_bool) != Some(true) {
+        return errs;
+    }
+    const MSG: &str = "field is immutable when `immutable` is set";
+    if new.get("immutable").and_then(Value::as_bool) != Some(true) {
+        errs.push(FieldError::forbidden(&Path::new("immutable"), MSG));
+    }
+    for f in fields {
+        if new.get(*f) != old.get(*f) {
+            errs.push(FieldError::forbidden(&Path::new(f), MSG));
         }
     }
     errs
@@ -210,7 +356,13 @@ struct ConfigMaps;
 
 impl Strategy for ConfigMaps {
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
-        validate_config_keys(obj, &["data", "binaryData"])
+        validate_config_map(obj)
+    }
+
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = validate_immutable(new, old, &["data", "binaryData"]);
+        errs.extend(validate_config_map(new));
+        errs
     }
 
     fn columns(&self) -> Vec<Column> {
@@ -265,11 +417,11 @@ impl Strategy for Secrets {
     }
 
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
-        validate_config_keys(obj, &["data"])
+        validate_secret(obj)
     }
 
     fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
-        let mut errs = self.validate(new);
+        let mut errs = Vec::new();
         if new.get("type") != old.get("type") {
             let t = new.get("type").and_then(Value::as_str).unwrap_or("");
             errs.push(FieldError::invalid(
@@ -278,6 +430,8 @@ impl Strategy for Secrets {
                 "field is immutable",
             ));
         }
+        errs.extend(validate_immutable(new, old, &["data"]));
+        errs.extend(validate_secret(new));
         errs
     }
 

@@ -168,11 +168,6 @@ pub trait Strategy: Send + Sync {
     fn delete_pending(&self, _obj: &mut Value) -> bool {
         false
     }
-    /// Whether a DELETE that removes the object answers with the object (pods) rather than
-    /// a success `Status`.
-    fn returns_deleted_object(&self) -> bool {
-        false
-    }
     /// Problems with an object name (a DNS-1123 subdomain by default).
     fn validate_name(&self, name: &str) -> Vec<String> {
         kumo_apimachinery::validation::is_dns1123_subdomain(name)
@@ -359,6 +354,27 @@ pub struct Lookup {
 }
 
 /// A served resource.
+/// The resources whose registries set ReturnDeletedObject in kube-apiserver v1.37.
+const RETURN_DELETED_OBJECT: &[(&str, &str)] = &[
+    ("", "namespaces"),
+    ("", "persistentvolumeclaims"),
+    ("", "persistentvolumes"),
+    ("", "pods"),
+    ("", "podtemplates"),
+    ("", "resourcequotas"),
+    ("", "serviceaccounts"),
+    ("", "services"),
+    ("resource.k8s.io", "deviceclasses"),
+    ("resource.k8s.io", "resourceclaims"),
+    ("resource.k8s.io", "resourceclaimtemplates"),
+    ("resource.k8s.io", "resourceslices"),
+    ("storage.k8s.io", "csidrivers"),
+    ("storage.k8s.io", "csinodes"),
+    ("storage.k8s.io", "storageclasses"),
+    ("storage.k8s.io", "volumeattachments"),
+    ("storage.k8s.io", "volumeattributesclasses"),
+];
+
 pub struct Resource {
     pub group: &'static str,
     pub version: &'static str,
@@ -385,6 +401,12 @@ impl Resource {
 
     pub fn group_resource(&self) -> GroupResource {
         GroupResource::new(self.group, self.plural)
+    }
+
+    /// Whether a DELETE that removes the object answers with the object rather than a
+    /// success `Status` (upstream's ReturnDeletedObject).
+    pub fn returns_deleted_object(&self) -> bool {
+        RETURN_DELETED_OBJECT.contains(&(self.group, self.plural))
     }
 
     /// Storage key prefix of every object of this resource: `/registry/<plural>/` as
@@ -523,6 +545,11 @@ impl Registry {
     pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Resource>> {
         self.all()
             .find(|r| r.group == group && r.version == version && r.plural == plural)
+    }
+
+    /// Whether `/api[s]/<group>/<version>` is served at all.
+    pub fn serves(&self, group: &str, version: &str) -> bool {
+        self.all().any(|r| r.group == group && r.version == version)
     }
 
     /// All resources of one group version, in registration order.

@@ -668,10 +668,6 @@ impl Strategy for Pods {
         Some(if period < 0 { 1 } else { period })
     }
 
-    fn returns_deleted_object(&self) -> bool {
-        true
-    }
-
     fn columns(&self) -> Vec<Column> {
         vec![
             Column::NAME,
