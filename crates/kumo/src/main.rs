@@ -29,7 +29,10 @@ enum Command {
     /// The scheduler alone: binds pods to nodes through the API server (--kubeconfig).
     Scheduler(kumo_scheduler::cli::Args),
     /// The node agent alone: registers a Node and runs its pods on the sim runtime.
-    Kubelet(kumo_kubelet::cli::Args),
+    Kubelet(Box<kumo_kubelet::cli::Args>),
+    /// The local cloud: `kumo cloud serve`, and its client commands (instances, lbs,
+    /// routes, policy, faults, ...).
+    Cloud(Box<kumo_cloud::cli::Args>),
     /// Certificates of a data directory, as kubeadm's `certs`: check-expiration, renew.
     Certs {
         #[command(subcommand)]
@@ -231,7 +234,7 @@ fn main() -> Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            Ok(rt.block_on(kumo_kubelet::cli::run(args))?)
+            Ok(rt.block_on(kumo_kubelet::cli::run(*args))?)
         }
         Command::Scheduler(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -244,6 +247,17 @@ fn main() -> Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(controller_manager(args))
+        }
+        Command::Cloud(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            if let Err(e) = rt.block_on(kumo_cloud::cli::run(*args)) {
+                // The cloud's code and message are the whole story; no backtrace.
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+            Ok(())
         }
         Command::Certs { what } => certs::run(what),
         Command::Bench { what } => {

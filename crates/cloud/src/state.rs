@@ -1,0 +1,1377 @@
+//! The cloud's state and the rules that change it: IPAM, the instance lifecycle, load
+//! balancers and their VIPs, routes, policies, faults and quotas.
+//!
+//! The whole state is one JSON document, `state.json` in the data directory, rewritten
+//! atomically (temporary file, fsync, rename, fsync of the directory) before any change is
+//! answered, so a restart loses nothing that was acknowledged; concurrent changes share
+//! one rewrite ([`Store::write`]). A change that cannot be made durable is undone and
+//! answered with 500.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{codes, ApiError};
+use crate::model::*;
+
+/// The state file's name in the data directory.
+pub const STATE_FILE: &str = "state.json";
+
+/// An IPv4 CIDR block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    /// The network address.
+    pub addr: u32,
+    /// Prefix length, 0–32.
+    pub len: u8,
+}
+
+impl Cidr {
+    /// Parses `a.b.c.d/n`; host bits must be zero.
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let (ip, len) = s
+            .split_once('/')
+            .ok_or_else(|| format!("'{s}' is not a CIDR block (expected a.b.c.d/n)"))?;
+        let ip: Ipv4Addr = ip
+            .parse()
+            .map_err(|_| format!("'{s}' is not a valid IPv4 CIDR block"))?;
+        let len: u8 = len
+            .parse()
+            .ok()
+            .filter(|l| *l <= 32)
+            .ok_or_else(|| format!("'{s}' has an invalid prefix length"))?;
+        let addr = u32::from(ip);
+        let c = Cidr { addr, len };
+        if addr & !c.mask() != 0 {
+            return Err(format!(
+                "'{s}' has host bits set (did you mean {}?)",
+                Cidr {
+                    addr: addr & c.mask(),
+                    len
+                }
+            ));
+        }
+        Ok(c)
+    }
+
+    fn mask(self) -> u32 {
+        if self.len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(self.len))
+        }
+    }
+
+    /// Whether the blocks share an address.
+    pub fn overlaps(self, o: Cidr) -> bool {
+        let m = self.mask() & o.mask();
+        self.addr & m == o.addr & m
+    }
+
+    /// Whether `ip` is inside.
+    pub fn contains(self, ip: u32) -> bool {
+        ip & self.mask() == self.addr
+    }
+
+    /// Number of addresses.
+    pub fn size(self) -> u64 {
+        1u64 << (32 - u32::from(self.len))
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", Ipv4Addr::from(self.addr), self.len)
+    }
+}
+
+/// `prefix` and 17 random hex digits, as upstream clouds' resource ids.
+pub fn new_id(prefix: &str) -> String {
+    let mut rng = rand::rng();
+    let mut s = String::with_capacity(prefix.len() + 18);
+    s.push_str(prefix);
+    s.push('-');
+    for _ in 0..17 {
+        let n: u8 = rng.random_range(0..16);
+        s.push(char::from_digit(u32::from(n), 16).unwrap_or('0'));
+    }
+    s
+}
+
+/// The current time in RFC 3339.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+fn age(rfc3339: &str) -> Option<Duration> {
+    let t = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
+        .ok()?;
+    let d = time::OffsetDateTime::now_utc() - t;
+    Duration::try_from(d).ok()
+}
+
+fn expired(i: &Instance, retention: Duration) -> bool {
+    i.state == InstanceState::Terminated
+        && i.terminated_time
+            .as_deref()
+            .and_then(age)
+            .is_some_and(|a| a >= retention)
+}
+
+/// A stored access key.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRecord {
+    /// Access key id.
+    pub id: String,
+    /// Secret.
+    pub secret: String,
+    /// Name.
+    pub name: String,
+}
+
+/// A stored load balancer (targets as ids; health is computed when read).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LbRecord {
+    id: String,
+    name: String,
+    dns_name: String,
+    vip: String,
+    listeners: Vec<Listener>,
+    targets: Vec<String>,
+    health_check: HealthCheck,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
+    created_time: String,
+}
+
+/// A stored route.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RouteRecord {
+    destination_cidr: String,
+    instance_id: String,
+    name: String,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SubnetRecord {
+    id: String,
+    zone: String,
+    cidr: String,
+}
+
+/// Everything the cloud knows, as stored.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct State {
+    version: u32,
+    vpc_id: String,
+    subnets: Vec<SubnetRecord>,
+    route_table_id: String,
+    instances: BTreeMap<String, Instance>,
+    load_balancers: BTreeMap<String, LbRecord>,
+    routes: Vec<RouteRecord>,
+    faults: BTreeMap<String, Fault>,
+    policies: Vec<PolicyStatement>,
+    quotas: Quotas,
+    access_keys: Vec<KeyRecord>,
+}
+
+fn subnet_cidr(i: usize) -> String {
+    format!("10.0.{}.0/24", i + 1)
+}
+
+impl State {
+    /// A fresh cloud: the default VPC with one subnet per zone, its route table, and one
+    /// access key named `admin`.
+    pub fn new() -> State {
+        State {
+            version: 1,
+            vpc_id: new_id("vpc"),
+            subnets: ZONES
+                .iter()
+                .enumerate()
+                .map(|(i, z)| SubnetRecord {
+                    id: new_id("subnet"),
+                    zone: (*z).to_owned(),
+                    cidr: subnet_cidr(i),
+                })
+                .collect(),
+            route_table_id: new_id("rtb"),
+            instances: BTreeMap::new(),
+            load_balancers: BTreeMap::new(),
+            routes: Vec::new(),
+            faults: BTreeMap::new(),
+            policies: Vec::new(),
+            quotas: Quotas::default(),
+            access_keys: vec![new_key("admin")],
+        }
+    }
+
+    // ---- credentials, policies, faults, quotas ----
+
+    /// The access keys.
+    pub fn access_keys(&self) -> &[KeyRecord] {
+        &self.access_keys
+    }
+
+    /// Adds an access key.
+    pub fn create_access_key(&mut self, name: &str) -> Result<KeyRecord, ApiError> {
+        if name.is_empty() || name.len() > 64 {
+            return Err(ApiError::invalid(
+                "name must be 1 to 64 characters long".to_owned(),
+            ));
+        }
+        let k = new_key(name);
+        self.access_keys.push(k.clone());
+        Ok(k)
+    }
+
+    /// The deny statement covering `action` by `credential`, if any.
+    pub fn denied(&self, action: &str, credential: &str) -> Option<&PolicyStatement> {
+        self.policies.iter().find(|p| p.covers(action, credential))
+    }
+
+    /// The policy statements.
+    pub fn policies(&self) -> &[PolicyStatement] {
+        &self.policies
+    }
+
+    /// Adds a deny statement (the same statement twice is kept once).
+    pub fn add_policy(&mut self, req: CreatePolicyRequest) -> Result<PolicyStatement, ApiError> {
+        let effect = req.effect.unwrap_or_else(|| "Deny".to_owned());
+        if effect != "Deny" {
+            return Err(ApiError::invalid(format!(
+                "effect '{effect}' is not supported: everything not denied is allowed, so only 'Deny' statements exist"
+            )));
+        }
+        validate_action(&req.action)?;
+        if let Some(c) = &req.credential {
+            if !self.access_keys.iter().any(|k| k.id == *c) {
+                return Err(ApiError::invalid(format!(
+                    "the access key '{c}' does not exist"
+                )));
+            }
+        }
+        if let Some(p) = self
+            .policies
+            .iter()
+            .find(|p| p.action == req.action && p.credential == req.credential)
+        {
+            return Ok(p.clone());
+        }
+        let p = PolicyStatement {
+            id: new_id("pol"),
+            effect,
+            action: req.action,
+            credential: req.credential,
+        };
+        self.policies.push(p.clone());
+        Ok(p)
+    }
+
+    /// Removes one statement by id.
+    pub fn delete_policy(&mut self, id: &str) -> Result<PolicyStatement, ApiError> {
+        let i = self
+            .policies
+            .iter()
+            .position(|p| p.id == id)
+            .ok_or_else(|| {
+                ApiError::new(
+                    404,
+                    codes::POLICY_NOT_FOUND,
+                    format!("The policy statement '{id}' does not exist"),
+                )
+            })?;
+        Ok(self.policies.remove(i))
+    }
+
+    /// Removes the statements for `action` (and `credential`, when given); returns them.
+    pub fn remove_policies(
+        &mut self,
+        action: &str,
+        credential: Option<&str>,
+    ) -> Vec<PolicyStatement> {
+        let (gone, kept) = std::mem::take(&mut self.policies)
+            .into_iter()
+            .partition(|p| {
+                p.action == action && credential.is_none_or(|c| p.credential.as_deref() == Some(c))
+            });
+        self.policies = kept;
+        gone
+    }
+
+    /// The faults by operation.
+    pub fn faults(&self) -> &BTreeMap<String, Fault> {
+        &self.faults
+    }
+
+    /// The fault for `action`: its own, else the one for `*`.
+    pub fn fault_for(&self, action: &str) -> Option<&Fault> {
+        self.faults.get(action).or_else(|| self.faults.get("*"))
+    }
+
+    /// Sets the fault of an operation.
+    pub fn set_fault(&mut self, op: &str, f: Fault) -> Result<Fault, ApiError> {
+        validate_action(op)?;
+        if op.ends_with('*') && op != "*" {
+            return Err(ApiError::invalid(
+                "faults apply to one operation or to '*'".to_owned(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&f.error_rate) || f.error_rate.is_nan() {
+            return Err(ApiError::invalid(format!(
+                "errorRate must be between 0 and 1, got {}",
+                f.error_rate
+            )));
+        }
+        if f.latency_ms > 600_000 {
+            return Err(ApiError::invalid(
+                "latencyMs must be at most 600000".to_owned(),
+            ));
+        }
+        if ![
+            codes::SERVICE_UNAVAILABLE,
+            codes::REQUEST_LIMIT_EXCEEDED,
+            codes::INTERNAL_ERROR,
+        ]
+        .contains(&f.error_code.as_str())
+        {
+            return Err(ApiError::invalid(format!(
+                "errorCode must be ServiceUnavailable, RequestLimitExceeded or InternalError, got '{}'",
+                f.error_code
+            )));
+        }
+        self.faults.insert(op.to_owned(), f.clone());
+        Ok(f)
+    }
+
+    /// Clears one operation's fault, or all with `None`.
+    pub fn clear_faults(&mut self, op: Option<&str>) {
+        match op {
+            Some(op) => {
+                self.faults.remove(op);
+            }
+            None => self.faults.clear(),
+        }
+    }
+
+    /// The quotas.
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
+    }
+
+    /// Changes the quotas given.
+    pub fn update_quotas(&mut self, u: UpdateQuotasRequest) -> Quotas {
+        if let Some(v) = u.max_instances {
+            self.quotas.max_instances = v;
+        }
+        if let Some(v) = u.max_load_balancers {
+            self.quotas.max_load_balancers = v;
+        }
+        if let Some(v) = u.max_routes_per_table {
+            self.quotas.max_routes_per_table = v;
+        }
+        self.quotas.clone()
+    }
+
+    // ---- network ----
+
+    /// The default VPC.
+    pub fn vpc(&self) -> Vpc {
+        Vpc {
+            id: self.vpc_id.clone(),
+            cidr: VPC_CIDR.to_owned(),
+            is_default: true,
+        }
+    }
+
+    /// The subnets with their free address counts.
+    pub fn subnets(&self) -> Vec<Subnet> {
+        self.subnets
+            .iter()
+            .map(|s| {
+                let used = self
+                    .instances
+                    .values()
+                    .filter(|i| i.subnet_id == s.id && !i.private_ip.is_empty())
+                    .count() as u64;
+                let size = Cidr::parse(&s.cidr).map(|c| c.size()).unwrap_or(0);
+                Subnet {
+                    id: s.id.clone(),
+                    vpc_id: self.vpc_id.clone(),
+                    zone: s.zone.clone(),
+                    cidr: s.cidr.clone(),
+                    available_ip_count: size.saturating_sub(5 + used) as u32,
+                }
+            })
+            .collect()
+    }
+
+    fn allocate_private_ip(&self, subnet: &SubnetRecord) -> Result<Ipv4Addr, ApiError> {
+        let cidr = Cidr::parse(&subnet.cidr).map_err(ApiError::internal)?;
+        let used: BTreeSet<u32> = self
+            .instances
+            .values()
+            .filter_map(|i| i.private_ip.parse::<Ipv4Addr>().ok())
+            .map(u32::from)
+            .collect();
+        // Upstream clouds reserve the network address, the next three and the last one.
+        let first = cidr.addr + 4;
+        let last = cidr.addr + (cidr.size() as u32) - 2;
+        (first..=last)
+            .find(|ip| !used.contains(ip))
+            .map(Ipv4Addr::from)
+            .ok_or_else(|| {
+                ApiError::new(
+                    503,
+                    codes::INSUFFICIENT_ADDRESS_CAPACITY,
+                    format!(
+                        "There are not enough free addresses in subnet '{}' to satisfy the request",
+                        subnet.id
+                    ),
+                )
+            })
+    }
+
+    fn allocate_vip(&self) -> Result<Ipv4Addr, ApiError> {
+        let used: BTreeSet<u32> = self
+            .load_balancers
+            .values()
+            .filter_map(|l| l.vip.parse::<Ipv4Addr>().ok())
+            .map(u32::from)
+            .collect();
+        for pool in PUBLIC_POOLS {
+            let pool = Cidr::parse(pool).map_err(ApiError::internal)?;
+            // Neither the network nor the broadcast address of a range.
+            let last = pool.addr + (pool.size() - 2) as u32;
+            if let Some(ip) = (pool.addr + 1..=last).find(|ip| !used.contains(ip)) {
+                return Ok(Ipv4Addr::from(ip));
+            }
+        }
+        Err(ApiError::new(
+            503,
+            codes::INSUFFICIENT_ADDRESS_CAPACITY,
+            format!(
+                "The public address pools ({}) have no free address",
+                PUBLIC_POOLS.join(", ")
+            ),
+        ))
+    }
+
+    // ---- instances ----
+
+    /// One instance.
+    pub fn instance(&self, id: &str) -> Result<&Instance, ApiError> {
+        self.instances
+            .get(id)
+            .ok_or_else(|| ApiError::instance_not_found(id))
+    }
+
+    /// The instances passing `filter`, ordered by id.
+    pub fn instances(&self, filter: &InstanceFilter) -> Vec<Instance> {
+        self.instances
+            .values()
+            .filter(|i| filter.matches(i))
+            .cloned()
+            .collect()
+    }
+
+    /// Every instance (for resuming transitions at start).
+    pub fn all_instances(&self) -> Vec<Instance> {
+        self.instances.values().cloned().collect()
+    }
+
+    /// Forgets terminated instances older than `retention`; whether any went.
+    pub fn purge_terminated(&mut self, retention: Duration) -> bool {
+        let before = self.instances.len();
+        self.instances.retain(|_, i| !expired(i, retention));
+        self.instances.len() != before
+    }
+
+    /// Whether a terminated instance is older than `retention`.
+    pub fn has_expired(&self, retention: Duration) -> bool {
+        self.instances.values().any(|i| expired(i, retention))
+    }
+
+    /// Launches an instance in state `pending`, with a private IP from its subnet.
+    pub fn run_instance(&mut self, req: RunInstanceRequest) -> Result<Instance, ApiError> {
+        let type_name = req
+            .instance_type
+            .unwrap_or_else(|| DEFAULT_INSTANCE_TYPE.to_owned());
+        let itype = instance_types()
+            .into_iter()
+            .find(|t| t.name == type_name)
+            .ok_or_else(|| {
+                let names: Vec<String> = instance_types().into_iter().map(|t| t.name).collect();
+                ApiError::invalid(format!(
+                    "The instance type '{type_name}' does not exist; valid types: {}",
+                    names.join(", ")
+                ))
+            })?;
+        let subnet = match (&req.subnet_id, &req.zone) {
+            (Some(sid), zone) => {
+                let s = self.subnets.iter().find(|s| s.id == *sid).ok_or_else(|| {
+                    ApiError::new(
+                        404,
+                        codes::SUBNET_NOT_FOUND,
+                        format!("The subnet ID '{sid}' does not exist"),
+                    )
+                })?;
+                if let Some(z) = zone {
+                    if *z != s.zone {
+                        return Err(ApiError::invalid(format!(
+                            "The subnet '{sid}' is in zone '{}', not '{z}'",
+                            s.zone
+                        )));
+                    }
+                }
+                s
+            }
+            (None, Some(z)) => self.subnets.iter().find(|s| s.zone == *z).ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "The zone '{z}' does not exist in region {REGION}; valid zones: {}",
+                    ZONES.join(", ")
+                ))
+            })?,
+            (None, None) => self
+                .subnets
+                .iter()
+                .min_by_key(|s| {
+                    self.instances
+                        .values()
+                        .filter(|i| i.subnet_id == s.id && i.state != InstanceState::Terminated)
+                        .count()
+                })
+                .ok_or_else(|| ApiError::internal("the VPC has no subnet"))?,
+        };
+        let name = req.name.unwrap_or_default();
+        if name.len() > 255 {
+            return Err(ApiError::invalid(
+                "The Name tag must be at most 255 characters".to_owned(),
+            ));
+        }
+        if req.user_data.as_ref().is_some_and(|u| u.len() > 16 * 1024) {
+            return Err(ApiError::invalid(
+                "User data is limited to 16384 bytes".to_owned(),
+            ));
+        }
+        validate_tags(&req.tags)?;
+        let live = self
+            .instances
+            .values()
+            .filter(|i| i.state != InstanceState::Terminated)
+            .count();
+        if live >= self.quotas.max_instances as usize {
+            return Err(ApiError::new(
+                400,
+                codes::INSTANCE_LIMIT_EXCEEDED,
+                format!(
+                    "You have requested more instances (1) than your current instance limit of {} allows",
+                    self.quotas.max_instances.saturating_sub(live as u32)
+                ),
+            ));
+        }
+        let ip = self.allocate_private_ip(subnet)?;
+        let mut id = new_id("i");
+        while self.instances.contains_key(&id) {
+            id = new_id("i");
+        }
+        let mut tags = req.tags;
+        if !name.is_empty() {
+            tags.insert("Name".to_owned(), name.clone());
+        }
+        let inst = Instance {
+            id: id.clone(),
+            name,
+            instance_type: itype.name,
+            cpu: itype.cpu,
+            memory_mib: itype.memory_mib,
+            state: InstanceState::Pending,
+            state_reason: None,
+            region: REGION.to_owned(),
+            zone: subnet.zone.clone(),
+            vpc_id: self.vpc_id.clone(),
+            subnet_id: subnet.id.clone(),
+            private_ip: ip.to_string(),
+            private_dns_name: private_dns_name(ip),
+            launch_time: now_rfc3339(),
+            terminated_time: None,
+            tags,
+            user_data: req.user_data.unwrap_or_default(),
+        };
+        self.instances.insert(id, inst.clone());
+        Ok(inst)
+    }
+
+    /// Starts a stop: `running` → `stopping`. Idempotent on `stopping`/`stopped`.
+    /// Returns the instance and whether a halt must now run.
+    pub fn begin_stop(&mut self, id: &str) -> Result<(Instance, bool), ApiError> {
+        let i = self
+            .instances
+            .get_mut(id)
+            .ok_or_else(|| ApiError::instance_not_found(id))?;
+        match i.state {
+            InstanceState::Running => {
+                i.state = InstanceState::Stopping;
+                i.state_reason = Some(StateReason {
+                    code: "Client.UserInitiatedShutdown".to_owned(),
+                    message: "Client.UserInitiatedShutdown: User initiated shutdown".to_owned(),
+                });
+                Ok((i.clone(), true))
+            }
+            InstanceState::Stopping | InstanceState::Stopped => Ok((i.clone(), false)),
+            s => Err(incorrect_state(id, s, "stopped")),
+        }
+    }
+
+    /// Starts a start: `stopped` → `pending`. Idempotent on `pending`/`running`.
+    /// Returns the instance and whether a boot must now run.
+    pub fn begin_start(&mut self, id: &str) -> Result<(Instance, bool), ApiError> {
+        let i = self
+            .instances
+            .get_mut(id)
+            .ok_or_else(|| ApiError::instance_not_found(id))?;
+        match i.state {
+            InstanceState::Stopped => {
+                i.state = InstanceState::Pending;
+                i.state_reason = None;
+                i.launch_time = now_rfc3339();
+                Ok((i.clone(), true))
+            }
+            InstanceState::Pending | InstanceState::Running => Ok((i.clone(), false)),
+            s => Err(incorrect_state(id, s, "started")),
+        }
+    }
+
+    /// Starts a termination: any live state → `shutting-down`. Idempotent once terminating.
+    /// Returns the instance and, when a termination started, whether the hypervisor must
+    /// halt it (not when it was already stopped).
+    pub fn begin_terminate(&mut self, id: &str) -> Result<(Instance, Option<bool>), ApiError> {
+        let i = self
+            .instances
+            .get_mut(id)
+            .ok_or_else(|| ApiError::instance_not_found(id))?;
+        match i.state {
+            InstanceState::ShuttingDown | InstanceState::Terminated => Ok((i.clone(), None)),
+            prev => {
+                i.state = InstanceState::ShuttingDown;
+                i.state_reason = Some(StateReason {
+                    code: "Client.UserInitiatedShutdown".to_owned(),
+                    message: "Client.UserInitiatedShutdown: User initiated shutdown".to_owned(),
+                });
+                Ok((i.clone(), Some(prev != InstanceState::Stopped)))
+            }
+        }
+    }
+
+    /// Ends a transition: if the instance is still in `from`, it moves to `to` (releasing
+    /// its private IP when `to` is terminated). `None` if something else happened meanwhile.
+    pub fn finish_transition(
+        &mut self,
+        id: &str,
+        from: InstanceState,
+        to: InstanceState,
+        reason: Option<StateReason>,
+    ) -> Option<Instance> {
+        let i = self.instances.get_mut(id)?;
+        if i.state != from {
+            return None;
+        }
+        i.state = to;
+        if reason.is_some() || to == InstanceState::Running {
+            i.state_reason = reason;
+        }
+        if to == InstanceState::Terminated {
+            i.private_ip.clear();
+            i.private_dns_name.clear();
+            i.terminated_time = Some(now_rfc3339());
+        }
+        Some(i.clone())
+    }
+
+    // ---- load balancers ----
+
+    fn lb_view(&self, r: &LbRecord) -> LoadBalancer {
+        let targets = r
+            .targets
+            .iter()
+            .map(|id| {
+                let (health, reason) = match self.instances.get(id).map(|i| i.state) {
+                    Some(InstanceState::Running) => (TargetHealthState::Healthy, None),
+                    Some(
+                        InstanceState::Pending
+                        | InstanceState::Stopping
+                        | InstanceState::ShuttingDown,
+                    ) => (TargetHealthState::Unhealthy, Some("Target.InvalidState")),
+                    Some(InstanceState::Stopped | InstanceState::Terminated) => {
+                        (TargetHealthState::Unused, Some("Target.InvalidState"))
+                    }
+                    None => (TargetHealthState::Unused, Some("Target.NotRegistered")),
+                };
+                Target {
+                    instance_id: id.clone(),
+                    health,
+                    reason: reason.map(str::to_owned),
+                }
+            })
+            .collect();
+        LoadBalancer {
+            id: r.id.clone(),
+            name: r.name.clone(),
+            dns_name: r.dns_name.clone(),
+            vip: r.vip.clone(),
+            scheme: "internet-facing".to_owned(),
+            state: "active".to_owned(),
+            vpc_id: self.vpc_id.clone(),
+            listeners: r.listeners.clone(),
+            targets,
+            health_check: r.health_check.clone(),
+            tags: r.tags.clone(),
+            created_time: r.created_time.clone(),
+        }
+    }
+
+    /// The load balancers, by id; only those named `name` when given.
+    pub fn load_balancers(&self, name: Option<&str>) -> Vec<LoadBalancer> {
+        self.load_balancers
+            .values()
+            .filter(|r| name.is_none_or(|n| r.name == n))
+            .map(|r| self.lb_view(r))
+            .collect()
+    }
+
+    /// One load balancer by id.
+    pub fn load_balancer(&self, id: &str) -> Result<LoadBalancer, ApiError> {
+        self.load_balancers
+            .get(id)
+            .map(|r| self.lb_view(r))
+            .ok_or_else(|| ApiError::load_balancer_not_found(id))
+    }
+
+    fn check_targets(&self, targets: &[String]) -> Result<Vec<String>, ApiError> {
+        let mut seen = BTreeSet::new();
+        let mut out = Vec::new();
+        for t in targets {
+            match self.instances.get(t) {
+                None => {
+                    return Err(ApiError::new(
+                        400,
+                        codes::INVALID_TARGET,
+                        format!("The target '{t}' is not a valid instance: the instance ID '{t}' does not exist"),
+                    ))
+                }
+                Some(i) if i.state == InstanceState::Terminated => {
+                    return Err(ApiError::new(
+                        400,
+                        codes::INVALID_TARGET,
+                        format!("The target '{t}' is not a valid instance: it is terminated"),
+                    ))
+                }
+                Some(_) => {}
+            }
+            if seen.insert(t.clone()) {
+                out.push(t.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Creates a load balancer with a VIP from the public pool.
+    pub fn create_load_balancer(
+        &mut self,
+        req: CreateLoadBalancerRequest,
+    ) -> Result<LoadBalancer, ApiError> {
+        validate_lb_name(&req.name)?;
+        validate_listeners(&req.listeners)?;
+        validate_tags(&req.tags)?;
+        let health_check = match req.health_check {
+            Some(h) => validate_health_check(h)?,
+            None => HealthCheck::default(),
+        };
+        if self.load_balancers.values().any(|l| l.name == req.name) {
+            return Err(ApiError::new(
+                409,
+                codes::DUPLICATE_LOAD_BALANCER_NAME,
+                format!(
+                    "A load balancer with the name '{}' already exists",
+                    req.name
+                ),
+            ));
+        }
+        let targets = self.check_targets(&req.targets)?;
+        if self.load_balancers.len() >= self.quotas.max_load_balancers as usize {
+            return Err(ApiError::new(
+                400,
+                codes::LOAD_BALANCER_LIMIT_EXCEEDED,
+                format!(
+                    "Exceeded quota of account: the limit of {} load balancers is reached",
+                    self.quotas.max_load_balancers
+                ),
+            ));
+        }
+        let vip = self.allocate_vip()?;
+        let mut id = new_id("lb");
+        while self.load_balancers.contains_key(&id) {
+            id = new_id("lb");
+        }
+        let dns_name = format!(
+            "{}-{}.elb.{REGION}.kumo.internal",
+            req.name.to_ascii_lowercase(),
+            &id[3..]
+        );
+        let r = LbRecord {
+            id: id.clone(),
+            name: req.name,
+            dns_name,
+            vip: vip.to_string(),
+            listeners: req.listeners,
+            targets,
+            health_check,
+            tags: req.tags,
+            created_time: now_rfc3339(),
+        };
+        let view = self.lb_view(&r);
+        self.load_balancers.insert(id, r);
+        Ok(view)
+    }
+
+    /// Replaces the listeners, targets, health check or tags given.
+    pub fn update_load_balancer(
+        &mut self,
+        id: &str,
+        req: UpdateLoadBalancerRequest,
+    ) -> Result<LoadBalancer, ApiError> {
+        if !self.load_balancers.contains_key(id) {
+            return Err(ApiError::load_balancer_not_found(id));
+        }
+        if let Some(l) = &req.listeners {
+            validate_listeners(l)?;
+        }
+        if let Some(t) = &req.tags {
+            validate_tags(t)?;
+        }
+        let targets = req
+            .targets
+            .as_deref()
+            .map(|t| self.check_targets(t))
+            .transpose()?;
+        let health_check = req.health_check.map(validate_health_check).transpose()?;
+        let r = self
+            .load_balancers
+            .get_mut(id)
+            .ok_or_else(|| ApiError::load_balancer_not_found(id))?;
+        if let Some(l) = req.listeners {
+            r.listeners = l;
+        }
+        if let Some(t) = targets {
+            r.targets = t;
+        }
+        if let Some(h) = health_check {
+            r.health_check = h;
+        }
+        if let Some(t) = req.tags {
+            r.tags = t;
+        }
+        let r = r.clone();
+        Ok(self.lb_view(&r))
+    }
+
+    /// Deletes a load balancer, releasing its VIP.
+    pub fn delete_load_balancer(&mut self, id: &str) -> Result<LoadBalancer, ApiError> {
+        let r = self
+            .load_balancers
+            .remove(id)
+            .ok_or_else(|| ApiError::load_balancer_not_found(id))?;
+        Ok(self.lb_view(&r))
+    }
+
+    // ---- routes ----
+
+    fn check_table(&self, id: &str) -> Result<(), ApiError> {
+        if id == self.route_table_id {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                404,
+                codes::ROUTE_TABLE_NOT_FOUND,
+                format!("The routeTable ID '{id}' does not exist"),
+            ))
+        }
+    }
+
+    fn route_view(&self, r: &RouteRecord) -> Route {
+        let alive = self
+            .instances
+            .get(&r.instance_id)
+            .is_some_and(|i| i.state != InstanceState::Terminated);
+        Route {
+            destination_cidr: r.destination_cidr.clone(),
+            instance_id: r.instance_id.clone(),
+            name: r.name.clone(),
+            description: r.description.clone(),
+            state: if alive {
+                RouteState::Active
+            } else {
+                RouteState::Blackhole
+            },
+            origin: "CreateRoute".to_owned(),
+        }
+    }
+
+    /// The route tables (one: the default VPC's main table).
+    pub fn route_tables(&self) -> Vec<RouteTable> {
+        let mut routes = vec![Route {
+            destination_cidr: VPC_CIDR.to_owned(),
+            instance_id: String::new(),
+            name: "local".to_owned(),
+            description: "the VPC's own range".to_owned(),
+            state: RouteState::Active,
+            origin: "CreateRouteTable".to_owned(),
+        }];
+        routes.extend(self.routes.iter().map(|r| self.route_view(r)));
+        vec![RouteTable {
+            id: self.route_table_id.clone(),
+            vpc_id: self.vpc_id.clone(),
+            main: true,
+            routes,
+        }]
+    }
+
+    /// One route table.
+    pub fn route_table(&self, id: &str) -> Result<RouteTable, ApiError> {
+        self.check_table(id)?;
+        self.route_tables()
+            .into_iter()
+            .next()
+            .ok_or_else(|| ApiError::internal("no route table"))
+    }
+
+    /// Adds a route to an instance.
+    pub fn create_route(
+        &mut self,
+        table: &str,
+        req: CreateRouteRequest,
+    ) -> Result<Route, ApiError> {
+        self.check_table(table)?;
+        let dest = Cidr::parse(&req.destination_cidr).map_err(|e| {
+            ApiError::invalid(format!(
+                "Value ({}) for parameter destinationCidr is invalid: {e}",
+                req.destination_cidr
+            ))
+        })?;
+        let vpc = Cidr::parse(VPC_CIDR).map_err(ApiError::internal)?;
+        if dest.overlaps(vpc) {
+            return Err(ApiError::new(
+                400,
+                codes::ROUTE_OVERLAP,
+                format!(
+                    "The destination CIDR block {dest} overlaps the VPC's local route {VPC_CIDR}"
+                ),
+            ));
+        }
+        for r in &self.routes {
+            let Ok(other) = Cidr::parse(&r.destination_cidr) else {
+                continue;
+            };
+            if other == dest {
+                return Err(ApiError::new(
+                    409,
+                    codes::ROUTE_ALREADY_EXISTS,
+                    format!("The route identified by {dest} already exists in route table {table}"),
+                ));
+            }
+            if other.overlaps(dest) {
+                return Err(ApiError::new(
+                    400,
+                    codes::ROUTE_OVERLAP,
+                    format!(
+                        "The destination CIDR block {dest} overlaps the route {other} (to {})",
+                        r.instance_id
+                    ),
+                ));
+            }
+        }
+        match self.instances.get(&req.instance_id) {
+            None => return Err(ApiError::instance_not_found(&req.instance_id)),
+            Some(i) if i.state == InstanceState::Terminated => {
+                return Err(incorrect_state(&req.instance_id, i.state, "a route target"))
+            }
+            Some(_) => {}
+        }
+        if req.name.len() > 255 || req.description.len() > 255 {
+            return Err(ApiError::invalid(
+                "name and description are limited to 255 characters".to_owned(),
+            ));
+        }
+        if self.routes.len() >= self.quotas.max_routes_per_table as usize {
+            return Err(ApiError::new(
+                400,
+                codes::ROUTE_LIMIT_EXCEEDED,
+                format!(
+                    "The maximum number of routes ({}) in route table {table} has been reached",
+                    self.quotas.max_routes_per_table
+                ),
+            ));
+        }
+        let r = RouteRecord {
+            destination_cidr: dest.to_string(),
+            instance_id: req.instance_id,
+            name: req.name,
+            description: req.description,
+        };
+        let view = self.route_view(&r);
+        self.routes.push(r);
+        Ok(view)
+    }
+
+    /// Deletes the route to `destination`.
+    pub fn delete_route(&mut self, table: &str, destination: &str) -> Result<Route, ApiError> {
+        self.check_table(table)?;
+        let dest = Cidr::parse(destination).map_err(|e| {
+            ApiError::invalid(format!(
+                "Value ({destination}) for parameter destinationCidr is invalid: {e}"
+            ))
+        })?;
+        let i = self
+            .routes
+            .iter()
+            .position(|r| Cidr::parse(&r.destination_cidr).is_ok_and(|c| c == dest))
+            .ok_or_else(|| {
+                ApiError::new(
+                    404,
+                    codes::ROUTE_NOT_FOUND,
+                    format!("There is no route defined for '{dest}' in the route table '{table}'"),
+                )
+            })?;
+        let r = self.routes.remove(i);
+        Ok(self.route_view(&r))
+    }
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State::new()
+    }
+}
+
+fn new_key(name: &str) -> KeyRecord {
+    const UPPER: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    const SECRET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut rng = rand::rng();
+    let id: String = (0..16)
+        .map(|_| char::from(UPPER[rng.random_range(0..UPPER.len())]))
+        .collect();
+    let secret: String = (0..40)
+        .map(|_| char::from(SECRET[rng.random_range(0..SECRET.len())]))
+        .collect();
+    KeyRecord {
+        id: format!("KKIA{id}"),
+        secret,
+        name: name.to_owned(),
+    }
+}
+
+/// `ip-10-0-1-23.kumo-1.compute.internal`.
+pub fn private_dns_name(ip: Ipv4Addr) -> String {
+    let o = ip.octets();
+    format!(
+        "ip-{}-{}-{}-{}.{REGION}.compute.internal",
+        o[0], o[1], o[2], o[3]
+    )
+}
+
+fn incorrect_state(id: &str, s: InstanceState, what: &str) -> ApiError {
+    ApiError::new(
+        409,
+        codes::INCORRECT_INSTANCE_STATE,
+        format!("The instance '{id}' is not in a state from which it can be {what} (it is {s})"),
+    )
+}
+
+fn validate_action(a: &str) -> Result<(), ApiError> {
+    let body = a.strip_suffix('*').unwrap_or(a);
+    if a.is_empty() || a.len() > 64 || !body.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(ApiError::invalid(format!(
+            "'{a}' is not an action: expected a name such as CreateLoadBalancer, '*', or a prefix ending in '*'"
+        )));
+    }
+    Ok(())
+}
+
+fn validate_tags(tags: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if tags.len() > 50 {
+        return Err(ApiError::invalid("At most 50 tags are allowed".to_owned()));
+    }
+    for (k, v) in tags {
+        if k.is_empty() || k.len() > 128 || v.len() > 256 {
+            return Err(ApiError::invalid(format!(
+                "Tag '{k}': keys are 1 to 128 characters, values at most 256"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn validate_lb_name(n: &str) -> Result<(), ApiError> {
+    let ok = !n.is_empty()
+        && n.len() <= 32
+        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        && !n.starts_with('-')
+        && !n.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "The load balancer name '{n}' is invalid: it must have 1 to 32 letters, digits and hyphens, and must not begin or end with a hyphen"
+        )))
+    }
+}
+
+fn validate_listeners(ls: &[Listener]) -> Result<(), ApiError> {
+    if ls.is_empty() {
+        return Err(ApiError::invalid(
+            "A load balancer needs at least one listener".to_owned(),
+        ));
+    }
+    if ls.len() > 100 {
+        return Err(ApiError::invalid(
+            "A load balancer has at most 100 listeners".to_owned(),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for l in ls {
+        if l.port == 0 || l.target_port == 0 {
+            return Err(ApiError::invalid(format!(
+                "Listener {}/{}: port and targetPort must be between 1 and 65535",
+                l.port,
+                l.protocol.as_str()
+            )));
+        }
+        if !seen.insert((l.port, l.protocol)) {
+            return Err(ApiError::invalid(format!(
+                "Duplicate listener {}/{}",
+                l.port,
+                l.protocol.as_str()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn validate_health_check(h: HealthCheck) -> Result<HealthCheck, ApiError> {
+    match h.protocol.as_str() {
+        "TCP" if h.path.is_some() => {
+            return Err(ApiError::invalid(
+                "A TCP health check has no path".to_owned(),
+            ))
+        }
+        "TCP" => {}
+        "HTTP" if !h.path.as_deref().is_some_and(|p| p.starts_with('/')) => {
+            return Err(ApiError::invalid(
+                "An HTTP health check needs a path starting with '/'".to_owned(),
+            ))
+        }
+        "HTTP" => {}
+        p => {
+            return Err(ApiError::invalid(format!(
+                "Health check protocol '{p}' is not supported: TCP or HTTP"
+            )))
+        }
+    }
+    if !(1..=300).contains(&h.interval_seconds)
+        || !(1..=120).contains(&h.timeout_seconds)
+        || !(1..=10).contains(&h.healthy_threshold)
+        || !(1..=10).contains(&h.unhealthy_threshold)
+    {
+        return Err(ApiError::invalid(
+            "Health check: intervalSeconds 1-300, timeoutSeconds 1-120, thresholds 1-10".to_owned(),
+        ));
+    }
+    Ok(h)
+}
+
+/// The state behind a lock, written to `state.json` on every change.
+///
+/// Writers group-commit: a change is applied in memory, then whoever holds the commit
+/// lock serializes the state once for every change applied so far, writes it and
+/// acknowledges all of them. A change is answered only once a file holding it is durable.
+/// (Readers may see a change a moment before it is durable; a crash in that moment loses
+/// it, and it was never acknowledged.) When a write fails, the memory goes back to the
+/// file's content and every change not yet durable is answered with 500.
+pub struct Store {
+    path: PathBuf,
+    state: Mutex<Applied>,
+    commit: tokio::sync::Mutex<Commit>,
+}
+
+struct Applied {
+    state: State,
+    /// Changes applied so far.
+    seq: u64,
+}
+
+struct Commit {
+    /// Every change up to this one is durable or was lost.
+    done: u64,
+    /// Ranges of changes that were undone because writing them failed.
+    lost: Vec<(u64, u64)>,
+}
+
+fn load(path: &Path) -> Result<State, String> {
+    let b = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice::<State>(&b)
+        .map_err(|e| format!("{}: corrupt cloud state: {e}", path.display()))
+}
+
+impl Store {
+    /// Opens `dir/state.json`, or creates a fresh cloud there.
+    pub fn open(dir: &Path) -> Result<Store, String> {
+        let path = dir.join(STATE_FILE);
+        let state = if path.exists() {
+            load(&path)?
+        } else {
+            let s = State::new();
+            write_atomic(&path, &serialize(&s)?)?;
+            s
+        };
+        Ok(Store {
+            path,
+            state: Mutex::new(Applied { state, seq: 0 }),
+            commit: tokio::sync::Mutex::new(Commit {
+                done: 0,
+                lost: Vec::new(),
+            }),
+        })
+    }
+
+    /// Reads the state.
+    pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        f(&self.state.lock().state)
+    }
+
+    /// Changes the state and makes the change durable before returning. `f` must leave
+    /// the state untouched when it returns an error.
+    pub async fn write<T>(
+        &self,
+        f: impl FnOnce(&mut State) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let (out, seq) = {
+            let mut g = self.state.lock();
+            let out = f(&mut g.state)?;
+            g.seq += 1;
+            (out, g.seq)
+        };
+        let mut c = self.commit.lock().await;
+        if seq > c.done {
+            let (bytes, upto) = {
+                let g = self.state.lock();
+                (serialize(&g.state), g.seq)
+            };
+            let path = self.path.clone();
+            let written = match bytes {
+                Ok(b) => tokio::task::spawn_blocking(move || write_atomic(&path, &b))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string())),
+                Err(e) => Err(e),
+            };
+            match written {
+                Ok(()) => c.done = upto,
+                Err(e) => {
+                    tracing::error!("cloud: saving the state failed: {e}");
+                    let mut g = self.state.lock();
+                    if let Ok(disk) = load(&self.path) {
+                        g.state = disk;
+                    }
+                    let from = c.done + 1;
+                    c.lost.push((from, g.seq));
+                    c.done = g.seq;
+                }
+            }
+        }
+        if c.lost.iter().any(|(a, b)| (*a..=*b).contains(&seq)) {
+            return Err(ApiError::internal(
+                "the cloud could not save its state; the change was not made",
+            ));
+        }
+        Ok(out)
+    }
+}
+
+fn serialize(s: &State) -> Result<Vec<u8>, String> {
+    serde_json::to_vec(s).map_err(|e| format!("serializing the cloud state: {e}"))
+}
+
+/// Writes `data` to `path` atomically and durably, mode 0600 (it holds secrets).
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), String> {
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(err)?;
+        f.write_all(data).map_err(err)?;
+        f.sync_data().map_err(err)?;
+    }
+    std::fs::rename(&tmp, path).map_err(err)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs() {
+        let a = Cidr::parse("10.244.0.0/16").expect("valid");
+        let b = Cidr::parse("10.244.1.0/24").expect("valid");
+        let c = Cidr::parse("10.245.0.0/24").expect("valid");
+        assert!(a.overlaps(b) && b.overlaps(a));
+        assert!(!a.overlaps(c));
+        assert!(Cidr::parse("10.244.1.1/24")
+            .expect_err("host bits")
+            .contains("did you mean 10.244.1.0/24"));
+        assert!(Cidr::parse("10.244.1.0/33").is_err());
+        assert!(Cidr::parse("10.244.1.0").is_err());
+        assert!(Cidr::parse("0.0.0.0/0").expect("valid").overlaps(c));
+    }
+
+    #[test]
+    fn ids_and_dns() {
+        let id = new_id("i");
+        assert_eq!(id.len(), 19);
+        assert!(id[2..].chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(
+            private_dns_name(Ipv4Addr::new(10, 0, 1, 23)),
+            "ip-10-0-1-23.kumo-1.compute.internal"
+        );
+    }
+}
