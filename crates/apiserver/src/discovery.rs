@@ -77,6 +77,28 @@ pub fn group(registry: &Registry, name: &str) -> Option<Value> {
     Some(doc)
 }
 
+/// The `storageVersionHash` of a stored resource: base64 of the first 8 bytes of the
+/// SHA-256 of its storage version's `group/version/kind`, as kube-apiserver computes it
+/// (the same for every version a resource is served at). None for what is not stored
+/// (reviews, bindings: no watch).
+fn storage_version_hash(r: &crate::registry::Resource) -> Option<String> {
+    use base64::Engine;
+    if !r.verbs().contains(&"watch") {
+        return None;
+    }
+    // Where kube-apiserver stores a resource in another group version than it serves.
+    let (group, version, kind) = match (r.group, r.plural) {
+        ("events.k8s.io", "events") => ("", "v1", "Event"),
+        ("autoscaling", "horizontalpodautoscalers") => ("autoscaling", "v2", r.kind),
+        _ => (r.group, r.version, r.kind),
+    };
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{group}/{version}/{kind}").as_bytes(),
+    );
+    Some(base64::engine::general_purpose::STANDARD.encode(&digest.as_ref()[..8]))
+}
+
 /// `/api/v1` or `/apis/<group>/<version>`, if served.
 pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
     let mut resources = Vec::new();
@@ -93,6 +115,9 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
         }
         if !r.categories.is_empty() {
             doc["categories"] = json!(r.categories);
+        }
+        if let Some(h) = storage_version_hash(&r) {
+            doc["storageVersionHash"] = json!(h);
         }
         resources.push(doc);
         for sub in r.subresources {

@@ -31,6 +31,7 @@ mod pods;
 mod policy;
 mod printing;
 mod rbac;
+mod resource;
 mod scheduling;
 mod services;
 mod storage;
@@ -353,7 +354,6 @@ pub struct Lookup {
     pub missing: kumo_apimachinery::status::ApiError,
 }
 
-/// A served resource.
 /// The resources whose registries set ReturnDeletedObject in kube-apiserver v1.37.
 const RETURN_DELETED_OBJECT: &[(&str, &str)] = &[
     ("", "namespaces"),
@@ -375,6 +375,7 @@ const RETURN_DELETED_OBJECT: &[(&str, &str)] = &[
     ("storage.k8s.io", "volumeattributesclasses"),
 ];
 
+/// A served resource.
 pub struct Resource {
     pub group: &'static str,
     pub version: &'static str,
@@ -498,6 +499,7 @@ impl Registry {
                 .chain(authentication::resources())
                 .chain(flowcontrol::resources())
                 .chain(admissionregistration::resources())
+                .chain(resource::resources())
                 .chain(crd::resources())
                 .map(Arc::new)
                 .collect(),
