@@ -455,20 +455,24 @@ pub fn track_update(
     if !mine.is_empty() {
         let sub = subresource.unwrap_or("");
         let version = res.api_version();
-        let now = crate::time::now_rfc3339();
+        // Upstream's scale handler carries a scale writer's entry over to the parent
+        // with the time the parent had for it: none, the first time (and so ever after).
+        let now = (sub != "scale").then(crate::time::now_rfc3339);
         match entries
             .iter_mut()
             .find(|e| e.same_manager(&manager, "Update", &version, sub))
         {
             Some(e) => {
                 e.set = mine.union(&e.set);
-                e.time = Some(now);
+                if now.is_some() {
+                    e.time = now;
+                }
             }
             None => entries.push(Entry {
                 manager,
                 operation: "Update".into(),
                 api_version: version,
-                time: Some(now),
+                time: now,
                 subresource: sub.to_owned(),
                 set: mine,
             }),

@@ -289,20 +289,17 @@ fn validate_secret(obj: &Value) -> Vec<FieldError> {
                 }
             }
         }
-        "kubernetes.io/basic-auth" => {
-            // Either may be empty, but one must be there.
-            if !has("username") && !has("password") {
-                errs.push(required("username"));
-                errs.push(required("password"));
-            }
+        // Either may be empty, but one must be there.
+        "kubernetes.io/basic-auth" if !has("username") && !has("password") => {
+            errs.push(required("username"));
+            errs.push(required("password"));
         }
-        "kubernetes.io/ssh-auth" => {
+        "kubernetes.io/ssh-auth"
             if data
                 .and_then(|d| d.get("ssh-privatekey"))
-                .is_none_or(|v| decoded_len(v) == 0)
-            {
-                errs.push(required("ssh-privatekey"));
-            }
+                .is_none_or(|v| decoded_len(v) == 0) =>
+        {
+            errs.push(required("ssh-privatekey"));
         }
         "kubernetes.io/tls" => {
             for k in ["tls.crt", "tls.key"] {
