@@ -893,3 +893,52 @@ async fn load_balancer_status_shows_in_the_table() {
     .await;
     assert!(out.ok, "{}", out.stderr);
 }
+
+/// A node's pod ranges are set once and its providerID is never changed or cleared, with
+/// kube-apiserver v1.37.2's messages (observed side by side).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_pod_cidrs_and_provider_id_are_set_once() {
+    let (server, _dir) = start().await;
+    let kc = &server.admin_kubeconfig;
+    let node = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"cidr-n"},
+        "spec":{"podCIDR":"10.244.3.0/24","podCIDRs":["10.244.3.0/24"],"providerID":"kumo://a/i-1"}}"#;
+    let out = k_in(None, kc, &["create", "-f", "-"], Some(node)).await;
+    assert!(out.ok, "{}", out.stderr);
+    let refused = |args: &'static [&'static str], want: &'static str| async move {
+        let out = k(kc, args).await;
+        assert!(!out.ok, "{args:?} was accepted");
+        assert!(out.stderr.contains(want), "{}", out.stderr);
+    };
+    refused(
+        &["patch", "node", "cidr-n", "--type=merge", "-p",
+          r#"{"spec":{"podCIDR":"10.244.4.0/24","podCIDRs":["10.244.4.0/24"]}}"#],
+        r#"The Node "cidr-n" is invalid: spec.podCIDRs: Forbidden: node updates may not change podCIDR except from "" to valid"#,
+    )
+    .await;
+    refused(
+        &["patch", "node", "cidr-n", "--type=merge", "-p", r#"{"spec":{"providerID":"kumo://b/i-2"}}"#],
+        r#"The Node "cidr-n" is invalid: spec.providerID: Invalid value: null: field cannot be modified once set"#,
+    )
+    .await;
+    refused(
+        &["patch", "node", "cidr-n", "--type=json", "-p", r#"[{"op":"remove","path":"/spec/providerID"}]"#],
+        r#"The Node "cidr-n" is invalid: spec.providerID: Invalid value: null: field cannot be cleared once set"#,
+    )
+    .await;
+    // A node without a range may be given one.
+    let out = k_in(
+        None,
+        kc,
+        &["create", "-f", "-"],
+        Some(r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"fresh"}}"#),
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(
+        kc,
+        &["patch", "node", "fresh", "--type=merge", "-p",
+          r#"{"spec":{"podCIDR":"10.244.5.0/24","podCIDRs":["10.244.5.0/24"],"providerID":"kumo://a/i-5"}}"#],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+}

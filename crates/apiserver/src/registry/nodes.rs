@@ -180,6 +180,53 @@ impl Strategy for Nodes {
         errs
     }
 
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        // A node range is handed out once (the node-ipam controller may set it when
+        // there is none) and never changed.
+        let cidrs = |o: &Value| -> Vec<Value> {
+            o.pointer("/spec/podCIDRs")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (was, now) = (cidrs(old), cidrs(new));
+        if !was.is_empty() {
+            let changed = if was.len() == now.len() {
+                was.iter().zip(&now).filter(|(a, b)| a != b).count()
+            } else {
+                1
+            };
+            for _ in 0..changed {
+                errs.push(FieldError::forbidden(
+                    &Path::new("spec").child("podCIDRs"),
+                    "node updates may not change podCIDR except from \"\" to valid",
+                ));
+            }
+        }
+        // The cloud provider sets providerID once.
+        let (was, now) = (
+            str_at(old, "/spec/providerID"),
+            str_at(new, "/spec/providerID"),
+        );
+        let path = Path::new("spec").child("providerID");
+        if !was.is_empty() && !now.is_empty() && was != now {
+            errs.push(FieldError::invalid(
+                &path,
+                Value::Null,
+                "field cannot be modified once set",
+            ));
+        }
+        if !was.is_empty() && now.is_empty() {
+            errs.push(FieldError::invalid(
+                &path,
+                Value::Null,
+                "field cannot be cleared once set",
+            ));
+        }
+        errs
+    }
+
     fn columns(&self) -> Vec<Column> {
         vec![
             Column::NAME,
