@@ -778,6 +778,14 @@ async fn route(
             .await?;
         return Ok(Reply::Json(code, doc));
     }
+    // Resources computed on request (componentstatuses): get and list only.
+    if let Some(computed) = res.strategy.computed() {
+        let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+        return match (method, sub) {
+            (&Method::GET, None) if !watch => r.get_computed(&res, computed, name, &req).await,
+            _ => Err(router_method_not_allowed()),
+        };
+    }
     // Subresources that only take a POST (pods/binding).
     if let (Some(s), Some(n)) = (sub, name) {
         if res.strategy.post_subresources().contains(&s) {

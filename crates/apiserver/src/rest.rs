@@ -48,6 +48,8 @@ pub struct Rest {
     pub caches: WatchCaches,
     /// The admission plugins beyond the strategies' own (set once at start).
     pub admission: std::sync::OnceLock<crate::admission::Chain>,
+    /// Whether `store` is etcd (componentstatuses then report `etcd-0`).
+    pub store_is_etcd: bool,
 }
 
 /// The options object of a write, as admission webhooks see it.
@@ -800,6 +802,51 @@ impl Rest {
             caches: WatchCaches::new(store.clone()),
             store,
             admission: std::sync::OnceLock::new(),
+            store_is_etcd: false,
+        }
+    }
+
+    /// GET of a computed resource (componentstatuses): the collection, selectors applied,
+    /// or the object `name`.
+    pub async fn get_computed(
+        &self,
+        res: &Resource,
+        computed: &dyn crate::registry::Computed,
+        name: Option<&str>,
+        req: &Request<'_>,
+    ) -> Result<Reply, ApiError> {
+        let objects = computed.objects(self).await;
+        match name {
+            Some(n) => {
+                let obj = objects
+                    .into_iter()
+                    .find(|o| meta_str(o, "name") == Some(n))
+                    .ok_or_else(|| {
+                        ApiError::not_found(
+                            &kumo_apimachinery::status::GroupResource::new(
+                                res.group,
+                                res.singular,
+                            ),
+                            n,
+                        )
+                    })?;
+                Ok(Reply::Json(200, render_one(res, req, obj)))
+            }
+            None => {
+                let selectors = Selectors::parse(res, req)?;
+                let items: Vec<Value> = objects
+                    .into_iter()
+                    .filter(|o| selectors.matches(res, o))
+                    .collect();
+                // Computed lists carry no resourceVersion.
+                let mut reply = list_reply(res, req, items, 0, None, None);
+                if let Reply::Json(_, doc) = &mut reply {
+                    if let Some(m) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.remove("resourceVersion");
+                    }
+                }
+                Ok(reply)
+            }
         }
     }
 

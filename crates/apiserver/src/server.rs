@@ -108,7 +108,8 @@ impl ApiServer {
         )?;
 
         let tls = tls_config(&cfg.data_dir, &certs.ca_pem, &certs.serving)?;
-        let rest = Rest::new(store.clone());
+        let mut rest = Rest::new(store.clone());
+        rest.store_is_etcd = matches!(cfg.store, StoreConfig::Etcd(_));
         // The admission plugins beyond the strategies' own, in upstream's order.
         // RBAC follows its objects from here on (the bootstrap policy arrives by watch).
         let rbac = crate::auth::rbac::Rbac::start(store.clone()).await?;

@@ -1326,3 +1326,45 @@ async fn pods_evict_through_disruption_budgets() {
     .await);
     assert!(evict(&kc, "ev", "p3", "p3").await.ok);
 }
+
+/// `kubectl get componentstatuses` (seed 003): computed from the components' /healthz on
+/// their default ports, with upstream's deprecation warning, columns and NotFound. The
+/// health itself depends on what runs on this machine, so only the shape is checked; the
+/// embedded store is not etcd and is not listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn component_statuses_are_computed_and_deprecated() {
+    let (server, _dir) = start().await;
+    let kc = &server.admin_kubeconfig;
+    let out = k(kc, &["get", "componentstatuses"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("Warning: v1 ComponentStatus is deprecated in v1.19+"),
+        "{}",
+        out.stderr
+    );
+    let mut lines = out.stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "STATUS", "MESSAGE", "ERROR"]);
+    let mut names: Vec<&str> = lines
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["controller-manager", "scheduler"]);
+    let v = out_json(&k(kc, &["get", "cs", "scheduler", "-o", "json"]).await);
+    assert_eq!(v["kind"], "ComponentStatus");
+    assert_eq!(v["conditions"][0]["type"], "Healthy");
+    assert!(v["metadata"].get("creationTimestamp").is_none());
+    let out = k(kc, &["get", "cs", "nope"]).await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr
+            .contains(r#"Error from server (NotFound): componentstatus "nope" not found"#),
+        "{}",
+        out.stderr
+    );
+    // Only get and list: no watch, no writes.
+    let out = k(kc, &["delete", "cs", "scheduler"]).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("MethodNotAllowed"), "{}", out.stderr);
+}

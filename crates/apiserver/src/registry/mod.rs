@@ -14,6 +14,7 @@ mod autoscaling;
 mod batch;
 mod bootstrap;
 mod certificates;
+mod componentstatus;
 mod coordination;
 mod core;
 mod core_extra;
@@ -242,6 +243,10 @@ pub trait Strategy: Send + Sync {
     fn status_keeps_metadata(&self) -> bool {
         false
     }
+    /// For resources computed on each request instead of stored (componentstatuses).
+    fn computed(&self) -> Option<&dyn Computed> {
+        None
+    }
     /// The warning every request to a deprecated endpoint carries (core/v1 Endpoints).
     fn deprecation(&self) -> Option<&'static str> {
         None
@@ -352,6 +357,13 @@ pub struct Lookup {
     pub what: &'static str,
     pub key: String,
     pub missing: kumo_apimachinery::status::ApiError,
+}
+
+/// A resource whose objects are computed when asked for, never stored: only get and list.
+pub trait Computed: Send + Sync {
+    /// Every object, as the API shows it.
+    fn objects<'a>(&'a self, rest: &'a crate::rest::Rest)
+        -> futures::future::BoxFuture<'a, Vec<Value>>;
 }
 
 /// The resources whose registries set ReturnDeletedObject in kube-apiserver v1.37.
@@ -475,6 +487,7 @@ impl Registry {
         Registry {
             resources: core::resources()
                 .into_iter()
+                .chain(componentstatus::resources())
                 .chain(pods::resources())
                 .chain(apiregistration::resources())
                 .chain(events::resources())
