@@ -111,16 +111,30 @@ fn merge_map(doc: &mut Map<String, Value>, patch: &Map<String, Value>) {
             }
             continue;
         }
+        if let Some(field) = k.strip_prefix("$setElementOrder/") {
+            // An order for a list the patch does not otherwise touch.
+            if !patch.contains_key(field) {
+                if let (Some(Value::Array(list)), Some(order)) = (doc.get_mut(field), v.as_array())
+                {
+                    let original = list.clone();
+                    reorder(field, list, &original, order);
+                }
+            }
+            continue;
+        }
         if k.starts_with('$') {
-            // $setElementOrder only orders; $patch and $retainKeys are handled above.
+            // $patch and $retainKeys are handled above.
             continue;
         }
         if v.is_null() {
             doc.remove(k);
             continue;
         }
+        let order = patch
+            .get(&format!("$setElementOrder/{k}"))
+            .and_then(Value::as_array);
         match (doc.get_mut(k), v) {
-            (Some(Value::Array(orig)), Value::Array(p)) => merge_list(k, orig, p),
+            (Some(Value::Array(orig)), Value::Array(p)) => merge_list(k, orig, p, order),
             (Some(d), _) => merge_value(d, v),
             (None, _) => {
                 let mut p = v.clone();
@@ -138,7 +152,48 @@ fn is_delete_all(v: &Value) -> bool {
     v.get("$patch").and_then(Value::as_str) == Some("delete")
 }
 
-fn merge_list(field: &str, orig: &mut Vec<Value>, patch: &[Value]) {
+/// The identity of a list element for ordering: its merge key's value (or the element
+/// itself in a list of scalars).
+fn ident<'a>(field: &str, list: &[Value], e: &'a Value) -> &'a Value {
+    match list_strategy(field, list, std::slice::from_ref(e)) {
+        ListStrategy::ByKey(key) => e.get(key).unwrap_or(e),
+        _ => e,
+    }
+}
+
+/// Upstream's element order after a merge (normalizeElementOrder): the elements the patch
+/// names, in the patch's order (or `$setElementOrder`'s), interleaved with the elements
+/// only the server had, in their old order; where the two cannot be compared (an element
+/// new to the list), the patch's element goes first.
+fn reorder(field: &str, merged: &mut Vec<Value>, original: &[Value], order: &[Value]) {
+    let ids: Vec<Value> = order
+        .iter()
+        .map(|e| ident(field, original, e).clone())
+        .collect();
+    let pos_in = |list: &[Value], id: &Value| -> Option<usize> {
+        list.iter().position(|e| ident(field, original, e) == id)
+    };
+    let (mut mine, theirs): (Vec<Value>, Vec<Value>) = std::mem::take(merged)
+        .into_iter()
+        .partition(|e| ids.contains(ident(field, original, e)));
+    mine.sort_by_key(|e| ids.iter().position(|i| i == ident(field, original, e)));
+    let (mut left, mut right) = (theirs.into_iter().peekable(), mine.into_iter().peekable());
+    while left.peek().is_some() || right.peek().is_some() {
+        let take_left = match (left.peek(), right.peek()) {
+            (Some(_), None) => true,
+            (None, _) => false,
+            (Some(l), Some(r)) => {
+                let li = pos_in(original, ident(field, original, l));
+                let ri = pos_in(original, ident(field, original, r));
+                matches!((li, ri), (Some(a), Some(b)) if a < b)
+            }
+        };
+        let next = if take_left { left.next() } else { right.next() };
+        merged.extend(next);
+    }
+}
+
+fn merge_list(field: &str, orig: &mut Vec<Value>, patch: &[Value], order: Option<&Vec<Value>>) {
     // `[{"$patch": "replace"}, ...]` replaces the list with the other elements.
     if patch
         .iter()
@@ -164,13 +219,17 @@ fn merge_list(field: &str, orig: &mut Vec<Value>, patch: &[Value]) {
             }
         }
         ListStrategy::Set => {
+            let original = orig.clone();
             for e in patch {
                 if !orig.contains(e) {
                     orig.push(e.clone());
                 }
             }
+            let order = order.cloned().unwrap_or_else(|| patch.to_vec());
+            reorder(field, orig, &original, &order);
         }
         ListStrategy::ByKey(key) => {
+            let original = orig.clone();
             for e in patch {
                 let Some(id) = e.get(key) else {
                     continue;
@@ -191,6 +250,15 @@ fn merge_list(field: &str, orig: &mut Vec<Value>, patch: &[Value]) {
                     }
                 }
             }
+            // The patch's own order leaves out its deletions.
+            let order = order.cloned().unwrap_or_else(|| {
+                patch
+                    .iter()
+                    .filter(|e| !is_delete_all(e) && e.get(key).is_some())
+                    .cloned()
+                    .collect()
+            });
+            reorder(field, orig, &original, &order);
         }
     }
 }
@@ -202,6 +270,7 @@ mod tests {
 
     #[test]
     fn containers_merge_by_name() {
+        // New elements go first, as on kube-apiserver (env [A] + patch [B] is [B, A] there).
         let mut doc = json!({"spec": {"containers": [
             {"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}]},
             {"name": "b", "image": "y"},
@@ -217,9 +286,9 @@ mod tests {
         assert_eq!(
             doc,
             json!({"spec": {"containers": [
-                {"name": "a", "image": "x2", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]},
+                {"name": "a", "image": "x2", "env": [{"name": "B", "value": "2"}, {"name": "A", "value": "1"}]},
                 {"name": "c", "image": "z"},
-            ], "finalizers": ["f1", "f2"]}})
+            ], "finalizers": ["f2", "f1"]}})
         );
     }
 
@@ -228,6 +297,42 @@ mod tests {
         let mut doc = json!({"args": ["a", "b"], "data": {"k": "v", "gone": "x"}});
         apply(&mut doc, &json!({"args": ["c"], "data": {"gone": null}}));
         assert_eq!(doc, json!({"args": ["c"], "data": {"k": "v"}}));
+    }
+
+    #[test]
+    fn element_order_is_upstreams() {
+        // A new element goes before the elements only the server had (observed on
+        // kube-apiserver: patching in container zz gives zz, db).
+        let mut doc = json!({"containers": [{"name": "db", "image": "a"}]});
+        apply(
+            &mut doc,
+            &json!({"containers": [{"name": "zz", "image": "b"}]}),
+        );
+        assert_eq!(doc["containers"][0]["name"], "zz");
+        assert_eq!(doc["containers"][1]["name"], "db");
+        // Elements the patch names keep the patch's order, interleaved with the rest.
+        let mut doc = json!({"env": [{"name": "A"}, {"name": "B"}, {"name": "C"}]});
+        apply(
+            &mut doc,
+            &json!({"env": [{"name": "C", "value": "3"}, {"name": "A", "value": "1"}]}),
+        );
+        let names: Vec<&str> = doc["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["B", "C", "A"]);
+        // $setElementOrder orders a list the patch does not otherwise change.
+        let mut doc =
+            json!({"containers": [{"name": "a"}, {"name": "b"}], "finalizers": ["x", "y"]});
+        apply(
+            &mut doc,
+            &json!({"$setElementOrder/containers": [{"name": "b"}, {"name": "a"}],
+                    "$setElementOrder/finalizers": ["y", "x"], "finalizers": ["y"]}),
+        );
+        assert_eq!(doc["containers"], json!([{"name": "b"}, {"name": "a"}]));
+        assert_eq!(doc["finalizers"], json!(["y", "x"]));
     }
 
     #[test]
