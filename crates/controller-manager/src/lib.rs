@@ -67,7 +67,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         true,
     ),
     ("cronjob-controller", Some("cronjob"), true, false),
-    ("daemonset-controller", Some("daemonset"), true, false),
+    ("daemonset-controller", Some("daemonset"), true, true),
     ("deployment-controller", Some("deployment"), true, true),
     ("device-taint-eviction-controller", None, true, false),
     ("disruption-controller", Some("disruption"), true, false),
@@ -116,7 +116,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         false,
     ),
     ("namespace-controller", Some("namespace"), true, true),
-    ("node-ipam-controller", Some("nodeipam"), true, false),
+    ("node-ipam-controller", Some("nodeipam"), true, true),
     (
         "node-lifecycle-controller",
         Some("nodelifecycle"),
@@ -157,7 +157,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "pod-garbage-collector-controller",
         Some("podgc"),
         true,
-        false,
+        true,
     ),
     (
         "podcertificaterequest-cleaner-controller",
@@ -206,7 +206,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         true,
         false,
     ),
-    ("statefulset-controller", Some("statefulset"), true, false),
+    ("statefulset-controller", Some("statefulset"), true, true),
     (
         "storage-version-migrator-controller",
         Some("svm"),
@@ -219,7 +219,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         true,
         false,
     ),
-    ("taint-eviction-controller", None, true, false),
+    ("taint-eviction-controller", None, true, true),
     (
         "token-cleaner-controller",
         Some("tokencleaner"),
@@ -315,6 +315,10 @@ pub struct Config {
     /// Each controller acts as its own ServiceAccount in kube-system (token from
     /// TokenRequest) instead of with the kubeconfig's credentials.
     pub use_service_account_credentials: bool,
+    /// `--terminated-pod-gc-threshold` and the pod GC's periods.
+    pub pod_gc: controllers::podgc::Settings,
+    /// The node-ipam flags (`--allocate-node-cidrs`, `--cluster-cidr`, ...).
+    pub node_ipam: controllers::nodeipam::Settings,
 }
 
 impl Config {
@@ -328,8 +332,19 @@ impl Config {
             serve: Some(SocketAddr::from(([127, 0, 0, 1], 10257))),
             identity: None,
             use_service_account_credentials: false,
+            pod_gc: controllers::podgc::Settings::default(),
+            node_ipam: controllers::nodeipam::Settings::default(),
         }
     }
+}
+
+/// What the controllers are configured with, beyond their names.
+struct Settings {
+    /// The CA published in `kube-root-ca.crt`.
+    root_ca: String,
+    pod_gc: controllers::podgc::Settings,
+    /// Validated node-ipam flags; None when allocation is off.
+    node_ipam: Option<controllers::nodeipam::Params>,
 }
 
 /// The kubeconfig's cluster CA, PEM (certificate-authority-data or certificate-authority).
@@ -384,6 +399,12 @@ impl ControllerManager {
     /// enabled) the informers and controllers. Returns once serving has started.
     pub async fn start(cfg: Config) -> Result<ControllerManager> {
         let controllers = resolve_controllers(&cfg.controllers)?;
+        // Bad node-ipam flags stop the start, as kube-controller-manager exits on them.
+        let node_ipam = (cfg.node_ipam.allocate_node_cidrs
+            && is_enabled("node-ipam-controller", &controllers))
+        .then(|| controllers::nodeipam::Params::new(&cfg.node_ipam))
+        .transpose()
+        .map_err(Error::Flag)?;
         let path = cfg.kubeconfig.clone();
         let bad = |message: String| Error::Kubeconfig {
             path: path.display().to_string(),
@@ -449,7 +470,11 @@ impl ControllerManager {
             clients,
             checks,
             controllers,
-            root_ca,
+            Settings {
+                root_ca,
+                pod_gc: cfg.pod_gc.clone(),
+                node_ipam,
+            },
             elector,
             stop_rx,
             leading_tx,
@@ -492,14 +517,21 @@ async fn run(
     clients: Arc<clients::ClientBuilder>,
     checks: healthz::Checks,
     controllers: Vec<String>,
-    root_ca: String,
+    settings: Settings,
     elector: Option<LeaderElector>,
     mut stop: watch::Receiver<bool>,
     leading: watch::Sender<bool>,
 ) -> Result<()> {
     let Some(mut elector) = elector else {
         leading.send_replace(true);
-        let tasks = start_controllers(clients, &checks, &controllers, root_ca, stop.clone());
+        let tasks = start_controllers(
+            clients,
+            &checks,
+            &controllers,
+            settings.root_ca.clone(),
+            &settings,
+            stop.clone(),
+        );
         let _ = stop.wait_for(|s| *s).await;
         futures::future::join_all(tasks).await;
         return Ok(());
@@ -510,7 +542,14 @@ async fn run(
     leading.send_replace(true);
     // Controllers stop with their own signal, so losing the lease stops them too.
     let (ctl_stop, ctl_stop_rx) = watch::channel(false);
-    let tasks = start_controllers(clients, &checks, &controllers, root_ca, ctl_stop_rx);
+    let tasks = start_controllers(
+        clients,
+        &checks,
+        &controllers,
+        settings.root_ca.clone(),
+        &settings,
+        ctl_stop_rx,
+    );
     let r = elector.renew(&mut stop).await;
     leading.send_replace(false);
     ctl_stop.send_replace(true);
@@ -524,6 +563,7 @@ fn start_controllers(
     checks: &healthz::Checks,
     controllers: &[String],
     root_ca: String,
+    settings: &Settings,
     stop: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
     // Informers watch with the controller-manager's own identity ("shared-informers").
@@ -607,6 +647,48 @@ fn start_controllers(
             stop.clone(),
         ));
     }
+    if on("daemonset-controller") {
+        tasks.push(controllers::daemonset::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("statefulset-controller") {
+        tasks.push(controllers::statefulset::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("taint-eviction-controller") {
+        tasks.push(controllers::tainteviction::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("pod-garbage-collector-controller") {
+        tasks.push(controllers::podgc::start(
+            clients.clone(),
+            &factory,
+            settings.pod_gc.clone(),
+            stop.clone(),
+        ));
+    }
+    // Upstream starts no node-ipam controller unless --allocate-node-cidrs is set.
+    if let Some(params) = settings
+        .node_ipam
+        .clone()
+        .filter(|_| on("node-ipam-controller"))
+    {
+        tasks.push(controllers::nodeipam::start(
+            clients.clone(),
+            &factory,
+            params,
+            stop.clone(),
+        ));
+    }
     for (name, _, default_on, have) in KNOWN_CONTROLLERS {
         if !have && *default_on && on(name) {
             tracing::debug!(controller = name, "not implemented in kumo yet; skipped");
@@ -616,8 +698,11 @@ fn start_controllers(
     // A ping check per started controller, named as upstream's (once per process: a
     // leader that lost the lease and won it again does not add them twice).
     let mut c = checks.write();
+    // A controller its settings leave off (node-ipam without --allocate-node-cidrs) is
+    // skipped, as upstream's nil controller, and gets no check.
+    let skipped = |n: &str| n == "node-ipam-controller" && settings.node_ipam.is_none();
     for (name, _, _, have) in KNOWN_CONTROLLERS {
-        if *have && on(name) && !c.iter().any(|(n, _)| n == name) {
+        if *have && on(name) && !skipped(name) && !c.iter().any(|(n, _)| n == name) {
             c.push(((*name).to_owned(), Arc::new(|| Ok(()))));
         }
     }

@@ -113,6 +113,12 @@ async fn run_controller_manager(kubeconfig: PathBuf) {
     loop {
         let mut cfg = kumo_controller_manager::Config::new(&kubeconfig);
         cfg.use_service_account_credentials = true;
+        // As kubeadm with a pod subnet: node-ipam hands each node its spec.podCIDR, which
+        // the kubelet then uses.
+        cfg.node_ipam.allocate_node_cidrs = true;
+        cfg.node_ipam.cluster_cidr =
+            kumo_controller_manager::controllers::nodeipam::DEFAULT_CLUSTER_CIDR.into();
+        cfg.node_ipam.service_cluster_ip_range = "10.96.0.0/12".into();
         let mut cm = kumo_controller_manager::ControllerManager::start(cfg.clone()).await;
         if let Err(kumo_controller_manager::Error::Listen { .. }) = cm {
             // 10257 is taken (another cluster on this machine): serve /healthz elsewhere.

@@ -115,6 +115,28 @@ struct ControllerManagerArgs {
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     use_service_account_credentials: bool,
+    /// How many finished pods may remain before pod GC deletes the oldest (<= 0: never).
+    #[arg(long, default_value_t = 12500, allow_negative_numbers = true)]
+    terminated_pod_gc_threshold: i32,
+    /// Give each node a pod range (spec.podCIDR) from --cluster-cidr.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    allocate_node_cidrs: bool,
+    /// The pods' range(s), comma-separated (one per IP family); default 10.244.0.0/16.
+    #[arg(long, default_value = "")]
+    cluster_cidr: String,
+    /// Prefix length of each node's range (single-stack; 24 for IPv4, 64 for IPv6).
+    #[arg(long, default_value_t = 0)]
+    node_cidr_mask_size: i32,
+    /// Prefix length of each node's IPv4 range (default 24).
+    #[arg(long, default_value_t = 0)]
+    node_cidr_mask_size_ipv4: i32,
+    /// Prefix length of each node's IPv6 range (default 64).
+    #[arg(long, default_value_t = 0)]
+    node_cidr_mask_size_ipv6: i32,
+    /// The Service range(s): node ranges overlapping them are never handed out.
+    #[arg(long, default_value = "")]
+    service_cluster_ip_range: String,
 }
 
 /// Flags of `kumo up`.
@@ -173,6 +195,15 @@ async fn controller_manager(args: ControllerManagerArgs) -> Result<()> {
     cfg.controllers = args.controllers;
     cfg.root_ca_file = args.root_ca_file;
     cfg.use_service_account_credentials = args.use_service_account_credentials;
+    cfg.pod_gc.terminated_pod_gc_threshold = args.terminated_pod_gc_threshold;
+    cfg.node_ipam = kumo_controller_manager::controllers::nodeipam::Settings {
+        allocate_node_cidrs: args.allocate_node_cidrs,
+        cluster_cidr: args.cluster_cidr,
+        node_cidr_mask_size: args.node_cidr_mask_size,
+        node_cidr_mask_size_ipv4: args.node_cidr_mask_size_ipv4,
+        node_cidr_mask_size_ipv6: args.node_cidr_mask_size_ipv6,
+        service_cluster_ip_range: args.service_cluster_ip_range,
+    };
     cfg.serve = (args.secure_port != 0)
         .then(|| std::net::SocketAddr::new(args.bind_address, args.secure_port));
     let cm = kumo_controller_manager::ControllerManager::start(cfg).await?;

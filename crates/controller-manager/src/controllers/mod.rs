@@ -1,15 +1,20 @@
 //! The controllers, and the worker loop they share.
 
 pub mod clusterrole_aggregation;
+pub mod daemonset;
 pub mod deployment;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod garbagecollector;
 pub mod namespace;
+pub mod nodeipam;
 pub mod nodelifecycle;
+pub mod podgc;
 pub mod replicaset;
 pub mod rootca;
 pub mod serviceaccount;
+pub mod statefulset;
+pub mod tainteviction;
 
 use std::future::Future;
 use std::sync::Arc;
