@@ -175,6 +175,7 @@ impl ApiServer {
                 // TokenRequest, TokenReview, SelfSubjectReview, the access reviews.
                 reviews: vec![
                     Arc::new(crate::registry::eviction::Eviction),
+                    Arc::new(crate::registry::binding::Bindings),
                     Arc::new(crate::registry::authentication::TokenRequest::new(
                         sa_key.clone(),
                     )),

@@ -1185,6 +1185,47 @@ async fn pods_bind_to_nodes() {
         .unwrap();
     assert_eq!(b["kind"], "Binding");
     assert_eq!(b["verbs"], serde_json::json!(["create"]));
+    // The older `bindings` collection binds the pod its Binding names, the same way.
+    let legacy = |body: &str| {
+        let file = dir.path().join("legacy-binding.json");
+        std::fs::write(&file, body).unwrap();
+        let kc = kc.clone();
+        async move {
+            k(
+                &kc,
+                &[
+                    "create",
+                    "--raw",
+                    "/api/v1/namespaces/default/bindings",
+                    "-f",
+                    file.to_str().unwrap(),
+                ],
+            )
+            .await
+        }
+    };
+    let out = legacy(
+        r#"{"apiVersion":"v1","kind":"Binding","metadata":{"name":"q"},"target":{"kind":"Node","name":"n2"}}"#,
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let pod = out_json(&k(&kc, &["get", "pod", "q", "-o", "json"]).await);
+    assert_eq!(pod["spec"]["nodeName"], "n2");
+    let out = legacy(r#"{"apiVersion":"v1","kind":"Binding","metadata":{},"target":{"kind":"Node","name":"n2"}}"#).await;
+    assert!(
+        out.stderr
+            .contains("Error from server (BadRequest): Name parameter required."),
+        "{}",
+        out.stderr
+    );
+    let b = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "bindings")
+        .unwrap();
+    assert_eq!(b["namespaced"], true);
+    assert_eq!(b["verbs"], serde_json::json!(["create"]));
 }
 
 /// POSTs an Eviction for `pod` named `body_name` in `ns`.

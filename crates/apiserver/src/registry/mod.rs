@@ -12,6 +12,7 @@ pub mod authentication;
 pub mod authorization;
 mod autoscaling;
 mod batch;
+pub mod binding;
 mod bootstrap;
 mod certificates;
 mod componentstatus;
@@ -487,6 +488,7 @@ impl Registry {
         Registry {
             resources: core::resources()
                 .into_iter()
+                .chain(binding::resources())
                 .chain(componentstatus::resources())
                 .chain(pods::resources())
                 .chain(apiregistration::resources())
