@@ -415,6 +415,51 @@ async fn ensure(
     Ok(())
 }
 
+/// The ConfigMaps kube-apiserver keeps in kube-system: `extension-apiserver-authentication`
+/// (the client CA that components such as kube-controller-manager read for delegated
+/// authentication; kept current), and `kube-apiserver-legacy-service-account-token-tracking`
+/// (since when legacy tokens are tracked: the day first started, never changed).
+async fn bootstrap_kube_system_config_maps(
+    rest: &Rest,
+    registry: &Registry,
+    ca_pem: &str,
+) -> Result<()> {
+    use serde_json::json;
+    let auth = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+        "data": {"client-ca-file": ca_pem},
+    });
+    let current = json!({"data": {"client-ca-file": ca_pem}});
+    ensure(
+        rest,
+        registry,
+        ("", "v1", "configmaps"),
+        Some("kube-system"),
+        &auth,
+        Some(&current),
+        None,
+    )
+    .await?;
+    let today = crate::time::format_rfc3339(crate::time::now_secs());
+    let since = today.split('T').next().unwrap_or(&today);
+    let tracking = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "kube-apiserver-legacy-service-account-token-tracking", "namespace": "kube-system"},
+        "data": {"since": since},
+    });
+    ensure(
+        rest,
+        registry,
+        ("", "v1", "configmaps"),
+        Some("kube-system"),
+        &tracking,
+        None,
+        None,
+    )
+    .await
+}
+
 /// What kube-apiserver keeps in place at start: the default ServiceCIDR, the
 /// `default/kubernetes` Service on the first cluster IP, and its Endpoints and
 /// EndpointSlice naming this server (the endpoint reconciler's work).

@@ -1409,3 +1409,47 @@ async fn component_statuses_are_computed_and_deprecated() {
     assert!(!out.ok);
     assert!(out.stderr.contains("MethodNotAllowed"), "{}", out.stderr);
 }
+
+/// kube-system holds what kube-apiserver keeps there: the client CA for delegated
+/// authentication and the legacy token tracking date (YYYY-MM-DD, as upstream writes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_system_config_maps_are_bootstrapped() {
+    let (server, dir) = start().await;
+    let kc = &server.admin_kubeconfig;
+    let cm = out_json(
+        &k(
+            kc,
+            &[
+                "get",
+                "configmap",
+                "-n",
+                "kube-system",
+                "extension-apiserver-authentication",
+                "-o",
+                "json",
+            ],
+        )
+        .await,
+    );
+    let ca = std::fs::read_to_string(dir.path().join("pki/ca.crt")).unwrap();
+    assert_eq!(cm["data"]["client-ca-file"], ca.as_str());
+    let cm = out_json(
+        &k(
+            kc,
+            &[
+                "get",
+                "configmap",
+                "-n",
+                "kube-system",
+                "kube-apiserver-legacy-service-account-token-tracking",
+                "-o",
+                "json",
+            ],
+        )
+        .await,
+    );
+    let since = cm["data"]["since"].as_str().unwrap();
+    assert_eq!(since.len(), 10, "{since}");
+    assert_eq!(&since[4..5], "-");
+    assert_eq!(&since[7..8], "-");
+}
