@@ -138,6 +138,12 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
                 doc["version"] = json!("v1");
                 doc["kind"] = json!("TokenRequest");
             }
+            if *sub == "eviction" {
+                // pods/eviction takes policy/v1 Evictions (kubectl drain looks for it).
+                doc["group"] = json!("policy");
+                doc["version"] = json!("v1");
+                doc["kind"] = json!("Eviction");
+            }
             if *sub == "scale" {
                 // A scale subresource serves autoscaling/v1 Scale objects.
                 doc["group"] = json!("autoscaling");
@@ -171,7 +177,7 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
 fn subresource_verbs(sub: &str) -> &'static [&'static str] {
     match sub {
         "finalize" => &["update"],
-        "binding" | "token" => &["create"],
+        "binding" | "token" | "eviction" => &["create"],
         _ => &["get", "patch", "update"],
     }
 }
@@ -213,6 +219,8 @@ fn aggregated_resources(registry: &Registry, group: &str, version: &str) -> Vec<
                                 json!({"group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest"})
                             } else if *s == "binding" {
                                 kind("Binding")
+                            } else if *s == "eviction" {
+                                json!({"group": "policy", "version": "v1", "kind": "Eviction"})
                             } else {
                                 kind(r.kind)
                             },

@@ -134,6 +134,7 @@ impl ApiServer {
         bootstrap_namespaces(&rest, &registry).await?;
         crate::registry::bootstrap_policy(&rest, &registry).await?;
         bootstrap_kubernetes_service(&rest, &registry, host, local_addr.port()).await?;
+        bootstrap_kube_system_config_maps(&rest, &registry, &certs.ca_pem).await?;
         let crd_revision = crate::registry::crd::load(&rest, &registry).await?;
         let sa_key =
             crate::auth::serviceaccount::SigningKey::load_or_create(&cfg.data_dir.join("pki"))?;

@@ -70,7 +70,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
     ("daemonset-controller", Some("daemonset"), true, true),
     ("deployment-controller", Some("deployment"), true, true),
     ("device-taint-eviction-controller", None, true, false),
-    ("disruption-controller", Some("disruption"), true, false),
+    ("disruption-controller", Some("disruption"), true, true),
     ("endpoints-controller", Some("endpoint"), true, true),
     (
         "endpointslice-controller",
@@ -184,7 +184,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "resourcequota-controller",
         Some("resourcequota"),
         true,
-        false,
+        true,
     ),
     (
         "root-ca-certificate-publisher-controller",
@@ -656,6 +656,20 @@ fn start_controllers(
     }
     if on("statefulset-controller") {
         tasks.push(controllers::statefulset::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("disruption-controller") {
+        tasks.push(controllers::disruption::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("resourcequota-controller") {
+        tasks.push(controllers::resourcequota::start(
             clients.clone(),
             &factory,
             stop.clone(),

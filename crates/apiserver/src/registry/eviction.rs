@@ -344,6 +344,30 @@ impl Review for Eviction {
             }
         }
         if !dry_run {
+            // The preconditions hold for the pod the condition is added to (upstream's
+            // addConditionAndDeletePod), and the resourceVersion one then follows that write.
+            let gr = GroupResource::new("", "Pod");
+            let want = |f: &str| {
+                delete_options
+                    .pointer(&format!("/preconditions/{f}"))
+                    .and_then(Value::as_str)
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_owned)
+            };
+            let have =
+                |f: &str| crate::registry::str_at(&pod, &format!("/metadata/{f}")).to_owned();
+            if let Some(uid) = want("uid").filter(|u| *u != have("uid")) {
+                return Err(ApiError::conflict(&gr, name, &format!(
+                    "the UID in the precondition ({uid}) does not match the UID in record ({}). The object might have been deleted and then recreated",
+                    have("uid")
+                )));
+            }
+            if let Some(rv) = want("resourceVersion").filter(|r| *r != have("resourceVersion")) {
+                return Err(ApiError::conflict(&gr, name, &format!(
+                    "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({}). The object might have been modified",
+                    have("resourceVersion")
+                )));
+            }
             // The pod is told why it goes (the DisruptionTarget condition).
             let patch = json!({"status": {"conditions": [{
                 "type": "DisruptionTarget",
@@ -353,19 +377,27 @@ impl Review for Eviction {
                 "lastTransitionTime": crate::time::now_rfc3339(),
             }]}})
             .to_string();
-            ctx.rest
-                .patch(
-                    &pods,
-                    Some(ns),
-                    name,
-                    Some("status"),
-                    &request(
-                        &query,
-                        "application/strategic-merge-patch+json",
-                        patch.as_bytes(),
-                    ),
-                )
-                .await?;
+            let updated = object(
+                ctx.rest
+                    .patch(
+                        &pods,
+                        Some(ns),
+                        name,
+                        Some("status"),
+                        &request(
+                            &query,
+                            "application/strategic-merge-patch+json",
+                            patch.as_bytes(),
+                        ),
+                    )
+                    .await?,
+            )?;
+            if want("resourceVersion").is_some() {
+                delete_options["preconditions"]["resourceVersion"] = updated
+                    .pointer("/metadata/resourceVersion")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+            }
         }
         let body = delete_options.to_string();
         ctx.rest

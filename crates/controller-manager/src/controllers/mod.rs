@@ -3,6 +3,7 @@
 pub mod clusterrole_aggregation;
 pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod garbagecollector;
@@ -11,6 +12,7 @@ pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod podgc;
 pub mod replicaset;
+pub mod resourcequota;
 pub mod rootca;
 pub mod serviceaccount;
 pub mod statefulset;
