@@ -9,15 +9,13 @@
 //! storage changes: upstream's replenishment), and every 5 min for all quotas
 //! (`--resource-quota-sync-period`).
 //!
-//! Usage follows upstream's evaluators (pkg/quota/v1/evaluator/core): pods (compute
-//! requests and limits with init containers, sidecars, pod-level resources and overhead;
-//! terminal pods charge only `count/pods`; the Terminating, NotTerminating, BestEffort,
-//! NotBestEffort, PriorityClass and CrossNamespacePodAffinity scopes), services (node
-//! ports, load balancers), persistent volume claims (storage, per storage class) and object
-//! counts (`count/<resource>.<group>` of any listable resource, watched metadata-only once
-//! a quota names it).
+//! What each object charges and which scopes it is in are upstream's evaluators
+//! (pkg/quota/v1/evaluator/core), in `kumo_apimachinery::quota`, shared with the
+//! admission plugin: pods, services, persistent volume claims and object counts
+//! (`count/<resource>.<group>` of any listable resource, watched metadata-only here once a
+//! quota names it).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +29,10 @@ use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta, PostParams};
 use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::runtime::WatchStreamExt;
 use kumo_apimachinery::quantity::Quantity;
+use kumo_apimachinery::quota::{
+    add_lists, charges_compute, claim_usage_changed, is_terminating, list_json, lists_equal, mask,
+    resource_list, scope_selectors, Evaluator, ResourceList, IGNORED_RESOURCES,
+};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -50,532 +52,9 @@ const WORKERS: usize = 5;
 /// --resource-quota-sync-period: every quota is recomputed this often.
 pub const SYNC_PERIOD: Duration = Duration::from_secs(5 * 60);
 
-/// A ResourceList: resource name to quantity, sorted by name.
-pub type ResourceList = BTreeMap<String, Quantity>;
-
-/// The ResourceList at a JSON object (unparseable quantities are left out).
-fn resource_list(v: Option<&Value>) -> ResourceList {
-    v.and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((k.clone(), Quantity::from_json(v)?)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn list_json(l: &ResourceList) -> Value {
-    Value::Object(l.iter().map(|(k, q)| (k.clone(), q.json())).collect())
-}
-
-/// quota.Add.
-fn add_lists(a: &ResourceList, b: &ResourceList) -> ResourceList {
-    let mut out = a.clone();
-    for (k, q) in b {
-        out.entry(k.clone())
-            .and_modify(|x| *x = x.add(q))
-            .or_insert(*q);
-    }
-    out
-}
-
-/// maxResourceList: the larger of each quantity.
-fn max_into(a: &mut ResourceList, b: &ResourceList) {
-    for (k, q) in b {
-        if a.get(k).is_none_or(|x| q > x) {
-            a.insert(k.clone(), *q);
-        }
-    }
-}
-
-/// quota.Mask: only the named resources.
-fn mask(l: &ResourceList, names: &BTreeSet<String>) -> ResourceList {
-    l.iter()
-        .filter(|(k, _)| names.contains(*k))
-        .map(|(k, q)| (k.clone(), *q))
-        .collect()
-}
-
-/// quota.Equals: the same names with equal quantities.
-fn lists_equal(a: &ResourceList, b: &ResourceList) -> bool {
-    a.len() == b.len() && a.iter().all(|(k, q)| b.get(k) == Some(q))
-}
-
-// ---------------------------------------------------------------------------------------
-// Evaluators (pkg/quota/v1/evaluator/core and the generic object counter).
-
-/// Resources no quota tracks (upstream's ignored resources).
-const IGNORED: &[(&str, &str)] = &[
-    ("", "bindings"),
-    ("", "componentstatuses"),
-    ("", "events"),
-    ("events.k8s.io", "events"),
-    ("authentication.k8s.io", "tokenreviews"),
-    ("authentication.k8s.io", "selfsubjectreviews"),
-    ("authorization.k8s.io", "subjectaccessreviews"),
-    ("authorization.k8s.io", "selfsubjectaccessreviews"),
-    ("authorization.k8s.io", "localsubjectaccessreviews"),
-    ("authorization.k8s.io", "selfsubjectrulesreviews"),
-];
-
-const POD_RESOURCES: &[&str] = &[
-    "count/pods",
-    "cpu",
-    "memory",
-    "ephemeral-storage",
-    "requests.cpu",
-    "requests.memory",
-    "requests.ephemeral-storage",
-    "limits.cpu",
-    "limits.memory",
-    "limits.ephemeral-storage",
-    "pods",
-];
-
-const SERVICE_RESOURCES: &[&str] = &[
-    "count/services",
-    "services",
-    "services.nodeports",
-    "services.loadbalancers",
-];
-
-const STORAGE_CLASS_SUFFIX: &str = ".storageclass.storage.k8s.io/";
-
-/// `count/<resource>[.<group>]` (ObjectCountQuotaResourceNameFor).
-fn count_name(group: &str, plural: &str) -> String {
-    if group.is_empty() {
-        format!("count/{plural}")
-    } else {
-        format!("count/{plural}.{group}")
-    }
-}
-
-/// helper.IsNativeResource.
-fn is_native(name: &str) -> bool {
-    !name.contains('/') || name.contains("kubernetes.io/")
-}
-
-/// An evaluator: how a resource is charged.
-#[derive(Clone, Debug, PartialEq)]
-enum Evaluator {
-    Pods,
-    Services,
-    Claims,
-    /// Counts objects of (group, plural) under these names.
-    Count(String, String, Vec<String>),
-}
-
-impl Evaluator {
-    /// The evaluator of a group resource (the core ones, else an object counter).
-    fn of(group: &str, plural: &str) -> Evaluator {
-        match (group, plural) {
-            ("", "pods") => Evaluator::Pods,
-            ("", "services") => Evaluator::Services,
-            ("", "persistentvolumeclaims") => Evaluator::Claims,
-            _ => {
-                let mut names = vec![count_name(group, plural)];
-                if group.is_empty()
-                    && matches!(
-                        plural,
-                        "configmaps" | "resourcequotas" | "replicationcontrollers" | "secrets"
-                    )
-                {
-                    names.push(plural.to_owned());
-                }
-                Evaluator::Count(group.into(), plural.into(), names)
-            }
-        }
-    }
-
-    /// MatchingResources: the names among `input` this evaluator charges.
-    fn matching<'a>(&self, input: impl IntoIterator<Item = &'a String>) -> BTreeSet<String> {
-        input
-            .into_iter()
-            .filter(|r| match self {
-                Evaluator::Pods => {
-                    POD_RESOURCES.contains(&r.as_str())
-                        || r.starts_with("hugepages-")
-                        || r.starts_with("requests.hugepages-")
-                        || (r.starts_with("requests.")
-                            && (!is_native(r)
-                                || r.starts_with("requests.deviceclass.resource.kubernetes.io/")))
-                }
-                Evaluator::Services => SERVICE_RESOURCES.contains(&r.as_str()),
-                Evaluator::Claims => {
-                    matches!(
-                        r.as_str(),
-                        "count/persistentvolumeclaims"
-                            | "persistentvolumeclaims"
-                            | "requests.storage"
-                    ) || ["persistentvolumeclaims", "requests.storage"]
-                        .iter()
-                        .any(|x| r.ends_with(&format!("{STORAGE_CLASS_SUFFIX}{x}")))
-                }
-                Evaluator::Count(_, _, names) => names.contains(r),
-            })
-            .cloned()
-            .collect()
-    }
-
-    /// Whether the object is in a scope selector's scope (MatchesScopeFunc); object
-    /// counters and services match no scope.
-    fn matches_scope(&self, sel: &Value, obj: &Value) -> bool {
-        let scope = sel.get("scopeName").and_then(Value::as_str).unwrap_or("");
-        let op = sel.get("operator").and_then(Value::as_str).unwrap_or("");
-        let values: Vec<&str> = sel
-            .get("values")
-            .and_then(Value::as_array)
-            .map(|v| v.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        match self {
-            Evaluator::Pods => match scope {
-                "Terminating" => is_terminating(obj),
-                "NotTerminating" => !is_terminating(obj),
-                "BestEffort" => is_best_effort(obj),
-                "NotBestEffort" => !is_best_effort(obj),
-                "PriorityClass" => {
-                    let pc = obj
-                        .pointer("/spec/priorityClassName")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    // The scope as a label that every pod has (podMatchesSelector).
-                    match op {
-                        "Exists" => !pc.is_empty(),
-                        "DoesNotExist" => false,
-                        "In" => values.contains(&pc),
-                        "NotIn" => !values.contains(&pc),
-                        _ => false,
-                    }
-                }
-                "CrossNamespacePodAffinity" => uses_cross_namespace_affinity(obj),
-                _ => false,
-            },
-            Evaluator::Claims if scope == "VolumeAttributesClass" => {
-                let names = claim_vac_names(obj);
-                match op {
-                    "Exists" => !names.is_empty(),
-                    "DoesNotExist" => names.is_empty(),
-                    "In" => names.iter().any(|n| values.contains(&n.as_str())),
-                    "NotIn" => {
-                        names.is_empty() || names.iter().any(|n| !values.contains(&n.as_str()))
-                    }
-                    _ => false,
-                }
-            }
-            _ => false,
-        }
-    }
-
-    /// Usage: what the object charges.
-    fn usage(&self, obj: &Value, now: i64) -> ResourceList {
-        let mut out = ResourceList::new();
-        match self {
-            Evaluator::Pods => {
-                out.insert("count/pods".into(), Quantity::int(1));
-                if !charges_compute(obj, now) {
-                    return out;
-                }
-                let (requests, limits) = pod_requests_limits(obj);
-                out = add_lists(&out, &compute_usage(&requests, &limits));
-            }
-            Evaluator::Services => {
-                out.insert("count/services".into(), Quantity::int(1));
-                out.insert("services".into(), Quantity::int(1));
-                let ports = obj
-                    .pointer("/spec/ports")
-                    .and_then(Value::as_array)
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
-                let n = |x: usize| Quantity::int(i64::try_from(x).unwrap_or(i64::MAX));
-                let (mut node_ports, mut lbs) = (Quantity::zero(), Quantity::zero());
-                match obj.pointer("/spec/type").and_then(Value::as_str) {
-                    Some("NodePort") => node_ports = n(ports.len()),
-                    Some("LoadBalancer") => {
-                        node_ports = if obj
-                            .pointer("/spec/allocateLoadBalancerNodePorts")
-                            .and_then(Value::as_bool)
-                            == Some(false)
-                        {
-                            n(ports
-                                .iter()
-                                .filter(|p| {
-                                    p.get("nodePort").and_then(Value::as_i64).unwrap_or(0) != 0
-                                })
-                                .count())
-                        } else {
-                            n(ports.len())
-                        };
-                        lbs = Quantity::int(1);
-                    }
-                    _ => {}
-                }
-                out.insert("services.loadbalancers".into(), lbs);
-                out.insert("services.nodeports".into(), node_ports);
-            }
-            Evaluator::Claims => {
-                out.insert("persistentvolumeclaims".into(), Quantity::int(1));
-                out.insert("count/persistentvolumeclaims".into(), Quantity::int(1));
-                let class = claim_class(obj);
-                if !class.is_empty() {
-                    out.insert(
-                        format!("{class}{STORAGE_CLASS_SUFFIX}persistentvolumeclaims"),
-                        Quantity::int(1),
-                    );
-                }
-                let mut storage = obj
-                    .pointer("/spec/resources/requests/storage")
-                    .and_then(Quantity::from_json)
-                    .map(|q| q.round_up_whole());
-                if let Some(req) = storage {
-                    if let Some(alloc) = obj
-                        .pointer("/status/allocatedResources/storage")
-                        .and_then(Quantity::from_json)
-                    {
-                        if alloc > req {
-                            storage = Some(alloc.round_up_whole());
-                        }
-                    }
-                }
-                if let Some(s) = storage {
-                    out.insert("requests.storage".into(), s);
-                    if !class.is_empty() {
-                        out.insert(format!("{class}{STORAGE_CLASS_SUFFIX}requests.storage"), s);
-                    }
-                }
-            }
-            Evaluator::Count(_, _, names) => {
-                for n in names {
-                    out.insert(n.clone(), Quantity::int(1));
-                }
-            }
-        }
-        out
-    }
-}
-
-/// The containers of one list of a pod spec.
-fn containers<'a>(pod: &'a Value, list: &str) -> impl Iterator<Item = &'a Value> {
-    pod.pointer(&format!("/spec/{list}"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-}
-
-fn container_resources(c: &Value, which: &str) -> ResourceList {
-    resource_list(c.pointer(&format!("/resources/{which}")))
-}
-
-/// The pod's requests or limits from its containers: the containers and sidecars summed,
-/// or the largest init container plus the sidecars started before it
-/// (AggregateContainerRequests/Limits).
-fn aggregate_containers(pod: &Value, which: &str) -> ResourceList {
-    let mut out = ResourceList::new();
-    for c in containers(pod, "containers") {
-        out = add_lists(&out, &container_resources(c, which));
-    }
-    let mut sidecars = ResourceList::new();
-    let mut init_max = ResourceList::new();
-    for c in containers(pod, "initContainers") {
-        let r = container_resources(c, which);
-        let effective = if c.get("restartPolicy").and_then(Value::as_str) == Some("Always") {
-            out = add_lists(&out, &r);
-            sidecars = add_lists(&sidecars, &r);
-            sidecars.clone()
-        } else {
-            add_lists(&r, &sidecars)
-        };
-        max_into(&mut init_max, &effective);
-    }
-    max_into(&mut out, &init_max);
-    out
-}
-
-/// A pod with activeDeadlineSeconds is in the Terminating scope.
-fn is_terminating(pod: &Value) -> bool {
-    pod.pointer("/spec/activeDeadlineSeconds")
-        .and_then(Value::as_i64)
-        .is_some_and(|s| s >= 0)
-}
-
-/// The BestEffort QoS class: no cpu or memory requested or limited anywhere.
-fn is_best_effort(pod: &Value) -> bool {
-    if let Some(q) = pod.pointer("/status/qosClass").and_then(Value::as_str) {
-        if !q.is_empty() {
-            return q == "BestEffort";
-        }
-    }
-    let set = |l: ResourceList| {
-        l.iter()
-            .any(|(k, q)| (k == "cpu" || k == "memory") && !q.is_zero())
-    };
-    let containers_set = ["containers", "initContainers"].iter().any(|l| {
-        containers(pod, l).any(|c| {
-            set(container_resources(c, "requests")) || set(container_resources(c, "limits"))
-        })
-    });
-    let pod_level = ["requests", "limits"]
-        .iter()
-        .any(|w| set(resource_list(pod.pointer(&format!("/spec/resources/{w}")))));
-    !containers_set && !pod_level
-}
-
-fn uses_cross_namespace_affinity(pod: &Value) -> bool {
-    let cross = |t: &Value| {
-        t.get("namespaces")
-            .and_then(Value::as_array)
-            .is_some_and(|n| !n.is_empty())
-            || t.get("namespaceSelector").is_some_and(|s| !s.is_null())
-    };
-    ["podAffinity", "podAntiAffinity"].iter().any(|kind| {
-        let Some(a) = pod.pointer(&format!("/spec/affinity/{kind}")) else {
-            return false;
-        };
-        let required = a
-            .get("requiredDuringSchedulingIgnoredDuringExecution")
-            .and_then(Value::as_array)
-            .is_some_and(|ts| ts.iter().any(cross));
-        let preferred = a
-            .get("preferredDuringSchedulingIgnoredDuringExecution")
-            .and_then(Value::as_array)
-            .is_some_and(|ts| {
-                ts.iter()
-                    .any(|w| w.get("podAffinityTerm").is_some_and(cross))
-            });
-        required || preferred
-    })
-}
-
-/// QuotaV1Pod: a pod charges compute resources until it is terminal or past its deletion
-/// grace period.
-fn charges_compute(pod: &Value, now: i64) -> bool {
-    let phase = pod.pointer("/status/phase").and_then(Value::as_str);
-    if matches!(phase, Some("Failed") | Some("Succeeded")) {
-        return false;
-    }
-    if let (Some(ts), Some(grace)) = (
-        pod.pointer("/metadata/deletionTimestamp")
-            .and_then(Value::as_str),
-        pod.pointer("/metadata/deletionGracePeriodSeconds")
-            .and_then(Value::as_i64),
-    ) {
-        if let Ok(t) = ts.parse::<Timestamp>() {
-            if now > t.as_second().saturating_add(grace) {
-                return false;
-            }
-        }
-    }
-    true
-}
-
-fn pod_level_resources_set(pod: &Value) -> bool {
-    ["requests", "limits"].iter().any(|w| {
-        resource_list(pod.pointer(&format!("/spec/resources/{w}")))
-            .keys()
-            .any(|k| k == "cpu" || k == "memory")
-    })
-}
-
-/// PodRequests and PodLimits: the containers', pod-level cpu and memory over them, plus
-/// the overhead (added to limits only where a limit is set).
-fn pod_requests_limits(pod: &Value) -> (ResourceList, ResourceList) {
-    let mut requests = aggregate_containers(pod, "requests");
-    let mut limits = aggregate_containers(pod, "limits");
-    let supported = |k: &str| k == "cpu" || k == "memory";
-    for (k, q) in resource_list(pod.pointer("/spec/resources/requests")) {
-        if supported(&k) {
-            requests.insert(k, q);
-        }
-    }
-    if pod_level_resources_set(pod) {
-        for (k, q) in resource_list(pod.pointer("/spec/resources/limits")) {
-            if supported(&k) {
-                limits.insert(k, q);
-            }
-        }
-    }
-    let overhead = resource_list(pod.pointer("/spec/overhead"));
-    requests = add_lists(&requests, &overhead);
-    for (k, q) in overhead {
-        if let Some(l) = limits.get_mut(&k).filter(|l| !l.is_zero()) {
-            *l = l.add(&q);
-        }
-    }
-    (requests, limits)
-}
-
-/// podComputeUsageHelper: the quota names requests and limits charge.
-fn compute_usage(requests: &ResourceList, limits: &ResourceList) -> ResourceList {
-    let mut out = ResourceList::new();
-    out.insert("pods".into(), Quantity::int(1));
-    for r in ["cpu", "memory", "ephemeral-storage"] {
-        if let Some(q) = requests.get(r) {
-            out.insert(r.into(), *q);
-            out.insert(format!("requests.{r}"), *q);
-        }
-        if let Some(q) = limits.get(r) {
-            out.insert(format!("limits.{r}"), *q);
-        }
-    }
-    for (r, q) in requests {
-        if r.starts_with("hugepages-") {
-            out.insert(r.clone(), *q);
-            out.insert(format!("requests.{r}"), *q);
-        } else if (!is_native(r) && !r.starts_with("requests."))
-            || r.starts_with("deviceclass.resource.kubernetes.io/")
-        {
-            out.insert(format!("requests.{r}"), *q);
-        }
-    }
-    out
-}
-
-/// GetPersistentVolumeClaimClass.
-fn claim_class(pvc: &Value) -> String {
-    if let Some(c) = pvc
-        .pointer("/metadata/annotations/volume.beta.kubernetes.io~1storage-class")
-        .and_then(Value::as_str)
-    {
-        return c.to_owned();
-    }
-    pvc.pointer("/spec/storageClassName")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned()
-}
-
-/// The VolumeAttributesClasses a claim refers to (spec, current and target).
-fn claim_vac_names(pvc: &Value) -> BTreeSet<String> {
-    [
-        "/spec/volumeAttributesClassName",
-        "/status/currentVolumeAttributesClassName",
-        "/status/modifyVolumeStatus/targetVolumeAttributesClassName",
-    ]
-    .iter()
-    .filter_map(|p| pvc.pointer(p).and_then(Value::as_str))
-    .filter(|s| !s.is_empty())
-    .map(str::to_owned)
-    .collect()
-}
-
 /// The scope selectors of a quota: its scopes (as Exists) and its scopeSelector.
 fn quota_selectors(q: &ResourceQuota) -> Vec<Value> {
-    let Some(spec) = q.spec.as_ref() else {
-        return Vec::new();
-    };
-    let mut out: Vec<Value> = spec
-        .scopes
-        .iter()
-        .flatten()
-        .map(|s| json!({"scopeName": s, "operator": "Exists"}))
-        .collect();
-    if let Some(m) = spec
-        .scope_selector
-        .as_ref()
-        .and_then(|s| s.match_expressions.as_ref())
-    {
-        out.extend(m.iter().filter_map(|e| serde_json::to_value(e).ok()));
-    }
-    out
+    scope_selectors(&to_json(q))
 }
 
 fn hard_of(q: &ResourceQuota) -> ResourceList {
@@ -709,14 +188,6 @@ fn service_changed(old: &Value, new: &Value) -> bool {
     t(old) != t(new)
 }
 
-fn claim_changed(old: &Value, new: &Value) -> bool {
-    let alloc = |o: &Value| {
-        o.pointer("/status/allocatedResources/storage")
-            .and_then(Quantity::from_json)
-    };
-    alloc(old) != alloc(new) || claim_vac_names(old) != claim_vac_names(new)
-}
-
 fn never(_: &Value, _: &Value) -> bool {
     false
 }
@@ -760,7 +231,13 @@ pub fn start(
         Evaluator::Services,
         service_changed,
     );
-    watch_replenish(&claims, &quotas, &queue, Evaluator::Claims, claim_changed);
+    watch_replenish(
+        &claims,
+        &quotas,
+        &queue,
+        Evaluator::Claims,
+        claim_usage_changed,
+    );
     watch_replenish(
         &configmaps,
         &quotas,
@@ -870,7 +347,7 @@ impl Ctl {
                 Some((p, g)) => (p.to_owned(), g.to_owned()),
                 None => (rest.to_owned(), String::new()),
             };
-            if plural.is_empty() || IGNORED.contains(&(group.as_str(), plural.as_str())) {
+            if plural.is_empty() || IGNORED_RESOURCES.contains(&(group.as_str(), plural.as_str())) {
                 continue;
             }
             if let Some(m) = self.monitor(&group, &plural).await {
@@ -1047,14 +524,16 @@ impl Ctl {
             Evaluator::Pods => of(&self.pods, ns),
             Evaluator::Services => of(&self.services, ns),
             Evaluator::Claims => of(&self.claims, ns),
-            Evaluator::Count(g, p, _) if g.is_empty() => match p.as_str() {
+            Evaluator::Count { group, plural, .. } if group.is_empty() => match plural.as_str() {
                 "configmaps" => of(&self.configmaps, ns),
                 "secrets" => of(&self.secrets, ns),
                 "replicationcontrollers" => of(&self.rcs, ns),
                 "resourcequotas" => of(&self.quotas, ns),
-                _ => self.counted(m, g, p, ns).map(count)?,
+                _ => self.counted(m, group, plural, ns).map(count)?,
             },
-            Evaluator::Count(g, p, _) => self.counted(m, g, p, ns).map(count)?,
+            Evaluator::Count { group, plural, .. } => {
+                self.counted(m, group, plural, ns).map(count)?
+            }
         })
     }
 
@@ -1177,103 +656,5 @@ impl Ctl {
         } else {
             Err(SyncError::Failed(errors.join(", ")))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn strings(l: &ResourceList) -> BTreeMap<String, String> {
-        l.iter().map(|(k, v)| (k.clone(), v.to_string())).collect()
-    }
-
-    #[test]
-    fn pod_usage_counts_init_containers_sidecars_and_overhead() {
-        let pod = json!({"spec": {
-            "containers": [
-                {"name": "a", "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}}},
-                {"name": "b", "resources": {"requests": {"cpu": "250m"}}},
-            ],
-            "initContainers": [
-                {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"cpu": "100m"}}},
-                {"name": "init", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
-            ],
-            "overhead": {"cpu": "10m", "memory": "1Mi"},
-        }});
-        let u = strings(&Evaluator::Pods.usage(&pod, 0));
-        // Containers 500m + sidecar 100m = 600m < init 1 + sidecar 100m = 1100m; + overhead.
-        assert_eq!(u["requests.cpu"], "1110m");
-        assert_eq!(u["cpu"], "1110m");
-        assert_eq!(u["requests.memory"], "1025Mi");
-        assert_eq!(u["limits.cpu"], "510m");
-        assert_eq!(u["limits.memory"], "129Mi");
-        assert_eq!(u["pods"], "1");
-        assert_eq!(u["count/pods"], "1");
-        // A finished pod charges only its object count.
-        let mut done = pod.clone();
-        done["status"] = json!({"phase": "Succeeded"});
-        assert_eq!(
-            strings(&Evaluator::Pods.usage(&done, 0)),
-            BTreeMap::from([("count/pods".to_owned(), "1".to_owned())])
-        );
-    }
-
-    #[test]
-    fn scopes_select_pods() {
-        let be = json!({"spec": {"containers": [{"name": "a"}]}});
-        let burst = json!({"spec": {"activeDeadlineSeconds": 10, "priorityClassName": "high",
-            "containers": [{"name": "a", "resources": {"requests": {"cpu": "1"}}}]}});
-        let s = |name: &str| json!({"scopeName": name, "operator": "Exists"});
-        let p = Evaluator::Pods;
-        assert!(p.matches_scope(&s("BestEffort"), &be));
-        assert!(!p.matches_scope(&s("BestEffort"), &burst));
-        assert!(p.matches_scope(&s("NotBestEffort"), &burst));
-        assert!(p.matches_scope(&s("Terminating"), &burst));
-        assert!(p.matches_scope(&s("NotTerminating"), &be));
-        let pc =
-            |op: &str| json!({"scopeName": "PriorityClass", "operator": op, "values": ["high"]});
-        assert!(p.matches_scope(&pc("In"), &burst));
-        assert!(!p.matches_scope(&pc("In"), &be));
-        assert!(p.matches_scope(&pc("NotIn"), &be));
-        assert!(p.matches_scope(&s("PriorityClass"), &burst));
-        assert!(!p.matches_scope(&s("PriorityClass"), &be));
-        // Object counters match no scope.
-        assert!(!Evaluator::of("", "configmaps").matches_scope(&s("BestEffort"), &be));
-    }
-
-    #[test]
-    fn matching_resources_by_evaluator() {
-        let hard: Vec<String> = [
-            "pods",
-            "requests.cpu",
-            "count/configmaps",
-            "configmaps",
-            "services.nodeports",
-            "requests.storage",
-            "gold.storageclass.storage.k8s.io/requests.storage",
-            "count/deployments.apps",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let m = |e: Evaluator| e.matching(&hard).into_iter().collect::<Vec<_>>();
-        assert_eq!(m(Evaluator::Pods), ["pods", "requests.cpu"]);
-        assert_eq!(
-            m(Evaluator::of("", "configmaps")),
-            ["configmaps", "count/configmaps"]
-        );
-        assert_eq!(m(Evaluator::Services), ["services.nodeports"]);
-        assert_eq!(
-            m(Evaluator::Claims),
-            [
-                "gold.storageclass.storage.k8s.io/requests.storage",
-                "requests.storage"
-            ]
-        );
-        assert_eq!(
-            m(Evaluator::of("apps", "deployments")),
-            ["count/deployments.apps"]
-        );
     }
 }
