@@ -7,7 +7,7 @@
 
 use kumo_apimachinery::status::{ApiError, GroupResource};
 use kumo_apimachinery::validation::{is_dns1123_label, FieldError, Path};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::{age_of, default_field, name_of, or_none, str_at, Column, Lookup, Resource, Strategy};
 
@@ -247,57 +247,75 @@ fn quantity(v: &Value) -> Option<f64> {
     kumo_apimachinery::quantity::Quantity::from_json(v).map(|q| q.as_f64())
 }
 
-/// The QoS class of a pod, as upstream's ComputePodQOS (cpu and memory only).
-fn qos_class(pod: &Value) -> &'static str {
-    let mut requests: Map<String, Value> = Map::new();
-    let mut limits: Map<String, Value> = Map::new();
-    let mut guaranteed = true;
-    let positive = |v: &Value| quantity(v).is_some_and(|q| q > 0.0);
-    for list in CONTAINER_LISTS {
-        for c in containers(pod, list) {
-            let res = |k: &str| {
-                c.pointer(&format!("/resources/{k}"))
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default()
-            };
-            for (k, v) in res("requests") {
-                if (k == "cpu" || k == "memory") && positive(&v) {
-                    let sum = quantity(&v).unwrap_or(0.0)
-                        + requests.get(&k).and_then(quantity).unwrap_or(0.0);
-                    requests.insert(k, json!(sum));
-                }
-            }
-            let mut found = 0;
-            for (k, v) in res("limits") {
-                if (k == "cpu" || k == "memory") && positive(&v) {
-                    found += 1;
-                    let sum = quantity(&v).unwrap_or(0.0)
-                        + limits.get(&k).and_then(quantity).unwrap_or(0.0);
-                    limits.insert(k, json!(sum));
-                }
-            }
-            if found < 2 {
-                guaranteed = false;
-            }
-        }
-    }
-    if requests.is_empty() && limits.is_empty() {
+/// Upstream's requirementsQOS: the class of one set of resource requirements, from cpu and
+/// memory (`request_default`: a missing request counts as the limit, which is what the
+/// API's defaulting makes of it).
+fn requirements_qos(res: Option<&Value>, request_default: bool) -> &'static str {
+    use kumo_apimachinery::quantity::Quantity;
+    let map = |kind: &str| res.and_then(|r| r.get(kind)).and_then(Value::as_object);
+    if map("requests").is_none_or(|m| m.is_empty()) && map("limits").is_none_or(|m| m.is_empty()) {
         return "BestEffort";
     }
-    if guaranteed {
-        for (k, v) in &requests {
-            let l = limits.get(k).and_then(quantity);
-            if l.is_none_or(|l| (l - quantity(v).unwrap_or(0.0)).abs() > 1e-12) {
-                guaranteed = false;
+    let get = |kind: &str, name: &str| {
+        map(kind)
+            .and_then(|m| m.get(name))
+            .and_then(Quantity::from_json)
+    };
+    let mut qos = None;
+    for name in ["cpu", "memory"] {
+        let limit = get("limits", name);
+        let request = get("requests", name).or(if request_default { limit } else { None });
+        let (request, limit) = (
+            request.unwrap_or_else(Quantity::zero),
+            limit.unwrap_or_else(Quantity::zero),
+        );
+        let class = if request != limit {
+            "Burstable"
+        } else if request.is_zero() {
+            "BestEffort"
+        } else {
+            "Guaranteed"
+        };
+        match qos {
+            _ if class == "Burstable" => return class,
+            None => qos = Some(class),
+            Some(q) if q != class => return "Burstable",
+            Some(_) => {}
+        }
+    }
+    qos.unwrap_or("BestEffort")
+}
+
+/// The QoS class of a pod, as upstream's ComputePodQOS: pod-level resources decide when they
+/// name cpu, memory or hugepages; otherwise every container's class, combined (one
+/// Burstable, or a mix, makes the pod Burstable).
+fn qos_class(pod: &Value) -> &'static str {
+    let pod_level = pod.pointer("/spec/resources");
+    let supported = |kind: &str| {
+        pod_level
+            .and_then(|r| r.get(kind))
+            .and_then(Value::as_object)
+            .is_some_and(|m| {
+                m.keys()
+                    .any(|k| k == "cpu" || k == "memory" || k.starts_with("hugepages-"))
+            })
+    };
+    if supported("requests") || supported("limits") {
+        return requirements_qos(pod_level, true);
+    }
+    let mut qos = None;
+    for list in CONTAINER_LISTS {
+        for c in containers(pod, list) {
+            let class = requirements_qos(c.get("resources"), false);
+            match qos {
+                _ if class == "Burstable" => return class,
+                None => qos = Some(class),
+                Some(q) if q != class => return "Burstable",
+                Some(_) => {}
             }
         }
     }
-    if guaranteed && requests.len() == limits.len() {
-        "Guaranteed"
-    } else {
-        "Burstable"
-    }
+    qos.unwrap_or("BestEffort")
 }
 
 /// Five characters of upstream's generated-name alphabet.
@@ -1255,5 +1273,23 @@ mod tests {
             }))),
             "Burstable"
         );
+        // Only cpu given, equal: memory is best effort, so the mix is Burstable.
+        assert_eq!(
+            qos_class(&pod(json!({"limits": {"cpu": "1"}}))),
+            "Burstable"
+        );
+        // One Guaranteed and one BestEffort container make a Burstable pod.
+        let mut p = pod(json!({"limits": {"cpu": "1", "memory": "1Gi"}}));
+        p["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "d", "image": "x"}));
+        assert_eq!(qos_class(&p), "Burstable");
+        // Pod-level resources decide (a missing request is its limit, as defaulted).
+        let mut p = pod(json!({}));
+        p["spec"]["resources"] = json!({"limits": {"cpu": "1", "memory": "1Gi"}});
+        assert_eq!(qos_class(&p), "Guaranteed");
+        p["spec"]["resources"] = json!({"requests": {"cpu": "1"}});
+        assert_eq!(qos_class(&p), "Burstable");
     }
 }
