@@ -38,6 +38,8 @@ pub struct State {
     pub auth: crate::auth::Auth,
     /// The key service-account tokens are signed with, published for OIDC discovery.
     pub service_account_key: Option<Arc<crate::auth::serviceaccount::SigningKey>>,
+    /// The client towards kubelets (pods/log, exec, attach, portforward, nodes/proxy).
+    pub kubelet: Option<Arc<crate::proxy::KubeletClient>>,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -194,6 +196,11 @@ pub async fn handle(
             tracing::debug!(user = %attrs.user.name, verb = %attrs.verb, resource = %attrs.resource, path = %attrs.path, "forbidden");
             return error_response(&crate::auth::forbidden(&attrs, &reason));
         }
+    }
+    if crate::proxy::handles(&attrs) {
+        return crate::auth::USER
+            .scope(attrs.user.clone(), crate::proxy::serve(state, attrs, req))
+            .await;
     }
     crate::auth::USER
         .scope(attrs.user, handle_authorized(state, req))

@@ -23,6 +23,7 @@ pub mod mirror;
 pub mod negotiate;
 pub mod openapi;
 pub mod pki;
+pub mod proxy;
 pub mod registry;
 pub mod rest;
 pub mod server;

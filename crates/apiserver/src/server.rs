@@ -138,7 +138,16 @@ impl ApiServer {
         let crd_revision = crate::registry::crd::load(&rest, &registry).await?;
         let sa_key =
             crate::auth::serviceaccount::SigningKey::load_or_create(&cfg.data_dir.join("pki"))?;
+        // kube-apiserver's --kubelet-client-certificate/--kubelet-client-key.
+        let kubelet = match crate::proxy::KubeletClient::load(&cfg.data_dir.join("pki")) {
+            Ok(k) => Some(Arc::new(k)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no kubelet client certificate: pods/log and exec are unavailable");
+                None
+            }
+        };
         let state = Arc::new(State {
+            kubelet,
             service_account_key: Some(sa_key.clone()),
             metrics: Default::default(),
             registry,
@@ -310,7 +319,10 @@ async fn serve(
             // Headers as large as Go's default limit (1 MiB): bearer tokens can be long.
             builder.http1().max_buf_size(1 << 20);
             builder.http2().max_header_list_size(1 << 20);
-            if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
+            if let Err(e) = builder
+                .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                .await
+            {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });

@@ -52,6 +52,26 @@ pub struct Args {
     /// Memory capacity the sim runtime reports.
     #[arg(long, default_value = "8Gi")]
     pub sim_memory: String,
+    /// The address the kubelet API listens on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub address: std::net::IpAddr,
+    /// The kubelet API's port (0 picks a free one, reported in daemonEndpoints).
+    #[arg(long, default_value_t = 10250)]
+    pub port: u16,
+    /// The serving certificate (a self-signed one is made without it).
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[arg(long)]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// CA bundle that client certificates must be signed by.
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
+    /// Lets requests without credentials in as system:anonymous (kubeadm: false).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub anonymous_auth: bool,
+    /// `Webhook` (SubjectAccessReview, kubeadm's setting) or `AlwaysAllow`.
+    #[arg(long, default_value = "Webhook", value_parser = ["Webhook", "AlwaysAllow"])]
+    pub authorization_mode: String,
 }
 
 /// The fields of a KubeletConfiguration file kumo's kubelet uses.
@@ -180,6 +200,15 @@ impl Args {
         {
             cfg.status_update_frequency = d;
         }
+        cfg.server = Some(crate::server::ServerConfig {
+            address: self.address,
+            port: self.port,
+            tls_cert_file: self.tls_cert_file,
+            tls_private_key_file: self.tls_private_key_file,
+            client_ca_file: self.client_ca_file,
+            anonymous_auth: self.anonymous_auth,
+            authorization_webhook: self.authorization_mode == "Webhook",
+        });
         cfg.cpu = self.sim_cpu;
         cfg.memory = self.sim_memory;
         Ok(cfg)

@@ -9,10 +9,12 @@
 //! interface and the `sim` runtime.
 
 pub mod cli;
+pub mod env;
 pub mod events;
 pub mod node;
 pub mod pods;
 pub mod runtime;
+pub mod server;
 pub mod static_pods;
 
 use std::collections::BTreeMap;
@@ -97,10 +99,18 @@ pub struct KubeletConfig {
     pub status_update_frequency: Duration,
     /// How often the static pod path is read again (upstream: 20 s, plus file events).
     pub static_pod_rescan: Duration,
+    /// The kubelet API (port 10250); `None` serves none.
+    pub server: Option<server::ServerConfig>,
 }
 
 impl KubeletConfig {
-    /// Upstream's defaults for a node named `node_name`.
+    /// The kubelet port the Node reports in daemonEndpoints.
+    pub fn kubelet_port(&self) -> u16 {
+        self.server.as_ref().map_or(10250, |s| s.port)
+    }
+
+    /// Upstream's defaults for a node named `node_name` (without the kubelet API; the CLI
+    /// and `kumo up` turn it on).
     pub fn new(kubeconfig: impl Into<PathBuf>, node_name: impl Into<String>) -> KubeletConfig {
         KubeletConfig {
             kubeconfig: kubeconfig.into(),
@@ -117,6 +127,7 @@ impl KubeletConfig {
             pod_cidr: "10.244.0.0/24".into(),
             status_update_frequency: Duration::from_secs(10),
             static_pod_rescan: static_pods::RESCAN,
+            server: None,
         }
     }
 }
@@ -137,10 +148,45 @@ pub async fn client(path: &std::path::Path) -> Result<Client> {
     Client::try_from(cfg).map_err(Error::Api)
 }
 
+/// Stops a task when dropped (the API server goes with the kubelet that runs it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Runs the kubelet until the process ends.
-pub async fn run(cfg: KubeletConfig) -> Result<()> {
+pub async fn run(mut cfg: KubeletConfig) -> Result<()> {
     let client = client(&cfg.kubeconfig).await?;
     let runtime: Arc<dyn runtime::Runtime> = Arc::new(runtime::Sim::default());
+    // The API listens before the Node is registered, so that daemonEndpoints names the
+    // port it got.
+    let mut _server = None;
+    if let Some(scfg) = cfg.server.as_mut() {
+        let listener = server::bind(scfg).await?;
+        if let Ok(a) = listener.local_addr() {
+            scfg.port = a.port();
+        }
+        let mut names = vec![cfg.node_name.clone(), "localhost".to_owned()];
+        names.dedup();
+        let mut ips: Vec<IpAddr> = vec![IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)];
+        ips.extend(cfg.node_ip);
+        if !scfg.address.is_unspecified() && !ips.contains(&scfg.address) {
+            ips.push(scfg.address);
+        }
+        let tls = server::tls_config(scfg, &names, &ips)?;
+        tracing::info!(port = scfg.port, "kubelet API serving");
+        _server = Some(AbortOnDrop(server::serve(
+            listener,
+            tls,
+            scfg,
+            client.clone(),
+            cfg.node_name.clone(),
+            runtime.clone(),
+        )));
+    }
     let cfg = Arc::new(cfg);
     let node = node::register(&client, &cfg, &*runtime).await?;
     tracing::info!(node = %cfg.node_name, "node registered");

@@ -141,7 +141,7 @@ pub fn status(cfg: &KubeletConfig, runtime: &dyn Runtime, old: Option<&Value>) -
         "addresses": addresses(cfg),
         "capacity": capacity,
         "allocatable": capacity,
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": cfg.kubelet_port()}},
         "nodeInfo": {
             "machineID": machine_id,
             "systemUUID": machine_id,

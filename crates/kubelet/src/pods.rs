@@ -18,7 +18,7 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use crate::events::Record;
-use crate::runtime::{ContainerConfig, Runtime, State};
+use crate::runtime::{Runtime, State};
 use crate::static_pods::{self, CONFIG_HASH, CONFIG_MIRROR};
 use crate::{KubeletConfig, Result};
 
@@ -78,6 +78,8 @@ struct Workers {
     pod_cidr: Option<(Ipv4Addr, u8)>,
     /// Images pulled on this node (for "already present on machine").
     pulled: std::collections::HashSet<String>,
+    /// What each pod's environment refers to (see `env`), by pod uid.
+    sources: HashMap<String, Value>,
 }
 
 fn parse_cidr(c: &str) -> Option<(Ipv4Addr, u8)> {
@@ -122,6 +124,7 @@ pub async fn run(
         workers: HashMap::new(),
         next_ip: 2,
         pulled: std::collections::HashSet::new(),
+        sources: HashMap::new(),
     };
     let mut last_node_read = None::<Instant>;
     loop {
@@ -242,7 +245,22 @@ impl Workers {
                 continue;
             }
             keep.insert(uid.clone());
-            let status = self.run_pod(pod);
+            // What the containers' environment refers to (ConfigMaps, Secrets), read once
+            // per pod.
+            if !self.sources.contains_key(&uid) {
+                let src = crate::env::sources(
+                    &self.client,
+                    pod,
+                    &self.host_ip(),
+                    &self.cfg.cpu,
+                    &self.cfg.memory,
+                )
+                .await;
+                self.sources.insert(uid.clone(), src);
+            }
+            let prepared =
+                crate::env::with_sources(pod, self.sources.get(&uid).unwrap_or(&Value::Null));
+            let status = self.run_pod(&prepared);
             // A static pod reports through its mirror pod.
             let (target_ns, target_name, current) = if *is_static {
                 let hash = pod
@@ -355,6 +373,7 @@ impl Workers {
     }
 
     fn kill(&mut self, uid: &str) {
+        self.sources.remove(uid);
         if let Some(w) = self.workers.remove(uid) {
             for c in w.containers.values() {
                 if let Some(id) = &c.id {
@@ -475,7 +494,13 @@ impl Workers {
                         pod,
                         c,
                         &annotations,
-                        "OnFailure",
+                        // Init containers restart on failure, unless the pod never
+                        // restarts anything.
+                        if restart_policy == "Never" {
+                            "Never"
+                        } else {
+                            "OnFailure"
+                        },
                         true,
                         pulled,
                         &mut events,
@@ -558,6 +583,7 @@ fn step(
     let ev = |warning: bool, reason: &'static str, message: String| {
         Record::container(pod, &name, init, warning, reason, message)
     };
+    let pod_ip = w.ip.clone().unwrap_or_default();
     let c = w.containers.entry(name.clone()).or_default();
     if let Some(id) = c.id.clone() {
         let Ok(st) = runtime.container_status(&id) else {
@@ -602,7 +628,13 @@ fn step(
             return succeeded;
         }
         // Remember the exit, then wait out the back-off before starting again.
-        c.last = Some(terminated_json(exit_code, started_at, finished_at, &id));
+        c.last = Some(terminated_json(
+            exit_code,
+            started_at,
+            finished_at,
+            &id,
+            st.message.as_deref(),
+        ));
         c.id = None;
         c.backoff = if c.backoff.is_zero() {
             BACKOFF_START
@@ -686,11 +718,7 @@ fn step(
             return false;
         }
     }
-    let config = ContainerConfig {
-        name: name.clone(),
-        image,
-        annotations: annotations.clone(),
-    };
+    let config = crate::env::container_config(pod, spec, annotations, &pod_ip, c.restart_count);
     let id = runtime.create_container(sandbox, &config, &c.image_ref);
     events.push(ev(false, "Created", format!("Created container: {name}")));
     if runtime.start_container(&id).is_ok() {
@@ -759,14 +787,19 @@ fn terminated_json(
     started_at: SystemTime,
     finished_at: SystemTime,
     id: &str,
+    message: Option<&str>,
 ) -> Value {
-    json!({"terminated": {
+    let mut t = json!({"terminated": {
         "exitCode": exit_code,
         "reason": if exit_code == 0 { "Completed" } else { "Error" },
         "startedAt": rfc3339(started_at),
         "finishedAt": rfc3339(finished_at),
         "containerID": format!("sim://{id}"),
-    }})
+    }});
+    if let Some(m) = message.filter(|m| !m.is_empty()) {
+        t["terminated"]["message"] = json!(m);
+    }
+    t
 }
 
 /// The status of one pod: container states, phase and conditions as upstream computes
@@ -829,8 +862,17 @@ fn pod_status(
                         started_at,
                         finished_at,
                     } => {
-                        v["state"] = terminated_json(exit_code, started_at, finished_at, &st.id);
-                        (v, false, false, Some(exit_code))
+                        v["state"] = terminated_json(
+                            exit_code,
+                            started_at,
+                            finished_at,
+                            &st.id,
+                            st.message.as_deref(),
+                        );
+                        // An init container that succeeded is ready (upstream's status).
+                        let ready = init && exit_code == 0;
+                        v["ready"] = json!(ready);
+                        (v, false, ready, Some(exit_code))
                     }
                     State::Created => {
                         v["state"] = json!({"waiting": {"reason": "ContainerCreating"}});
@@ -845,7 +887,9 @@ fn pod_status(
                         (r, format!("back-off {}s restarting failed container={name} pod={pod_name}_{pod_ns}({uid})", backoff.as_secs()))
                     }
                     Some(rm) => rm,
-                    None if init || w.init_done => ("ContainerCreating".into(), String::new()),
+                    // Upstream's default waiting state: PodInitializing in a pod with
+                    // init containers, else ContainerCreating.
+                    None if inits.is_empty() => ("ContainerCreating".into(), String::new()),
                     None => ("PodInitializing".into(), String::new()),
                 };
                 let mut waiting = json!({"reason": reason});
@@ -862,7 +906,14 @@ fn pod_status(
     let running = statuses.iter().filter(|s| s.1).count();
     let exited: Vec<i32> = statuses.iter().filter_map(|s| s.3).collect();
     let all_exited = !statuses.is_empty() && exited.len() == statuses.len();
-    let phase = if !w.init_done {
+    let init_failed = restart_policy == "Never"
+        && init_statuses
+            .iter()
+            .any(|s| s.3.is_some_and(|code| code != 0));
+    let phase = if !w.init_done && init_failed {
+        // A failed init container fails a pod that restarts nothing.
+        "Failed"
+    } else if !w.init_done {
         "Pending"
     } else if all_exited && restart_policy == "Never" {
         if exited.iter().all(|c| *c == 0) {

@@ -10,7 +10,20 @@
 //! * `sim.kumo.io/exit-code[/<c>]`: with that code (0 by default);
 //! * `sim.kumo.io/pull[/<c>]: fail`: pulling the image fails (ErrImagePull);
 //! * `sim.kumo.io/probe-fail[/<c>]: readiness,liveness,startup`: those probes fail (the
-//!   kubelet reads this one: probes are the kubelet's).
+//!   kubelet reads this one: probes are the kubelet's);
+//! * `sim.kumo.io/logs[/<c>]`: text the container writes to stdout when it starts.
+//!
+//! Without `exit-after-seconds`, what a container does comes from its command line
+//! (command + args after the kubelet's `$(VAR)` expansion), read by [`shell`]: `echo`,
+//! `printf`, `cat /etc/hostname`, `sleep`, `exit N` and `sh -c` scripts of them print
+//! and exit as a real shell would; anything else runs until stopped. Output is kept as
+//! CRI log files are (`<RFC3339Nano> <stream> <F|P> <content>` per line), per container,
+//! and the exited containers of a pod stay until its sandbox is removed (the previous
+//! attempt's logs). `exec` runs a command line the same way.
+
+pub mod shell;
+
+pub use shell::{Step, Stream};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -23,6 +36,21 @@ pub struct ContainerConfig {
     pub image: String,
     /// The pod's annotations (the sim runtime's instructions).
     pub annotations: BTreeMap<String, String>,
+    /// The container's command (the image's entrypoint when empty) and args (the
+    /// image's cmd when both are empty), `$(VAR)` already expanded by the kubelet.
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    /// The environment, in order.
+    pub env: Vec<(String, String)>,
+    /// The pod's host name and IP (what `/etc/hostname` and `/etc/hosts` say).
+    pub hostname: String,
+    pub pod_ip: String,
+    /// How many times this container was started before (the CRI's attempt).
+    pub attempt: u32,
+    /// Where the container writes its termination message (`terminationMessagePath`).
+    pub termination_message_path: String,
+    /// `terminationMessagePolicy: FallbackToLogsOnError`.
+    pub fallback_to_logs_on_error: bool,
 }
 
 /// A container's state, as the CRI reports it.
@@ -44,9 +72,12 @@ pub enum State {
 pub struct ContainerStatus {
     pub id: String,
     pub name: String,
+    pub attempt: u32,
     pub image: String,
     pub image_ref: String,
     pub state: State,
+    /// Once exited: the termination message (from its file, or the end of its logs).
+    pub message: Option<String>,
 }
 
 /// Errors a runtime reports.
@@ -56,6 +87,11 @@ pub enum RuntimeError {
     Pull { image: String, reason: String },
     #[error("no such container {0}")]
     NotFound(String),
+    #[error("container {0} is not running")]
+    NotRunning(String),
+    /// The command could not be started (runc's message).
+    #[error("{0}")]
+    Exec(String),
 }
 
 /// The CRI-shaped runtime interface (a subset: what the kubelet's pod workers use).
@@ -80,19 +116,63 @@ pub trait Runtime: Send + Sync {
     fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError>;
     /// Kills a container at once (SIGKILL: exit code 137), as after a failed liveness probe.
     fn kill_container(&self, id: &str) -> Result<(), RuntimeError>;
+    /// The container's log file, in the CRI log format (what ReadLogs reads).
+    fn read_logs(&self, id: &str) -> Result<String, RuntimeError>;
+    /// Runs `cmd` in a running container (the CRI's Exec), with `stdin` when the command
+    /// reads it; returns the process's steps for the caller to play out.
+    fn exec(
+        &self,
+        id: &str,
+        cmd: &[String],
+        stdin: Option<Vec<u8>>,
+    ) -> Result<Vec<Step>, RuntimeError>;
+    /// Whether `cmd` reads its stdin (so an exec collects it first).
+    fn exec_reads_stdin(&self, cmd: &[String]) -> bool;
 }
 
 struct SimContainer {
     status: ContainerStatus,
     sandbox: String,
-    exit_after: Option<Duration>,
-    exit_code: i32,
+    config: ContainerConfig,
+    /// When the process ends after it starts, and with what code (`None`: never).
+    exit: Option<(Duration, i32)>,
+    /// What it writes: offset after start, stream, text.
+    output: Vec<(Duration, Stream, String)>,
+    /// Files it writes: offset after start, path, text, append.
+    writes: Vec<(Duration, String, String, bool)>,
+    /// When it was created (to keep the newest exited containers).
+    created: u64,
+}
+
+impl SimContainer {
+    fn context(&self) -> shell::Context {
+        shell::Context {
+            hostname: self.config.hostname.clone(),
+            pod_ip: self.config.pod_ip.clone(),
+            env: self.config.env.clone(),
+            stdin: None,
+        }
+    }
+}
+
+/// Exited containers kept per pod and container name (the previous attempt's logs).
+const KEEP_EXITED: usize = 2;
+
+/// A time as the CRI log format writes it (RFC 3339 with nanoseconds, UTC).
+pub fn cri_time(t: SystemTime) -> String {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let base = k8s_openapi::jiff::Timestamp::from_second(secs)
+        .map(|ts| ts.strftime("%Y-%m-%dT%H:%M:%S").to_string())
+        .unwrap_or_default();
+    format!("{base}.{:09}Z", d.subsec_nanos())
 }
 
 /// The simulated runtime.
 #[derive(Default)]
 pub struct Sim {
     containers: Mutex<HashMap<String, SimContainer>>,
+    created: std::sync::atomic::AtomicU64,
 }
 
 fn annotation<'a>(a: &'a BTreeMap<String, String>, key: &str, container: &str) -> Option<&'a str> {
@@ -118,14 +198,61 @@ impl Sim {
         self.containers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The termination message of an exited container: its file's content, else (with
+    /// FallbackToLogsOnError after a failure) the end of its logs (80 lines, 2048 bytes),
+    /// as the kubelet reads them.
+    fn message(
+        c: &SimContainer,
+        exit_code: i32,
+        started: SystemTime,
+        finished: SystemTime,
+    ) -> Option<String> {
+        let path = if c.config.termination_message_path.is_empty() {
+            "/dev/termination-log"
+        } else {
+            c.config.termination_message_path.as_str()
+        };
+        let mut file: Option<String> = None;
+        for (at, p, text, append) in &c.writes {
+            if p != path || started + *at > finished {
+                continue;
+            }
+            match (&mut file, append) {
+                (Some(f), true) => f.push_str(text),
+                _ => file = Some(text.clone()),
+            }
+        }
+        if let Some(f) = file.filter(|f| !f.is_empty()) {
+            return Some(f.chars().take(4096).collect());
+        }
+        if !c.config.fallback_to_logs_on_error || exit_code == 0 {
+            return None;
+        }
+        let text: String = c
+            .output
+            .iter()
+            .filter(|(at, _, _)| started + *at <= finished)
+            .map(|(_, _, t)| t.as_str())
+            .collect();
+        let lines: Vec<&str> = text.split_inclusive('\n').collect();
+        let tail: String = lines[lines.len().saturating_sub(80)..].concat();
+        let start = tail.len().saturating_sub(2048);
+        let start = (start..=tail.len())
+            .find(|i| tail.is_char_boundary(*i))
+            .unwrap_or(tail.len());
+        Some(tail[start..].to_owned()).filter(|m| !m.is_empty())
+    }
+
     /// Containers whose time has come exit on their own.
     fn advance(c: &mut SimContainer) {
-        if let (State::Running { started_at }, Some(after)) = (&c.status.state, c.exit_after) {
+        if let (State::Running { started_at }, Some((after, code))) = (&c.status.state, c.exit) {
             let ends = *started_at + after;
             if SystemTime::now() >= ends {
+                let started = *started_at;
+                c.status.message = Self::message(c, code, started, ends);
                 c.status.state = State::Exited {
-                    exit_code: c.exit_code,
-                    started_at: *started_at,
+                    exit_code: code,
+                    started_at: started,
                     finished_at: ends,
                 };
             }
@@ -168,22 +295,86 @@ impl Runtime for Sim {
             .and_then(|s| s.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(Duration::from_secs_f64);
-        let exit_code = annotation(a, "sim.kumo.io/exit-code", &config.name)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        self.lock().insert(
+        let exit_code =
+            annotation(a, "sim.kumo.io/exit-code", &config.name).and_then(|s| s.parse().ok());
+        let mut output = Vec::new();
+        if let Some(text) = annotation(a, "sim.kumo.io/logs", &config.name) {
+            let mut text = text.to_owned();
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            output.push((Duration::ZERO, Stream::Stdout, text));
+        }
+        // The command line decides, unless the annotations do.
+        let ctx = shell::Context {
+            hostname: config.hostname.clone(),
+            pod_ip: config.pod_ip.clone(),
+            env: config.env.clone(),
+            stdin: None,
+        };
+        let mut exit = None;
+        let mut writes = Vec::new();
+        let argv = shell::image_argv(&config.image, &config.command, &config.args);
+        if let Some(steps) = shell::container_program(&argv, &ctx) {
+            let mut at = Duration::ZERO;
+            for step in steps {
+                match step {
+                    Step::Out(stream, text) => output.push((at, stream, text)),
+                    Step::Write { path, text, append } => writes.push((at, path, text, append)),
+                    Step::Sleep(d) => at += d,
+                    Step::Exit(code) => {
+                        exit = Some((at, code));
+                        break;
+                    }
+                    Step::Forever => break,
+                }
+            }
+        }
+        // The annotations win over the command line: exit-after-seconds sets when, and
+        // exit-code the code (else the command line's, else 0).
+        let program_code = exit.map(|(_, c)| c);
+        if let Some(after) = exit_after {
+            exit = Some((after, exit_code.or(program_code).unwrap_or(0)));
+        } else if let (Some((at, _)), Some(code)) = (exit, exit_code) {
+            exit = Some((at, code));
+        }
+        let created = self
+            .created
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut all = self.lock();
+        // Older exited attempts of this container go (the kubelet's container GC).
+        let mut exited: Vec<(u64, String)> = all
+            .iter()
+            .filter(|(_, c)| {
+                c.sandbox == sandbox
+                    && c.config.name == config.name
+                    && matches!(c.status.state, State::Exited { .. })
+            })
+            .map(|(k, c)| (c.created, k.clone()))
+            .collect();
+        exited.sort();
+        let excess = exited.len().saturating_sub(KEEP_EXITED - 1);
+        for (_, k) in exited.into_iter().take(excess) {
+            all.remove(&k);
+        }
+        all.insert(
             id.clone(),
             SimContainer {
                 status: ContainerStatus {
                     id: id.clone(),
                     name: config.name.clone(),
+                    attempt: config.attempt,
                     image: config.image.clone(),
                     image_ref: image_ref.to_owned(),
                     state: State::Created,
+                    message: None,
                 },
                 sandbox: sandbox.to_owned(),
-                exit_after,
-                exit_code,
+                config: config.clone(),
+                exit,
+                output,
+                writes,
+                created,
             },
         );
         id
@@ -208,10 +399,12 @@ impl Runtime for Sim {
         Self::advance(c);
         if let State::Running { started_at } = c.status.state {
             // A simulated process honours SIGTERM at once and exits cleanly.
+            let now = SystemTime::now();
+            c.status.message = Self::message(c, 0, started_at, now);
             c.status.state = State::Exited {
                 exit_code: 0,
                 started_at,
-                finished_at: SystemTime::now(),
+                finished_at: now,
             };
         }
         Ok(())
@@ -224,10 +417,12 @@ impl Runtime for Sim {
             .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
         Self::advance(c);
         if let State::Running { started_at } = c.status.state {
+            let now = SystemTime::now();
+            c.status.message = Self::message(c, 137, started_at, now);
             c.status.state = State::Exited {
                 exit_code: 137,
                 started_at,
-                finished_at: SystemTime::now(),
+                finished_at: now,
             };
         }
         Ok(())
@@ -240,6 +435,63 @@ impl Runtime for Sim {
             .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
         Self::advance(c);
         Ok(c.status.clone())
+    }
+
+    fn read_logs(&self, id: &str) -> Result<String, RuntimeError> {
+        let mut all = self.lock();
+        let c = all
+            .get_mut(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        Self::advance(c);
+        let (started, until) = match c.status.state {
+            State::Created => return Ok(String::new()),
+            State::Running { started_at } => (started_at, SystemTime::now()),
+            State::Exited {
+                started_at,
+                finished_at,
+                ..
+            } => (started_at, finished_at),
+        };
+        let mut file = String::new();
+        for (at, stream, text) in &c.output {
+            let t = started + *at;
+            if t > until {
+                break;
+            }
+            let ts = cri_time(t);
+            // One CRI record per line: F for a full line, P for a partial one.
+            for line in text.split_inclusive('\n') {
+                let (content, tag) = match line.strip_suffix('\n') {
+                    Some(c) => (c, "F"),
+                    None => (line, "P"),
+                };
+                file.push_str(&format!("{ts} {} {tag} {content}\n", stream.tag()));
+            }
+        }
+        Ok(file)
+    }
+
+    fn exec(
+        &self,
+        id: &str,
+        cmd: &[String],
+        stdin: Option<Vec<u8>>,
+    ) -> Result<Vec<Step>, RuntimeError> {
+        let mut all = self.lock();
+        let c = all
+            .get_mut(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        Self::advance(c);
+        if !matches!(c.status.state, State::Running { .. }) {
+            return Err(RuntimeError::NotRunning(id.into()));
+        }
+        let mut ctx = c.context();
+        ctx.stdin = stdin;
+        shell::exec_program(cmd, &ctx).map_err(RuntimeError::Exec)
+    }
+
+    fn exec_reads_stdin(&self, cmd: &[String]) -> bool {
+        shell::reads_stdin(cmd)
     }
 }
 
@@ -265,6 +517,7 @@ mod tests {
                 name: "web".into(),
                 image: "nginx".into(),
                 annotations: a.clone(),
+                ..Default::default()
             },
             &image,
         );
@@ -274,6 +527,7 @@ mod tests {
                 name: "job".into(),
                 image: "busybox".into(),
                 annotations: a.clone(),
+                ..Default::default()
             },
             &image,
         );

@@ -96,6 +96,16 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             .with_context(|| format!("creating {}", manifests.display()))?;
         let mut k = kumo_kubelet::KubeletConfig::new(&kc, &cfg.node_name);
         k.pod_manifest_path = Some(manifests);
+        // The kubelet API on 127.0.0.1 (the node's InternalIP): 10250, or any port when
+        // another cluster on this machine has it. Clients are the API server's
+        // apiserver-kubelet-client certificate (signed by the cluster CA) and tokens.
+        let free = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 10250)).is_ok();
+        k.server = Some(kumo_kubelet::server::ServerConfig {
+            address: std::net::Ipv4Addr::LOCALHOST.into(),
+            port: if free { 10250 } else { 0 },
+            client_ca_file: Some(cfg.data_dir.join("pki").join("ca.crt")),
+            ..Default::default()
+        });
         tokio::spawn(run_kubelet(k));
         node_kubeconfig = Some(kc);
     }

@@ -1,0 +1,473 @@
+//! What the kubelet puts into a container's config: its environment (literal values,
+//! `$(VAR)` references, the downward API's fields and resources, ConfigMap and Secret
+//! keys, `envFrom`) and its command line with `$(VAR)` expanded. ConfigMaps and Secrets
+//! are read from the API (as the node, so the Node authorizer applies) before the pod's
+//! containers are created, and travel with the pod under [`SOURCES`].
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use kube::Client;
+use serde_json::{json, Value};
+
+use crate::runtime::{shell, ContainerConfig};
+
+/// Where a prepared pod carries what its environment refers to: `{"configmaps": {name:
+/// data}, "secrets": {name: data}, "allocatable": {cpu, memory}, "hostIP": ip}`.
+pub const SOURCES: &str = "kumo.sources";
+
+fn str_at(v: &Value, p: &str) -> String {
+    v.pointer(p)
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// The names of the ConfigMaps and Secrets the pod's containers take environment from.
+fn referenced(pod: &Value) -> (Vec<String>, Vec<String>) {
+    let (mut cms, mut secrets) = (Vec::new(), Vec::new());
+    for list in ["initContainers", "containers"] {
+        for c in pod
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
+                if let Some(n) = e
+                    .pointer("/valueFrom/configMapKeyRef/name")
+                    .and_then(Value::as_str)
+                {
+                    cms.push(n.to_owned());
+                }
+                if let Some(n) = e
+                    .pointer("/valueFrom/secretKeyRef/name")
+                    .and_then(Value::as_str)
+                {
+                    secrets.push(n.to_owned());
+                }
+            }
+            for e in c
+                .get("envFrom")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(n) = e.pointer("/configMapRef/name").and_then(Value::as_str) {
+                    cms.push(n.to_owned());
+                }
+                if let Some(n) = e.pointer("/secretRef/name").and_then(Value::as_str) {
+                    secrets.push(n.to_owned());
+                }
+            }
+        }
+    }
+    cms.sort();
+    cms.dedup();
+    secrets.sort();
+    secrets.dedup();
+    (cms, secrets)
+}
+
+/// Reads what `pod`'s environment refers to, to be put under [`SOURCES`].
+pub async fn sources(
+    client: &Client,
+    pod: &Value,
+    host_ip: &str,
+    cpu: &str,
+    memory: &str,
+) -> Value {
+    let ns = str_at(pod, "/metadata/namespace");
+    let (cms, secrets) = referenced(pod);
+    let mut sources = json!({
+        "configmaps": {},
+        "secrets": {},
+        "allocatable": {"cpu": cpu, "memory": memory},
+        "hostIP": host_ip,
+    });
+    // Services become environment variables (enableServiceLinks, default true); the
+    // `kubernetes` Service of `default` always does.
+    let links = pod
+        .pointer("/spec/enableServiceLinks")
+        .and_then(Value::as_bool)
+        != Some(false);
+    let mut services = Vec::new();
+    let mut lists = vec![("default".to_owned(), true)];
+    if links {
+        lists.insert(0, (ns.clone(), false));
+    }
+    for (list_ns, master_only) in lists {
+        let Ok(req) =
+            http::Request::get(format!("/api/v1/namespaces/{list_ns}/services")).body(Vec::new())
+        else {
+            continue;
+        };
+        if let Ok(list) = client.request::<Value>(req).await {
+            for svc in list["items"].as_array().into_iter().flatten() {
+                let name = str_at(svc, "/metadata/name");
+                if master_only && (name != "kubernetes" || (links && ns == "default")) {
+                    continue;
+                }
+                services.push(svc.clone());
+            }
+        }
+    }
+    sources["serviceEnv"] = json!(service_env(&services));
+    for (kind, names) in [("configmaps", cms), ("secrets", secrets)] {
+        for name in names {
+            let req = http::Request::get(format!("/api/v1/namespaces/{ns}/{kind}/{name}"))
+                .body(Vec::new());
+            let Ok(req) = req else { continue };
+            if let Ok(obj) = client.request::<Value>(req).await {
+                let mut data = obj.get("data").cloned().unwrap_or(json!({}));
+                if kind == "secrets" {
+                    if let Some(m) = data.as_object_mut() {
+                        for v in m.values_mut() {
+                            let decoded = v
+                                .as_str()
+                                .and_then(|b| {
+                                    base64::engine::general_purpose::STANDARD.decode(b).ok()
+                                })
+                                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                                .unwrap_or_default();
+                            *v = json!(decoded);
+                        }
+                    }
+                }
+                sources[kind][&name] = data;
+            }
+        }
+    }
+    sources
+}
+
+/// The environment variables of Services, as the kubelet makes them (`<NAME>_SERVICE_HOST`
+/// and the Docker link variables).
+fn service_env(services: &[Value]) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    for svc in services {
+        let ip = str_at(svc, "/spec/clusterIP");
+        if ip.is_empty() || ip == "None" {
+            continue;
+        }
+        let name = str_at(svc, "/metadata/name")
+            .to_uppercase()
+            .replace('-', "_");
+        let ports: Vec<&Value> = svc
+            .pointer("/spec/ports")
+            .and_then(Value::as_array)
+            .map(|p| p.iter().collect())
+            .unwrap_or_default();
+        let Some(first) = ports.first() else { continue };
+        env.push((format!("{name}_SERVICE_HOST"), ip.clone()));
+        env.push((format!("{name}_SERVICE_PORT"), first["port"].to_string()));
+        for p in &ports {
+            let pname = p["name"].as_str().unwrap_or("");
+            if !pname.is_empty() {
+                env.push((
+                    format!(
+                        "{name}_SERVICE_PORT_{}",
+                        pname.to_uppercase().replace('-', "_")
+                    ),
+                    p["port"].to_string(),
+                ));
+            }
+        }
+        let proto = |p: &Value| p["protocol"].as_str().unwrap_or("TCP").to_owned();
+        let url = |p: &Value| format!("{}://{ip}:{}", proto(p).to_lowercase(), p["port"]);
+        env.push((format!("{name}_PORT"), url(first)));
+        for p in &ports {
+            let prefix = format!("{name}_PORT_{}_{}", p["port"], proto(p).to_uppercase());
+            env.push((prefix.clone(), url(p)));
+            env.push((format!("{prefix}_PROTO"), proto(p).to_lowercase()));
+            env.push((format!("{prefix}_PORT"), p["port"].to_string()));
+            env.push((format!("{prefix}_ADDR"), ip.clone()));
+        }
+    }
+    env
+}
+
+/// `pod` with its sources.
+pub fn with_sources(pod: &Value, sources: &Value) -> Value {
+    let mut pod = pod.clone();
+    pod[SOURCES] = sources.clone();
+    pod
+}
+
+/// A quantity as a number (`1250m` → 1.25, `64Mi` → 67108864).
+fn quantity(q: &str) -> Option<f64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(q.len());
+    let (n, suffix) = q.split_at(split);
+    let n: f64 = n.parse().ok()?;
+    let m = match suffix {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        _ => return None,
+    };
+    Some(n * m)
+}
+
+/// A resourceFieldRef's value: the container's limit or request (a limit defaults to the
+/// node's allocatable, a request to the limit), divided by the divisor, rounded up.
+fn resource_field(pod: &Value, spec: &Value, r: &Value) -> String {
+    let resource = str_at(r, "/resource");
+    let container = match r.get("containerName").and_then(Value::as_str) {
+        Some(n) if !n.is_empty() => pod
+            .pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["name"] == n))
+            .unwrap_or(spec),
+        _ => spec,
+    };
+    let Some((kind, name)) = resource.split_once('.') else {
+        return String::new();
+    };
+    let allocatable = pod
+        .pointer(&format!("/{SOURCES}/allocatable/{name}"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_default();
+    let limit = container
+        .pointer(&format!("/resources/limits/{name}"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let value = match kind {
+        "limits" => limit.unwrap_or(allocatable),
+        _ => container
+            .pointer(&format!("/resources/requests/{name}"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or(limit)
+            .unwrap_or_else(|| "0".into()),
+    };
+    let divisor = r
+        .get("divisor")
+        .and_then(|d| {
+            d.as_str()
+                .map(str::to_owned)
+                .or_else(|| Some(d.to_string()))
+        })
+        .and_then(|d| quantity(&d))
+        .filter(|d| *d > 0.0)
+        .unwrap_or(1.0);
+    match quantity(&value) {
+        Some(v) => format!("{}", (v / divisor - 1e-9).ceil().max(0.0) as i64),
+        None => String::new(),
+    }
+}
+
+/// The config of container `spec` of a prepared `pod`, as the kubelet builds it.
+pub fn container_config(
+    pod: &Value,
+    spec: &Value,
+    annotations: &BTreeMap<String, String>,
+    pod_ip: &str,
+    attempt: u32,
+) -> ContainerConfig {
+    let host_ip = pod
+        .pointer(&format!("/{SOURCES}/hostIP"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| str_at(pod, "/status/hostIP"));
+    let source =
+        |kind: &str, name: &str| pod.pointer(&format!("/{SOURCES}/{kind}/{name}")).cloned();
+    let mut env: Vec<(String, String)> = Vec::new();
+    let set = |env: &mut Vec<(String, String)>, k: String, v: String| {
+        env.retain(|(n, _)| *n != k);
+        env.push((k, v));
+    };
+    // Service variables first, then envFrom; env entries win over both.
+    if let Some(list) = pod
+        .pointer(&format!("/{SOURCES}/serviceEnv"))
+        .and_then(Value::as_array)
+    {
+        for kv in list {
+            if let (Some(k), Some(v)) = (kv[0].as_str(), kv[1].as_str()) {
+                set(&mut env, k.to_owned(), v.to_owned());
+            }
+        }
+    }
+    for e in spec
+        .get("envFrom")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let prefix = str_at(e, "/prefix");
+        let data = if let Some(n) = e.pointer("/configMapRef/name").and_then(Value::as_str) {
+            source("configmaps", n)
+        } else if let Some(n) = e.pointer("/secretRef/name").and_then(Value::as_str) {
+            source("secrets", n)
+        } else {
+            None
+        };
+        if let Some(m) = data.as_ref().and_then(Value::as_object) {
+            for (k, v) in m {
+                set(
+                    &mut env,
+                    format!("{prefix}{k}"),
+                    v.as_str().unwrap_or("").to_owned(),
+                );
+            }
+        }
+    }
+    for e in spec
+        .get("env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let name = str_at(e, "/name");
+        let value = if let Some(v) = e.get("value").and_then(Value::as_str) {
+            shell::expand(v, &env)
+        } else if let Some(path) = e
+            .pointer("/valueFrom/fieldRef/fieldPath")
+            .and_then(Value::as_str)
+        {
+            match path {
+                "metadata.name" => str_at(pod, "/metadata/name"),
+                "metadata.namespace" => str_at(pod, "/metadata/namespace"),
+                "metadata.uid" => str_at(pod, "/metadata/uid"),
+                "spec.nodeName" => str_at(pod, "/spec/nodeName"),
+                "spec.serviceAccountName" => str_at(pod, "/spec/serviceAccountName"),
+                "status.podIP" | "status.podIPs" => pod_ip.to_owned(),
+                "status.hostIP" | "status.hostIPs" => host_ip.clone(),
+                p => {
+                    let key = p
+                        .strip_prefix("metadata.labels['")
+                        .map(|k| ("labels", k))
+                        .or_else(|| {
+                            p.strip_prefix("metadata.annotations['")
+                                .map(|k| ("annotations", k))
+                        });
+                    match key {
+                        Some((field, k)) => pod
+                            .pointer(&format!("/metadata/{field}"))
+                            .and_then(|m| m.get(k.trim_end_matches("']")))
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                        None => String::new(),
+                    }
+                }
+            }
+        } else if let Some(r) = e.pointer("/valueFrom/resourceFieldRef") {
+            resource_field(pod, spec, r)
+        } else if let Some(r) = e.pointer("/valueFrom/configMapKeyRef") {
+            source("configmaps", &str_at(r, "/name"))
+                .and_then(|d| d.get(str_at(r, "/key")).cloned())
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        } else if let Some(r) = e.pointer("/valueFrom/secretKeyRef") {
+            source("secrets", &str_at(r, "/name"))
+                .and_then(|d| d.get(str_at(r, "/key")).cloned())
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        set(&mut env, name, value);
+    }
+    let list = |k: &str| -> Vec<String> {
+        spec.get(k)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str())
+            .map(|a| shell::expand(a, &env))
+            .collect()
+    };
+    let command = list("command");
+    let args = list("args");
+    let mut hostname = str_at(pod, "/spec/hostname");
+    if hostname.is_empty() {
+        hostname = str_at(pod, "/metadata/name");
+        hostname.truncate(63);
+    }
+    ContainerConfig {
+        name: str_at(spec, "/name"),
+        image: str_at(spec, "/image"),
+        annotations: annotations.clone(),
+        command,
+        args,
+        env,
+        hostname,
+        pod_ip: pod_ip.to_owned(),
+        attempt,
+        termination_message_path: str_at(spec, "/terminationMessagePath"),
+        fallback_to_logs_on_error: str_at(spec, "/terminationMessagePolicy")
+            == "FallbackToLogsOnError",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment() {
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c"}]},
+            SOURCES: {
+                "configmaps": {"cm": {"k": "from-cm", "X": "x"}},
+                "secrets": {"s": {"pw": "hunter2"}},
+                "allocatable": {"cpu": "4", "memory": "8Gi"},
+                "hostIP": "10.0.0.1",
+            },
+        });
+        let spec = json!({
+            "name": "c",
+            "command": ["sh", "-c"],
+            "args": ["echo $(A) $(CPU) $$(A)"],
+            "resources": {"limits": {"cpu": "1250m", "memory": "64Mi"}, "requests": {"memory": "32Mi"}},
+            "envFrom": [{"configMapRef": {"name": "cm"}, "prefix": "P_"}],
+            "env": [
+                {"name": "A", "value": "a-$(P_X)"},
+                {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+                {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "requests.memory"}}},
+                {"name": "DEFMEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+                {"name": "CM", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}},
+                {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "s", "key": "pw"}}},
+                {"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+            ],
+        });
+        let c = container_config(&pod, &spec, &BTreeMap::new(), "10.244.0.9", 0);
+        let env: BTreeMap<_, _> = c.env.iter().cloned().collect();
+        assert_eq!(env["P_k"], "from-cm");
+        assert_eq!(env["A"], "a-x");
+        assert_eq!(env["CPU"], "2");
+        assert_eq!(env["MEM"], "33554432");
+        assert_eq!(env["DEFMEM"], "64");
+        assert_eq!(env["CM"], "from-cm");
+        assert_eq!(env["PW"], "hunter2");
+        assert_eq!(env["HOST"], "10.0.0.1");
+        assert_eq!(env["APP"], "web");
+        assert_eq!(c.command, ["sh", "-c"]);
+        assert_eq!(c.args, ["echo a-x 2 $(A)"]);
+        assert_eq!(c.hostname, "p");
+        let env = service_env(&[json!({
+            "metadata": {"name": "foo-svc"},
+            "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 8765, "protocol": "TCP"}]},
+        })]);
+        let env: BTreeMap<_, _> = env.into_iter().collect();
+        assert_eq!(env["FOO_SVC_SERVICE_HOST"], "10.96.0.5");
+        assert_eq!(env["FOO_SVC_SERVICE_PORT_HTTP"], "8765");
+        assert_eq!(env["FOO_SVC_PORT"], "tcp://10.96.0.5:8765");
+        assert_eq!(env["FOO_SVC_PORT_8765_TCP_ADDR"], "10.96.0.5");
+    }
+}
