@@ -32,10 +32,11 @@ pub struct KubeletClient {
     tls: Arc<rustls::ClientConfig>,
 }
 
-/// Accepts any kubelet serving certificate (kube-apiserver's default without
-/// `--kubelet-certificate-authority`); signatures are still checked.
+/// Accepts any server certificate (kube-apiserver's default towards kubelets without
+/// `--kubelet-certificate-authority`, and its InsecureSkipVerify probes of the
+/// componentstatuses); handshake signatures are still checked.
 #[derive(Debug)]
-struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+pub(crate) struct AnyServer(pub(crate) Arc<rustls::crypto::CryptoProvider>);
 
 impl rustls::client::danger::ServerCertVerifier for AnyServer {
     fn verify_server_cert(

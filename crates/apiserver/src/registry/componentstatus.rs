@@ -72,52 +72,6 @@ async fn probe_healthz(name: &str, port: u16) -> Value {
     }
 }
 
-/// A certificate verifier that accepts anything (InsecureSkipVerify).
-#[derive(Debug)]
-struct AcceptAny(std::sync::Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// One HTTP/1.1 GET of /healthz over TLS on loopback: the status code and body.
 async fn get_insecure(port: u16) -> Result<(u16, String), String> {
     use http_body_util::BodyExt;
@@ -126,7 +80,7 @@ async fn get_insecure(port: u16) -> Result<(u16, String), String> {
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(AcceptAny(provider)))
+        .with_custom_certificate_verifier(std::sync::Arc::new(crate::proxy::AnyServer(provider)))
         .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
