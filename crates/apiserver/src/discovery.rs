@@ -120,35 +120,18 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
             doc["storageVersionHash"] = json!(h);
         }
         resources.push(doc);
-        for sub in r.subresources {
-            let verbs = subresource_verbs(sub);
+        for sub in subresources_of(&r) {
+            let (g, v, k) = subresource_kind(&r, sub);
             let mut doc = json!({
                 "name": format!("{}/{}", r.plural, sub),
                 "singularName": "",
                 "namespaced": r.namespaced,
-                "kind": r.kind,
-                "verbs": verbs,
+                "kind": k,
+                "verbs": subresource_verbs(sub),
             });
-            if *sub == "binding" {
-                doc["kind"] = json!("Binding");
-            }
-            if *sub == "token" {
-                // serviceaccounts/token serves authentication.k8s.io/v1 TokenRequests.
-                doc["group"] = json!("authentication.k8s.io");
-                doc["version"] = json!("v1");
-                doc["kind"] = json!("TokenRequest");
-            }
-            if *sub == "eviction" {
-                // pods/eviction takes policy/v1 Evictions (kubectl drain looks for it).
-                doc["group"] = json!("policy");
-                doc["version"] = json!("v1");
-                doc["kind"] = json!("Eviction");
-            }
-            if *sub == "scale" {
-                // A scale subresource serves autoscaling/v1 Scale objects.
-                doc["group"] = json!("autoscaling");
-                doc["version"] = json!("v1");
-                doc["kind"] = json!("Scale");
+            if !g.is_empty() || v != r.version {
+                doc["group"] = json!(g);
+                doc["version"] = json!(v);
             }
             resources.push(doc);
         }
@@ -178,7 +161,40 @@ fn subresource_verbs(sub: &str) -> &'static [&'static str] {
     match sub {
         "finalize" => &["update"],
         "binding" | "token" | "eviction" => &["create"],
+        "attach" | "exec" | "portforward" => &["create", "get"],
+        "log" => &["get"],
+        "proxy" => &["create", "delete", "get", "patch", "update"],
         _ => &["get", "patch", "update"],
+    }
+}
+
+/// The subresources discovery lists for `r`: its own, and the ones the kubelet proxy
+/// (`crate::proxy`) serves for pods and nodes, which never reach the REST routes.
+fn subresources_of(r: &crate::registry::Resource) -> Vec<&'static str> {
+    let mut subs: Vec<&'static str> = r.subresources.to_vec();
+    match (r.group, r.plural) {
+        ("", "pods") => subs.extend(["attach", "exec", "log"]),
+        ("", "nodes") => subs.push("proxy"),
+        _ => {}
+    }
+    subs
+}
+
+/// The group, version and kind a subresource serves (its own resource's, unless it takes
+/// another type, as `scale` takes autoscaling/v1 Scale).
+fn subresource_kind(
+    r: &crate::registry::Resource,
+    sub: &str,
+) -> (&'static str, &'static str, &'static str) {
+    match (r.plural, sub) {
+        (_, "scale") => ("autoscaling", "v1", "Scale"),
+        (_, "token") => ("authentication.k8s.io", "v1", "TokenRequest"),
+        (_, "eviction") => ("policy", "v1", "Eviction"),
+        (_, "binding") => ("", r.version, "Binding"),
+        ("pods", "attach") => ("", r.version, "PodAttachOptions"),
+        ("pods", "exec") => ("", r.version, "PodExecOptions"),
+        ("nodes", "proxy") => ("", r.version, "NodeProxyOptions"),
+        _ => (r.group, r.version, r.kind),
     }
 }
 
@@ -205,25 +221,21 @@ fn aggregated_resources(registry: &Registry, group: &str, version: &str) -> Vec<
             if !r.categories.is_empty() {
                 doc["categories"] = json!(r.categories);
             }
-            let mut subs: Vec<&str> = r.subresources.to_vec();
+            let mut subs = subresources_of(&r);
             subs.sort_unstable();
             if !subs.is_empty() {
                 doc["subresources"] = subs
                     .iter()
                     .map(|s| {
+                        let (g, v, k) = subresource_kind(&r, s);
+                        let response = if g.is_empty() && v == r.version {
+                            kind(k)
+                        } else {
+                            json!({"group": g, "version": v, "kind": k})
+                        };
                         json!({
                             "subresource": s,
-                            "responseKind": if *s == "scale" {
-                                json!({"group": "autoscaling", "version": "v1", "kind": "Scale"})
-                            } else if *s == "token" {
-                                json!({"group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest"})
-                            } else if *s == "binding" {
-                                kind("Binding")
-                            } else if *s == "eviction" {
-                                json!({"group": "policy", "version": "v1", "kind": "Eviction"})
-                            } else {
-                                kind(r.kind)
-                            },
+                            "responseKind": response,
                             "verbs": subresource_verbs(s),
                         })
                     })
