@@ -5,9 +5,8 @@
 //! [`workqueue`]; workers reconcile one key at a time. With leader election ([`leader`])
 //! only the holder of the Lease kube-system/kube-controller-manager runs controllers.
 //!
-//! Controllers today: serviceaccount, root-ca-certificate-publisher,
-//! clusterrole-aggregation, namespace, node-lifecycle, replicaset, replicationcontroller,
-//! deployment, endpointslice, endpoints, garbage-collector ([`controllers`]).
+//! Which of upstream's controllers kumo has is the last column of [`KNOWN_CONTROLLERS`];
+//! each lives in its own module under [`controllers`].
 
 pub mod clients;
 pub mod controllers;
@@ -66,7 +65,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         true,
         true,
     ),
-    ("cronjob-controller", Some("cronjob"), true, false),
+    ("cronjob-controller", Some("cronjob"), true, true),
     ("daemonset-controller", Some("daemonset"), true, true),
     ("deployment-controller", Some("deployment"), true, true),
     ("device-taint-eviction-controller", None, true, false),
@@ -230,7 +229,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "ttl-after-finished-controller",
         Some("ttl-after-finished"),
         true,
-        false,
+        true,
     ),
     ("ttl-controller", Some("ttl"), true, false),
     (
@@ -656,6 +655,20 @@ fn start_controllers(
     }
     if on("statefulset-controller") {
         tasks.push(controllers::statefulset::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("cronjob-controller") {
+        tasks.push(controllers::cronjob::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("ttl-after-finished-controller") {
+        tasks.push(controllers::ttlafterfinished::start(
             clients.clone(),
             &factory,
             stop.clone(),

@@ -989,6 +989,11 @@ impl Strategy for CronJobs {
         validate_cron_job(new, Some(old))
     }
 
+    // cronJobStatusStrategy only resets the spec: metadata changes through status apply.
+    fn status_keeps_metadata(&self) -> bool {
+        true
+    }
+
     fn tracks_generation(&self) -> bool {
         true
     }

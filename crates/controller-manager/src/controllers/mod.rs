@@ -1,6 +1,7 @@
 //! The controllers, and the worker loop they share.
 
 pub mod clusterrole_aggregation;
+pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
@@ -17,6 +18,7 @@ pub mod rootca;
 pub mod serviceaccount;
 pub mod statefulset;
 pub mod tainteviction;
+pub mod ttlafterfinished;
 
 use std::future::Future;
 use std::sync::Arc;
