@@ -101,7 +101,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         true,
         false,
     ),
-    ("job-controller", Some("job"), true, false),
+    ("job-controller", Some("job"), true, true),
     (
         "kube-apiserver-serving-clustertrustbundle-publisher-controller",
         None,
@@ -655,6 +655,13 @@ fn start_controllers(
     }
     if on("statefulset-controller") {
         tasks.push(controllers::statefulset::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("job-controller") {
+        tasks.push(controllers::job::start(
             clients.clone(),
             &factory,
             stop.clone(),

@@ -467,6 +467,11 @@ impl Strategy for Jobs {
         keep_status(new, old);
     }
 
+    // jobStatusStrategy only resets the spec: metadata changes through status apply.
+    fn status_keeps_metadata(&self) -> bool {
+        true
+    }
+
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
         let mut errs = Vec::new();
         if obj.pointer("/spec/manualSelector") != Some(&json!(true))

@@ -8,6 +8,7 @@ pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod garbagecollector;
+pub mod job;
 pub mod namespace;
 pub mod nodeipam;
 pub mod nodelifecycle;
