@@ -823,10 +823,7 @@ impl Rest {
                     .find(|o| meta_str(o, "name") == Some(n))
                     .ok_or_else(|| {
                         ApiError::not_found(
-                            &kumo_apimachinery::status::GroupResource::new(
-                                res.group,
-                                res.singular,
-                            ),
+                            &kumo_apimachinery::status::GroupResource::new(res.group, res.singular),
                             n,
                         )
                     })?;

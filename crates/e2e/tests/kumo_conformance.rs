@@ -30,6 +30,10 @@ async fn recorded_conformance_tests_still_pass_on_kumo() {
     let out = tokio::task::spawn_blocking(move || {
         run(Command::new(repo_root().join("scripts/conformance"))
             .arg("--check-passing")
+            // Two ginkgo processes ([Serial] tests still run alone, at the end): the list
+            // grows with every controller, and CI has two cores.
+            .arg("--parallel")
+            .arg("2")
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .arg("--out")

@@ -363,8 +363,10 @@ pub struct Lookup {
 /// A resource whose objects are computed when asked for, never stored: only get and list.
 pub trait Computed: Send + Sync {
     /// Every object, as the API shows it.
-    fn objects<'a>(&'a self, rest: &'a crate::rest::Rest)
-        -> futures::future::BoxFuture<'a, Vec<Value>>;
+    fn objects<'a>(
+        &'a self,
+        rest: &'a crate::rest::Rest,
+    ) -> futures::future::BoxFuture<'a, Vec<Value>>;
 }
 
 /// The resources whose registries set ReturnDeletedObject in kube-apiserver v1.37.

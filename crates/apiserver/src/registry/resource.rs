@@ -5,8 +5,8 @@
 //! the structural rules of their validation (CEL selectors are stored, not evaluated).
 
 use kumo_apimachinery::validation::{
-    is_dns1035_label, is_dns1123_subdomain, is_qualified_name, is_valid_label_value,
-    FieldError, Path,
+    is_dns1035_label, is_dns1123_subdomain, is_qualified_name, is_valid_label_value, FieldError,
+    Path,
 };
 use serde_json::{json, Value};
 
@@ -15,22 +15,30 @@ use super::printing::{col, keep_status, set};
 use super::{age_of, name_of, str_at, Column, Resource, Strategy};
 
 pub(super) fn resources() -> Vec<Resource> {
-    let r = |kind, plural, singular, namespaced, subresources: &'static [&'static str], strategy| {
-        Resource {
-            group: "resource.k8s.io",
-            version: "v1",
-            kind,
-            plural,
-            singular,
-            namespaced,
-            short_names: &[],
-            categories: &[],
-            subresources,
-            strategy,
-        }
-    };
+    let r =
+        |kind, plural, singular, namespaced, subresources: &'static [&'static str], strategy| {
+            Resource {
+                group: "resource.k8s.io",
+                version: "v1",
+                kind,
+                plural,
+                singular,
+                namespaced,
+                short_names: &[],
+                categories: &[],
+                subresources,
+                strategy,
+            }
+        };
     vec![
-        r("DeviceClass", "deviceclasses", "deviceclass", false, &[], Box::new(DeviceClasses)),
+        r(
+            "DeviceClass",
+            "deviceclasses",
+            "deviceclass",
+            false,
+            &[],
+            Box::new(DeviceClasses),
+        ),
         r(
             "DeviceTaintRule",
             "devicetaintrules",
@@ -124,7 +132,9 @@ struct ResourceClaims;
 /// `pending`, `allocated,reserved`, `deleted`: upstream's summary of a claim.
 fn claim_state(obj: &Value) -> String {
     let deleted = obj.pointer("/metadata/deletionTimestamp").is_some();
-    let allocated = obj.pointer("/status/allocation").is_some_and(|a| !a.is_null());
+    let allocated = obj
+        .pointer("/status/allocation")
+        .is_some_and(|a| !a.is_null());
     let reserved = obj
         .pointer("/status/reservedFor")
         .and_then(Value::as_array)
@@ -239,10 +249,7 @@ struct ResourceClaimTemplates;
 
 impl Strategy for ResourceClaimTemplates {
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
-        validate_claim_spec(
-            obj.pointer("/spec/spec"),
-            &Path::new("spec").child("spec"),
-        )
+        validate_claim_spec(obj.pointer("/spec/spec"), &Path::new("spec").child("spec"))
     }
 
     fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
@@ -329,7 +336,13 @@ impl ResourceSlices {
         if let Some(old) = old {
             immutable(&mut errs, obj, old, "/spec/pool/name", &pool.child("name"));
             immutable(&mut errs, obj, old, "/spec/driver", &spec.child("driver"));
-            immutable(&mut errs, obj, old, "/spec/nodeName", &spec.child("nodeName"));
+            immutable(
+                &mut errs,
+                obj,
+                old,
+                "/spec/nodeName",
+                &spec.child("nodeName"),
+            );
         }
         let mut set_fields = Vec::new();
         if let Some(n) = obj.pointer("/spec/nodeName").and_then(Value::as_str) {
@@ -343,7 +356,10 @@ impl ResourceSlices {
                 set_fields.push("`nodeName`");
             }
         }
-        if obj.pointer("/spec/nodeSelector").is_some_and(|v| !v.is_null()) {
+        if obj
+            .pointer("/spec/nodeSelector")
+            .is_some_and(|v| !v.is_null())
+        {
             set_fields.push("`nodeSelector`");
             let terms = obj
                 .pointer("/spec/nodeSelector/nodeSelectorTerms")
@@ -363,7 +379,10 @@ impl ResourceSlices {
             ("allNodes", "`allNodes`"),
             ("perDeviceNodeSelection", "`perDeviceNodeSelection`"),
         ] {
-            match obj.pointer(&format!("/spec/{field}")).and_then(Value::as_bool) {
+            match obj
+                .pointer(&format!("/spec/{field}"))
+                .and_then(Value::as_bool)
+            {
                 Some(true) => set_fields.push(name),
                 Some(false) => errs.push(FieldError::invalid(
                     &spec.child(field),
@@ -394,10 +413,16 @@ impl DeviceTaintRules {
     fn validate_spec(&self, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
         let mut errs = Vec::new();
         let sel = Path::new("spec").child("deviceSelector");
-        if let Some(d) = obj.pointer("/spec/deviceSelector/driver").and_then(Value::as_str) {
+        if let Some(d) = obj
+            .pointer("/spec/deviceSelector/driver")
+            .and_then(Value::as_str)
+        {
             errs.extend(validate_driver_name(d, &sel.child("driver")));
         }
-        if let Some(p) = obj.pointer("/spec/deviceSelector/pool").and_then(Value::as_str) {
+        if let Some(p) = obj
+            .pointer("/spec/deviceSelector/pool")
+            .and_then(Value::as_str)
+        {
             errs.extend(validate_pool_name(p, &sel.child("pool")));
         }
         let taint = Path::new("spec").child("taint");
@@ -405,7 +430,10 @@ impl DeviceTaintRules {
         if key.is_empty() {
             errs.push(FieldError::required(&taint.child("key"), ""));
         }
-        for msg in is_qualified_name(key).into_iter().filter(|_| !key.is_empty()) {
+        for msg in is_qualified_name(key)
+            .into_iter()
+            .filter(|_| !key.is_empty())
+        {
             errs.push(FieldError::invalid(&taint.child("key"), key, msg));
         }
         let value = str_at(obj, "/spec/taint/value");
@@ -485,7 +513,11 @@ impl StorageVersionMigrations {
         if !group.is_empty() {
             let msgs = is_dns1123_subdomain(group);
             if !msgs.is_empty() {
-                errs.push(FieldError::invalid(&p.child("group"), group, msgs.join(",")));
+                errs.push(FieldError::invalid(
+                    &p.child("group"),
+                    group,
+                    msgs.join(","),
+                ));
             }
         }
         errs
