@@ -102,21 +102,9 @@ async fn finish(kc: &Path, job: &str, complete: bool, start: &str, end: &str) {
     patch(kc, "job", job, true, status).await;
 }
 
-/// The event messages with `reason` about the object `name`.
-async fn events(kc: &Path, name: &str, reason: &str) -> Vec<String> {
-    let v = get(kc, &["events", "-n", "default"]).await.unwrap();
-    v["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["involvedObject"]["name"] == name && e["reason"] == reason)
-        .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 async fn wait_event(kc: &Path, name: &str, reason: &str) -> Vec<String> {
     eventually(30, &format!("{reason} event on {name}"), || async {
-        let e = events(kc, name, reason).await;
+        let e = events(kc, "default", name, reason).await;
         (!e.is_empty()).then_some(e)
     })
     .await
@@ -236,7 +224,9 @@ async fn cronjob_starts_missed_run_with_name_annotation_owner_status_and_events(
         &format!("Created job {name}"),
     )
     .await;
-    assert!(events(&kc, "tick", "TooManyMissedTimes").await.is_empty());
+    assert!(events(&kc, "default", "tick", "TooManyMissedTimes")
+        .await
+        .is_empty());
 
     // The Job completes: it leaves the active list and sets lastSuccessfulTime.
     let end = time_from_now(0);
@@ -259,7 +249,12 @@ async fn cronjob_starts_missed_run_with_name_annotation_owner_status_and_events(
     .await;
     // Nothing else started: the next run is tomorrow.
     assert_eq!(jobs_of(&kc, &uid).await.len(), 1);
-    assert_eq!(events(&kc, "tick", "SuccessfulCreate").await.len(), 1);
+    assert_eq!(
+        events(&kc, "default", "tick", "SuccessfulCreate")
+            .await
+            .len(),
+        1
+    );
 
     // An active Job deleted behind the controller's back: it notices it went missing.
     let due = due_minute();
@@ -467,7 +462,7 @@ async fn cronjob_history_limits_unexpected_jobs_and_create_from() {
     assert_eq!(j["metadata"]["labels"]["app"], "hist");
     // Running Jobs it did not start: UnexpectedJob.
     let unexpected = eventually(20, "six UnexpectedJob events", || async {
-        let e = events(&kc, "hist", "UnexpectedJob").await;
+        let e = events(&kc, "default", "hist", "UnexpectedJob").await;
         (e.len() >= 6).then_some(e)
     })
     .await;
@@ -502,7 +497,7 @@ async fn cronjob_history_limits_unexpected_jobs_and_create_from() {
     })
     .await;
     assert_eq!(left, vec!["hist-f2", "hist-s3", "hist-s4"]);
-    let mut deleted = events(&kc, "hist", "SuccessfulDelete").await;
+    let mut deleted = events(&kc, "default", "hist", "SuccessfulDelete").await;
     deleted.sort();
     assert_eq!(
         deleted,
@@ -513,7 +508,9 @@ async fn cronjob_history_limits_unexpected_jobs_and_create_from() {
         ]
     );
     // Suspended: cleaned up, but nothing started.
-    assert!(events(&kc, "hist", "SuccessfulCreate").await.is_empty());
+    assert!(events(&kc, "default", "hist", "SuccessfulCreate")
+        .await
+        .is_empty());
 
     // The status subresource takes metadata too (cronJobStatusStrategy resets only spec).
     patch(

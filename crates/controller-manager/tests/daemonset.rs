@@ -105,18 +105,6 @@ async fn bind_and_ready(kc: &Path, selector: &str) {
     }
 }
 
-/// The event messages with `reason` about the object `name` in default.
-async fn events(kc: &Path, name: &str, reason: &str) -> Vec<String> {
-    let v = get(kc, &["events"]).await.unwrap();
-    v["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["involvedObject"]["name"] == name && e["reason"] == reason)
-        .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 /// The DaemonSet's status once it satisfies `f`.
 async fn wait_status(kc: &Path, what: &str, f: impl Fn(&Value) -> bool) -> Value {
     eventually(30, what, || async {
@@ -290,7 +278,7 @@ async fn daemonset_places_updates_and_rolls_back() {
         assert_eq!(got, want, "{tol:?}");
         assert!(tol.iter().all(|t| t.2.is_none()), "{tol:?}");
     }
-    let created = events(&kc, "agent", "SuccessfulCreate").await;
+    let created = events(&kc, "default", "agent", "SuccessfulCreate").await;
     assert_eq!(created.len(), 2, "{created:?}");
     assert!(
         created.iter().all(|m| m.starts_with("Created pod: agent-")),
@@ -332,7 +320,7 @@ async fn daemonset_places_updates_and_rolls_back() {
     let n2_pod = on_n2["metadata"]["name"].as_str().unwrap().to_owned();
     assert!(k(&kc, &["label", "node", "n2", "role-"]).await.ok);
     wait_nodes(&kc, "app=agent", &["n1", "n5"]).await;
-    let deleted = events(&kc, "agent", "SuccessfulDelete").await;
+    let deleted = events(&kc, "default", "agent", "SuccessfulDelete").await;
     assert_eq!(deleted, vec![format!("Deleted pod: {n2_pod}")]);
     wait_status(&kc, "2 desired", |s| {
         s["desiredNumberScheduled"] == 2 && s["numberMisscheduled"] == 0
@@ -369,7 +357,7 @@ async fn daemonset_places_updates_and_rolls_back() {
         (replaced && gone).then_some(())
     })
     .await;
-    let ev = events(&kc, "agent", "FailedDaemonPod").await;
+    let ev = events(&kc, "default", "agent", "FailedDaemonPod").await;
     assert_eq!(
         ev,
         vec![format!(
@@ -610,7 +598,7 @@ async fn daemonset_reports_failed_create() {
     let out = k_in(&kc, &["apply", "-f", "-"], Some(&bad)).await;
     assert!(out.ok, "{}", out.stderr);
     let msgs = eventually(30, "FailedCreate", || async {
-        let m = events(&kc, "agent", "FailedCreate").await;
+        let m = events(&kc, "default", "agent", "FailedCreate").await;
         (!m.is_empty()).then_some(m)
     })
     .await;
@@ -623,6 +611,8 @@ async fn daemonset_reports_failed_create() {
     assert_eq!(st["currentNumberScheduled"], 0, "{st}");
     assert_eq!(st["numberUnavailable"], 2, "{st}");
     assert!(pods(&kc, "app=agent").await.is_empty());
-    assert!(events(&kc, "agent", "SuccessfulCreate").await.is_empty());
+    assert!(events(&kc, "default", "agent", "SuccessfulCreate")
+        .await
+        .is_empty());
     cm.shutdown().await.unwrap();
 }

@@ -10,26 +10,6 @@ use std::path::Path;
 use common::*;
 use serde_json::{json, Value};
 
-/// The live pods (not being deleted) in `ns` matching `selector`.
-async fn pods(kc: &Path, ns: &str, selector: &str) -> Vec<Value> {
-    let v = get(kc, &["pods", "-n", ns, "-l", selector]).await.unwrap();
-    v["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .cloned()
-        .collect()
-}
-
-async fn wait_pods(kc: &Path, ns: &str, selector: &str, n: usize) -> Vec<Value> {
-    eventually(30, &format!("{n} pods with {selector}"), || async {
-        let p = pods(kc, ns, selector).await;
-        (p.len() == n).then_some(p)
-    })
-    .await
-}
-
 /// Marks the pod Running and Ready (what a kubelet would report).
 async fn make_ready(kc: &Path, ns: &str, name: &str) {
     let now = "2026-01-01T00:00:00Z";

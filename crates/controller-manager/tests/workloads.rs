@@ -10,27 +10,6 @@ use std::path::Path;
 use common::*;
 use serde_json::Value;
 
-/// The pods in `ns` matching `selector`, as JSON items (terminating ones left out).
-async fn pods(kc: &Path, ns: &str, selector: &str) -> Vec<Value> {
-    let v = get(kc, &["pods", "-n", ns, "-l", selector]).await.unwrap();
-    v["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .cloned()
-        .collect()
-}
-
-/// Waits until exactly `n` live pods match `selector`.
-async fn wait_pods(kc: &Path, ns: &str, selector: &str, n: usize) -> Vec<Value> {
-    eventually(30, &format!("{n} pods with {selector}"), || async {
-        let p = pods(kc, ns, selector).await;
-        (p.len() == n).then_some(p)
-    })
-    .await
-}
-
 /// Marks every not-yet-ready pod matching `selector` Ready (what a kubelet would report).
 async fn make_ready(kc: &Path, ns: &str, selector: &str) {
     let now = "2026-01-01T00:00:00Z";
@@ -65,18 +44,6 @@ async fn make_ready(kc: &Path, ns: &str, selector: &str) {
         // A pod deleted meanwhile is fine.
         assert!(out.ok || out.stderr.contains("NotFound"), "{}", out.stderr);
     }
-}
-
-/// The event messages with `reason` about the object `name`.
-async fn events(kc: &Path, ns: &str, name: &str, reason: &str) -> Vec<String> {
-    let v = get(kc, &["events", "-n", ns]).await.unwrap();
-    v["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["involvedObject"]["name"] == name && e["reason"] == reason)
-        .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
-        .collect()
 }
 
 fn owner_uid(p: &Value) -> Option<String> {

@@ -30,3 +30,36 @@ pub async fn start_cm(kubeconfig: &Path, controllers: &[&str]) -> ControllerMana
         .await
         .unwrap()
 }
+
+/// The live pods (not being deleted) in `ns` matching `selector`, as JSON items.
+pub async fn pods(kc: &Path, ns: &str, selector: &str) -> Vec<serde_json::Value> {
+    let v = get(kc, &["pods", "-n", ns, "-l", selector]).await.unwrap();
+    v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .cloned()
+        .collect()
+}
+
+/// Waits until exactly `n` live pods in `ns` match `selector`.
+pub async fn wait_pods(kc: &Path, ns: &str, selector: &str, n: usize) -> Vec<serde_json::Value> {
+    eventually(30, &format!("{n} pods with {selector}"), || async {
+        let p = pods(kc, ns, selector).await;
+        (p.len() == n).then_some(p)
+    })
+    .await
+}
+
+/// The messages of the core/v1 events in `ns` with `reason` about the object `name`.
+pub async fn events(kc: &Path, ns: &str, name: &str, reason: &str) -> Vec<String> {
+    let v = get(kc, &["events", "-n", ns]).await.unwrap();
+    v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["involvedObject"]["name"] == name && e["reason"] == reason)
+        .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
