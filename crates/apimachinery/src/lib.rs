@@ -6,6 +6,7 @@
 pub mod gojson;
 pub mod protobuf;
 pub mod quantity;
+pub mod query;
 pub mod quota;
 pub mod selector;
 pub mod status;

@@ -753,16 +753,8 @@ pub async fn handle(
         return resp;
     };
     let received = time::OffsetDateTime::now_utc();
-    let query: BTreeMap<String, String> = req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (unescape(k), unescape(v))
-        })
+    let query: BTreeMap<String, String> = kumo_apimachinery::query::pairs(req.uri().query())
+        .into_iter()
         .collect();
     let info = RequestInfo::parse(req.method().as_str(), req.uri().path(), &query);
     let mut user_agent = req
@@ -804,32 +796,6 @@ pub async fn handle(
         .await;
     set_audit_id(&mut resp, &id);
     finish(ctx, resp).await
-}
-
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match std::str::from_utf8(&b[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
-                    Some(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Writes the response's events and hands the response on.

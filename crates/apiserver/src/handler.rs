@@ -134,40 +134,8 @@ fn text_response(code: StatusCode, text: String) -> Response<Body> {
     resp
 }
 
-/// Percent-decoding of a query component (`+` is a space).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 fn parse_query(q: Option<&str>) -> BTreeMap<String, String> {
-    q.unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (unescape(k), unescape(v)),
-            None => (unescape(p), String::new()),
-        })
-        .collect()
+    kumo_apimachinery::query::pairs(q).into_iter().collect()
 }
 
 /// Handles one request from a connection whose client certificate (verified by TLS)
@@ -266,7 +234,11 @@ fn impersonate(
     for (k, v) in headers {
         if let Some(key) = k.as_str().strip_prefix("impersonate-extra-") {
             if let Ok(v) = v.to_str() {
-                extra.entry(unescape(key)).or_default().push(v.to_owned());
+                // Header names carry the key path-escaped (url.PathUnescape upstream).
+                extra
+                    .entry(kumo_apimachinery::query::unescape_path(key))
+                    .or_default()
+                    .push(v.to_owned());
             }
         }
     }
@@ -848,8 +820,5 @@ mod tests {
         assert_eq!(q["labelSelector"], "app=web,tier in (a)");
         assert_eq!(q["watch"], "1");
         assert_eq!(q["x"], "");
-        assert_eq!(unescape("%"), "%");
-        assert_eq!(unescape("%4"), "%4");
-        assert_eq!(unescape("%zz"), "%zz");
     }
 }

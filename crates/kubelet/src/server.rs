@@ -306,45 +306,9 @@ fn text(code: StatusCode, body: impl Into<String>) -> Response<Body> {
     r
 }
 
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = b
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Query parameters, repeated ones kept in order.
 fn query(req: &Request<Incoming>) -> Vec<(String, String)> {
-    req.uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
+    kumo_apimachinery::query::pairs(req.uri().query())
 }
 
 fn param<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
@@ -570,7 +534,7 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let segs: Vec<String> = path
         .split('/')
         .filter(|s| !s.is_empty())
-        .map(percent_decode)
+        .map(kumo_apimachinery::query::unescape_path)
         .collect();
     let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
     let get = matches!(*req.method(), Method::GET | Method::HEAD);
