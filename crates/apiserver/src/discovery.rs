@@ -129,7 +129,7 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
                 "kind": k,
                 "verbs": subresource_verbs(sub),
             });
-            if !g.is_empty() || v != r.version {
+            if g != r.group || v != r.version {
                 doc["group"] = json!(g);
                 doc["version"] = json!(v);
             }
@@ -228,7 +228,7 @@ fn aggregated_resources(registry: &Registry, group: &str, version: &str) -> Vec<
                     .iter()
                     .map(|s| {
                         let (g, v, k) = subresource_kind(&r, s);
-                        let response = if g.is_empty() && v == r.version {
+                        let response = if g == r.group && v == r.version {
                             kind(k)
                         } else {
                             json!({"group": g, "version": v, "kind": k})
