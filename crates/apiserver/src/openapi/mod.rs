@@ -221,13 +221,14 @@ impl Documents {
 impl Built {
     fn v3(&self, registry: &Registry) -> &V3 {
         self.v3.get_or_init(|| {
-            let groups: BTreeMap<String, Document> = group_versions(registry)
+            let mut groups: BTreeMap<String, Document> = group_versions(registry)
                 .into_iter()
                 .map(|(g, v)| {
                     let key = gv_path(g, v).trim_start_matches('/').to_owned();
                     (key, v3_document(registry, g, v))
                 })
                 .collect();
+            groups.extend(discovery_documents(registry));
             let paths: Map<String, Value> = groups
                 .iter()
                 .map(|(k, d)| {
@@ -731,6 +732,110 @@ fn v3_document(registry: &Registry, group: &str, version: &str) -> Document {
     out.push_str(&security_scheme().to_string());
     out.push_str("}}");
     Document::new(out)
+}
+
+/// The OpenAPI v3 documents of the paths that are not resources, as kube-apiserver lists
+/// them in its index: the discovery documents (`/api/`, `/apis/`, `/apis/<group>/`), the
+/// version and the service-account issuer's OIDC paths. Each is one GET operation.
+fn discovery_documents(registry: &Registry) -> Vec<(String, Document)> {
+    const ALL: &[&str] = &[
+        "application/json",
+        "application/vnd.kubernetes.protobuf",
+        "application/yaml",
+    ];
+    let meta = |k: &str| format!("io.k8s.apimachinery.pkg.apis.meta.v1.{k}");
+    let mut docs = vec![
+        (
+            "api".to_owned(),
+            "core".to_owned(),
+            "getCoreAPIVersions".to_owned(),
+            ALL,
+            Some(meta("APIVersions")),
+        ),
+        (
+            "apis".to_owned(),
+            "apis".to_owned(),
+            "getAPIVersions".to_owned(),
+            ALL,
+            Some(meta("APIGroupList")),
+        ),
+        (
+            "version".to_owned(),
+            "version".to_owned(),
+            "getCodeVersion".to_owned(),
+            &["application/json"][..],
+            Some("io.k8s.apimachinery.pkg.version.Info".to_owned()),
+        ),
+        (
+            ".well-known/openid-configuration".to_owned(),
+            "WellKnown".to_owned(),
+            "getServiceAccountIssuerOpenIDConfiguration".to_owned(),
+            &["application/json"][..],
+            None,
+        ),
+        (
+            "openid/v1/jwks".to_owned(),
+            "openid".to_owned(),
+            "getServiceAccountIssuerOpenIDKeyset".to_owned(),
+            &["application/jwk-set+json"][..],
+            None,
+        ),
+    ];
+    for (group, _) in registry.groups() {
+        let camel = group_camel(group);
+        let mut tag = camel.clone();
+        if let Some(first) = tag.get_mut(0..1) {
+            first.make_ascii_lowercase();
+        }
+        docs.push((
+            format!("apis/{group}"),
+            tag,
+            format!("get{camel}APIGroup"),
+            ALL,
+            Some(meta("APIGroup")),
+        ));
+    }
+    docs.into_iter()
+        .map(|(key, tag, op, media, schema)| {
+            let body = match &schema {
+                Some(name) => json!({"$ref": format!("#/components/schemas/{name}")}),
+                None => json!({"type": "string"}),
+            };
+            let content: Map<String, Value> = media
+                .iter()
+                .map(|m| ((*m).to_owned(), json!({"schema": body.clone()})))
+                .collect();
+            let op = json!({
+                "tags": [tag],
+                "operationId": op,
+                "responses": {
+                    "200": {"description": "OK", "content": content},
+                    "401": {"description": "Unauthorized"},
+                },
+            });
+            let paths = json!({ format!("/{key}/"): {"get": op} }).to_string();
+            let mut names = BTreeSet::new();
+            referenced(&paths, &mut names);
+            let schemas: Map<String, Value> = names
+                .iter()
+                .filter_map(|n| {
+                    let text = schemas().text(n)?;
+                    Some(((*n).to_owned(), serde_json::from_str(text).ok()?))
+                })
+                .collect();
+            let mut components = json!({"securitySchemes": security_scheme()});
+            if !schemas.is_empty() {
+                components["schemas"] = Value::Object(schemas);
+            }
+            let doc = json!({
+                "openapi": "3.0.0",
+                "info": {"title": "Kubernetes", "version": version_string()},
+                "paths": serde_json::from_str::<Value>(&paths).unwrap_or(Value::Null),
+                "components": components,
+            });
+            (key, Document::new(doc.to_string()))
+        })
+        .collect()
 }
 
 fn security_scheme() -> Value {
