@@ -11,6 +11,7 @@
 pub mod clients;
 pub mod controllers;
 pub mod error;
+pub mod events;
 pub mod healthz;
 pub mod informer;
 pub mod leader;

@@ -19,19 +19,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{
-    Event, EventSource, ObjectReference, Pod, PodCondition, ReplicationController,
-};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, ReplicationController};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    Condition, LabelSelector, ObjectMeta, OwnerReference, Time,
+    Condition, LabelSelector, OwnerReference, Time,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::Resource;
+use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -76,97 +73,6 @@ impl From<kube::Error> for TryError {
     }
 }
 
-/// A small event correlator: an event repeated for the same object, reason and message
-/// bumps the count of the one recorded before instead of making a new one (as client-go's
-/// EventCorrelator does).
-#[derive(Default)]
-struct Recorder {
-    seen: Mutex<HashMap<EventKey, RecordedEvent>>,
-}
-
-/// An event's object uid, reason and message.
-type EventKey = (String, String, String);
-/// A recorded event's namespace, name and count.
-type RecordedEvent = (String, String, i32);
-
-impl Recorder {
-    async fn event<K: Resource<DynamicType = ()>>(
-        &self,
-        client: &ClientSource,
-        obj: &K,
-        type_: &str,
-        reason: &str,
-        msg: String,
-    ) {
-        let m = obj.meta();
-        let ns = m.namespace.clone().unwrap_or_else(|| "default".into());
-        let key = (
-            m.uid.clone().unwrap_or_default(),
-            reason.to_owned(),
-            msg.clone(),
-        );
-        let now = Timestamp::now();
-        let api: Api<Event> = Api::namespaced(client.get(), &ns);
-        let prior = self.seen.lock().get(&key).cloned();
-        if let Some((ev_ns, name, count)) = prior {
-            let patch = json!({"count": count + 1, "lastTimestamp": Time(now)});
-            let api: Api<Event> = Api::namespaced(client.get(), &ev_ns);
-            if api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .is_ok()
-            {
-                self.seen.lock().insert(key, (ev_ns, name, count + 1));
-                return;
-            }
-        }
-        let name = format!(
-            "{}.{:x}",
-            m.name.as_deref().unwrap_or_default(),
-            now.as_nanosecond()
-        );
-        let ev = Event {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some(K::api_version(&()).into_owned()),
-                kind: Some(K::kind(&()).into_owned()),
-                name: m.name.clone(),
-                namespace: m.namespace.clone(),
-                uid: m.uid.clone(),
-                resource_version: m.resource_version.clone(),
-                ..Default::default()
-            },
-            reason: Some(reason.into()),
-            message: Some(msg),
-            type_: Some(type_.into()),
-            source: Some(EventSource {
-                component: Some(COMPONENT.into()),
-                host: None,
-            }),
-            reporting_component: Some(COMPONENT.into()),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            count: Some(1),
-            ..Default::default()
-        };
-        match api.create(&PostParams::default(), &ev).await {
-            Ok(_) => {
-                let mut seen = self.seen.lock();
-                // Bounded: forget everything once it grows large.
-                if seen.len() > 4096 {
-                    seen.clear();
-                }
-                seen.insert(key, (ns, name, 1));
-            }
-            Err(e) => tracing::warn!(reason, error = %e, "recording an event failed"),
-        }
-    }
-}
-
 struct Ctl {
     client: ClientSource,
     pdbs: Arc<Informer<PodDisruptionBudget>>,
@@ -177,7 +83,6 @@ struct Ctl {
     statefulsets: Arc<Informer<StatefulSet>>,
     queue: Arc<WorkQueue<String>>,
     stale: Arc<WorkQueue<String>>,
-    recorder: Recorder,
     /// Pods already told they match several budgets (uid → chosen budget).
     multiple: Mutex<HashMap<String, String>>,
 }
@@ -414,7 +319,6 @@ pub fn start(
             statefulsets,
             queue: queue.clone(),
             stale: stale.clone(),
-            recorder: Recorder::default(),
             multiple: Mutex::default(),
         });
         *ctl_slot.lock() = Some(ctl.clone());
@@ -466,15 +370,15 @@ impl Ctl {
         );
         let (ctl, pod) = (self.clone(), pod.clone());
         tokio::spawn(async move {
-            ctl.recorder
-                .event(
-                    &ctl.client,
-                    &pod,
-                    "Warning",
-                    "MultiplePodDisruptionBudgets",
-                    msg,
-                )
-                .await;
+            super::replicaset::record_event(
+                &ctl.client,
+                COMPONENT,
+                &pod,
+                "Warning",
+                "MultiplePodDisruptionBudgets",
+                msg,
+            )
+            .await;
         });
     }
 
@@ -501,36 +405,34 @@ impl Ctl {
             .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()) && pdb_selects(pdb, p))
             .collect();
         if pods.is_empty() {
-            self.recorder
-                .event(
-                    &self.client,
-                    pdb,
-                    "Normal",
-                    "NoPods",
-                    "No matching pods found".into(),
-                )
-                .await;
+            super::replicaset::record_event(
+                &self.client,
+                COMPONENT,
+                pdb,
+                "Normal",
+                "NoPods",
+                "No matching pods found".into(),
+            )
+            .await;
         }
         let (expected, desired, unmanaged) = match self.expected_pod_count(pdb, &pods).await {
             Ok(v) => v,
             Err(e) => {
-                self.recorder
-                    .event(
-                        &self.client,
-                        pdb,
-                        "Warning",
-                        "CalculateExpectedPodCountFailed",
-                        format!("Failed to calculate the number of expected pods: {e}"),
-                    )
-                    .await;
+                super::replicaset::record_event(
+                    &self.client,
+                    COMPONENT,
+                    pdb,
+                    "Warning",
+                    "CalculateExpectedPodCountFailed",
+                    format!("Failed to calculate the number of expected pods: {e}"),
+                )
+                .await;
                 return Err(TryError::Other(e));
             }
         };
         if !unmanaged.is_empty() {
             let sel = pdb.spec.as_ref().and_then(|s| s.selector.as_ref());
-            self.recorder
-                .event(
-                    &self.client,
+            super::replicaset::record_event(&self.client, COMPONENT,
                     pdb,
                     "Warning",
                     "UnmanagedPods",
@@ -763,15 +665,15 @@ impl Ctl {
             if expected < now {
                 // Upstream names the budget's namespace twice here.
                 let ns = pdb.metadata.namespace.clone().unwrap_or_default();
-                self.recorder
-                    .event(
-                        &self.client,
-                        pod.as_ref(),
-                        "Warning",
-                        "NotDeleted",
-                        format!("Pod was expected by PDB {ns}/{ns} to be deleted but it wasn't"),
-                    )
-                    .await;
+                super::replicaset::record_event(
+                    &self.client,
+                    COMPONENT,
+                    pod.as_ref(),
+                    "Warning",
+                    "NotDeleted",
+                    format!("Pod was expected by PDB {ns}/{ns} to be deleted but it wasn't"),
+                )
+                .await;
             } else {
                 if recheck.is_none_or(|r| expected < r) {
                     recheck = Some(expected);

@@ -21,7 +21,6 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::tainteviction::Recorder;
 use super::{client_for, run_workers, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::message;
@@ -354,7 +353,6 @@ impl Params {
 
 struct Ctl {
     client: ClientSource,
-    recorder: Recorder,
     nodes: Arc<Informer<Node>>,
     sets: Arc<Mutex<Vec<CidrSet>>>,
 }
@@ -443,7 +441,6 @@ pub fn start(
             return;
         };
         let ctl = Arc::new(Ctl {
-            recorder: Recorder::new(client.clone(), "cidrAllocator"),
             client,
             nodes,
             sets,
@@ -478,7 +475,7 @@ impl Ctl {
             ..Default::default()
         };
         let msg = format!("Node {} status is now: {status}", node_name(node));
-        self.recorder.event(r, "Normal", status, msg).await;
+        crate::events::record(&self.client, "cidrAllocator", r, "Normal", status, msg).await;
     }
 
     async fn sync(&self, name: &str) -> Result<(), SyncError> {

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::core::v1::{PodTemplateSpec, ReplicationController};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, MicroTime, ObjectMeta, OwnerReference, Time,
+    LabelSelector, ObjectMeta, OwnerReference, Time,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams, Preconditions};
@@ -234,8 +234,8 @@ pub(crate) fn pod_available(p: &Pod, min_ready_seconds: i32, now: Timestamp) -> 
     }
 }
 
-/// Records an event on `obj` through the core events API (client-go's legacy recorder, as
-/// the workload controllers use), from `component`. Failures are logged, never fatal.
+/// Records an event on `obj` from `component` ([`crate::events::record`]: repeats are
+/// folded into one event's count, as client-go's recorder does).
 pub(crate) async fn record_event<K: Resource<DynamicType = ()>>(
     client: &ClientSource,
     component: &str,
@@ -244,47 +244,15 @@ pub(crate) async fn record_event<K: Resource<DynamicType = ()>>(
     reason: &str,
     msg: String,
 ) {
-    let m = obj.meta();
-    let ns = m.namespace.clone().unwrap_or_else(|| "default".into());
-    let now = Timestamp::now();
-    let name = format!(
-        "{}.{:x}",
-        m.name.as_deref().unwrap_or_default(),
-        now.as_nanosecond()
-    );
-    let ev = Event {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(ns.clone()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some(K::api_version(&()).into_owned()),
-            kind: Some(K::kind(&()).into_owned()),
-            name: m.name.clone(),
-            namespace: m.namespace.clone(),
-            uid: m.uid.clone(),
-            resource_version: m.resource_version.clone(),
-            ..Default::default()
-        },
-        reason: Some(reason.into()),
-        message: Some(msg),
-        type_: Some(type_.into()),
-        source: Some(EventSource {
-            component: Some(component.into()),
-            host: None,
-        }),
-        reporting_component: Some(component.into()),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        count: Some(1),
-        event_time: None::<MicroTime>,
-        ..Default::default()
-    };
-    let api: Api<Event> = Api::namespaced(client.get(), &ns);
-    if let Err(e) = api.create(&PostParams::default(), &ev).await {
-        tracing::warn!(component, reason, error = %e, "recording an event failed");
-    }
+    crate::events::record(
+        client,
+        component,
+        crate::events::reference(obj),
+        type_,
+        reason,
+        msg,
+    )
+    .await;
 }
 
 /// client-go's ControllerExpectations: creations and deletions a controller has asked for

@@ -9,20 +9,15 @@
 //! `DeletionByTaintManager`). `TaintManagerEviction` events ("Marking for deletion Pod
 //! ns/name", "Cancelling deletion of Pod ns/name") come from the source
 //! `taint-eviction-controller`. Upstream runs it as the `node-controller` ServiceAccount.
-//!
-//! Also holds [`Recorder`], a core/v1 event recorder that folds repeats into one event's
-//! count as client-go's EventCorrelator does, shared with the node-ipam controller.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{
-    Event, EventSource, Node, ObjectReference, Pod, Taint, Toleration,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use parking_lot::Mutex;
 use serde_json::json;
 use tokio::sync::watch;
@@ -38,95 +33,6 @@ use crate::workqueue::WorkQueue;
 const NAME: &str = "taint-eviction-controller";
 /// Upstream's retries of one deletion (10 ms apart).
 const RETRIES: usize = 5;
-
-/// A core/v1 event recorder (client-go's legacy recorder): one event per distinct
-/// (object, type, reason, message), later repeats patch its count and lastTimestamp.
-pub(crate) struct Recorder {
-    client: ClientSource,
-    component: String,
-    seen: Mutex<HashMap<String, (String, String, i32)>>,
-}
-
-impl Recorder {
-    /// A recorder whose events name `component` as their source.
-    pub(crate) fn new(client: ClientSource, component: &str) -> Self {
-        Recorder {
-            client,
-            component: component.to_owned(),
-            seen: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Records an event about `obj` (events of cluster-scoped objects go to `default`).
-    pub(crate) async fn event(&self, obj: ObjectReference, type_: &str, reason: &str, msg: String) {
-        let ns = obj
-            .namespace
-            .clone()
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| "default".into());
-        let key = format!(
-            "{}/{}/{}/{}/{}/{type_}/{reason}/{msg}",
-            obj.kind.as_deref().unwrap_or(""),
-            ns,
-            obj.name.as_deref().unwrap_or(""),
-            obj.uid.as_deref().unwrap_or(""),
-            self.component
-        );
-        let now = Timestamp::now();
-        let api: Api<Event> = Api::namespaced(self.client.get(), &ns);
-        let prior = self.seen.lock().get(&key).cloned();
-        if let Some((ev_ns, ev_name, count)) = prior {
-            let patch = json!({"count": count + 1, "lastTimestamp": Time(now)});
-            let api: Api<Event> = Api::namespaced(self.client.get(), &ev_ns);
-            if api
-                .patch(&ev_name, &PatchParams::default(), &Patch::Strategic(patch))
-                .await
-                .is_ok()
-            {
-                self.seen.lock().insert(key, (ev_ns, ev_name, count + 1));
-                return;
-            }
-        }
-        let name = format!(
-            "{}.{:x}",
-            obj.name.as_deref().unwrap_or_default(),
-            now.as_nanosecond()
-        );
-        let ev = Event {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            },
-            involved_object: obj,
-            reason: Some(reason.into()),
-            message: Some(msg),
-            type_: Some(type_.into()),
-            source: Some(EventSource {
-                component: Some(self.component.clone()),
-                host: None,
-            }),
-            reporting_component: Some(self.component.clone()),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            count: Some(1),
-            ..Default::default()
-        };
-        match api.create(&PostParams::default(), &ev).await {
-            Ok(_) => {
-                let mut seen = self.seen.lock();
-                // Bounded like client-go's LRU of 4096 events.
-                if seen.len() >= 4096 {
-                    seen.clear();
-                }
-                seen.insert(key, (ns, name, 1));
-            }
-            Err(e) => {
-                tracing::warn!(component = %self.component, reason, error = %e, "recording an event failed")
-            }
-        }
-    }
-}
 
 /// A reference to a pod as upstream's taint manager builds it (no uid).
 fn pod_ref(ns: &str, name: &str) -> ObjectReference {
@@ -224,7 +130,6 @@ struct Timed {
 
 struct Ctl {
     client: ClientSource,
-    recorder: Recorder,
     pods: Arc<Informer<Pod>>,
     nodes: Arc<Informer<Node>>,
     /// Each tainted node's NoExecute taints.
@@ -281,7 +186,6 @@ pub fn start(
             return;
         };
         let ctl = Arc::new(Ctl {
-            recorder: Recorder::new(client.clone(), NAME),
             client,
             pods,
             nodes,
@@ -464,27 +368,29 @@ impl Ctl {
         let removed = self.timed.lock().remove(&format!("{ns}/{name}"));
         if let Some(Some(t)) = removed {
             t.task.abort();
-            self.recorder
-                .event(
-                    pod_ref(ns, name),
-                    "Normal",
-                    "TaintManagerEviction",
-                    format!("Cancelling deletion of Pod {ns}/{name}"),
-                )
-                .await;
+            crate::events::record(
+                &self.client,
+                NAME,
+                pod_ref(ns, name),
+                "Normal",
+                "TaintManagerEviction",
+                format!("Cancelling deletion of Pod {ns}/{name}"),
+            )
+            .await;
         }
     }
 
     async fn delete_pod(&self, ns: &str, name: &str) {
         tracing::info!(controller = NAME, pod = %format!("{ns}/{name}"), "Deleting pod");
-        self.recorder
-            .event(
-                pod_ref(ns, name),
-                "Normal",
-                "TaintManagerEviction",
-                format!("Marking for deletion Pod {ns}/{name}"),
-            )
-            .await;
+        crate::events::record(
+            &self.client,
+            NAME,
+            pod_ref(ns, name),
+            "Normal",
+            "TaintManagerEviction",
+            format!("Marking for deletion Pod {ns}/{name}"),
+        )
+        .await;
         let mut last = String::new();
         for _ in 0..RETRIES {
             match self.add_condition_and_delete(ns, name).await {
