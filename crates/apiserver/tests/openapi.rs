@@ -266,15 +266,37 @@ async fn openapi_documents_carry_the_kubernetes_extensions() {
 
     let index = raw("/openapi/v3".into()).await;
     let paths = index["paths"].as_object().unwrap();
-    // One document per served group version, as discovery lists them.
+    // One document per served group version and per group, as discovery lists them, and
+    // those of the other paths kube-apiserver's index has.
     let groups = raw("/apis".into()).await;
-    let mut served: BTreeSet<String> = ["api/v1".to_owned()].into();
+    let mut served: BTreeSet<String> = [
+        "api",
+        "api/v1",
+        "apis",
+        "version",
+        ".well-known/openid-configuration",
+        "openid/v1/jwks",
+    ]
+    .map(str::to_owned)
+    .into();
     for g in groups["groups"].as_array().unwrap() {
+        served.insert(format!("apis/{}", g["name"].as_str().unwrap()));
         for v in g["versions"].as_array().unwrap() {
             served.insert(format!("apis/{}", v["groupVersion"].as_str().unwrap()));
         }
     }
     assert_eq!(paths.keys().cloned().collect::<BTreeSet<_>>(), served);
+    // A group's document: its one GET, as upstream names it.
+    let url = paths["apis/rbac.authorization.k8s.io"]["serverRelativeURL"]
+        .as_str()
+        .unwrap();
+    let doc = raw(url.to_owned()).await;
+    let get = &doc["paths"]["/apis/rbac.authorization.k8s.io/"]["get"];
+    assert_eq!(get["operationId"], "getRbacAuthorizationAPIGroup");
+    assert_eq!(get["tags"], serde_json::json!(["rbacAuthorization"]));
+    assert!(
+        doc["components"]["schemas"]["io.k8s.apimachinery.pkg.apis.meta.v1.APIGroup"].is_object()
+    );
 
     let url = paths["apis/coordination.k8s.io/v1"]["serverRelativeURL"]
         .as_str()
