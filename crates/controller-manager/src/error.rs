@@ -48,7 +48,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The API server's Status of a failed call, if it answered with one.
-pub(crate) fn api_status(e: &kube::Error) -> Option<&kube::core::Status> {
+pub fn api_status(e: &kube::Error) -> Option<&kube::core::Status> {
     match e {
         kube::Error::Api(s) => Some(s),
         _ => None,
@@ -56,35 +56,35 @@ pub(crate) fn api_status(e: &kube::Error) -> Option<&kube::core::Status> {
 }
 
 /// `apierrors.IsNotFound`.
-pub(crate) fn is_not_found(e: &kube::Error) -> bool {
+pub fn is_not_found(e: &kube::Error) -> bool {
     api_status(e).is_some_and(|s| s.reason == "NotFound" || (s.reason.is_empty() && s.code == 404))
 }
 
 /// `apierrors.IsAlreadyExists`.
-pub(crate) fn is_already_exists(e: &kube::Error) -> bool {
+pub fn is_already_exists(e: &kube::Error) -> bool {
     api_status(e).is_some_and(|s| s.reason == "AlreadyExists")
 }
 
 /// `apierrors.IsConflict`.
-pub(crate) fn is_conflict(e: &kube::Error) -> bool {
+pub fn is_conflict(e: &kube::Error) -> bool {
     api_status(e).is_some_and(|s| s.reason == "Conflict" || (s.reason.is_empty() && s.code == 409))
 }
 
 /// `apierrors.IsMethodNotSupported`.
-pub(crate) fn is_method_not_supported(e: &kube::Error) -> bool {
+pub fn is_method_not_supported(e: &kube::Error) -> bool {
     api_status(e)
         .is_some_and(|s| s.reason == "MethodNotAllowed" || (s.reason.is_empty() && s.code == 405))
 }
 
 /// `apierrors.HasStatusCause(err, v1.NamespaceTerminatingCause)`.
-pub(crate) fn namespace_terminating(e: &kube::Error) -> bool {
+pub fn namespace_terminating(e: &kube::Error) -> bool {
     api_status(e)
         .and_then(|s| s.details.as_ref())
         .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
 }
 
 /// The text client-go's errors print: the Status message for API errors.
-pub(crate) fn message(e: &kube::Error) -> String {
+pub fn message(e: &kube::Error) -> String {
     match api_status(e) {
         Some(s) if !s.message.is_empty() => s.message.clone(),
         _ => e.to_string(),

@@ -228,6 +228,25 @@ impl LeaderElector {
         self.cfg.retry_period.mul_f64(1.0 + 1.2 * r)
     }
 
+    /// Upstream's leaderElection health check: a leader that has not renewed for the lease
+    /// duration plus 20 s is unhealthy. `leading` says whether this candidate leads.
+    pub fn watchdog(&self, leading: watch::Receiver<bool>) -> crate::healthz::Check {
+        let last = self.last_renew();
+        let name = self.cfg.name.clone();
+        let limit = self.cfg.lease_duration + Duration::from_secs(20);
+        Arc::new(move || {
+            if !*leading.borrow() {
+                return Ok(());
+            }
+            match *last.lock() {
+                Some(t) if Instant::now().duration_since(t) > limit => Err(format!(
+                    "failed election to renew leadership on lease {name}"
+                )),
+                _ => Ok(()),
+            }
+        })
+    }
+
     /// Tries until the lease is ours; false if `stop` turned true first.
     pub async fn acquire(&mut self, stop: &mut watch::Receiver<bool>) -> bool {
         tracing::info!(lease = %format!("{}/{}", self.cfg.namespace, self.cfg.name), "attempting to acquire leader lease...");
@@ -320,4 +339,38 @@ impl LeaderElector {
             tracing::debug!(error = %e, "recording the LeaderElection event failed");
         }
     }
+}
+
+/// Runs a component's controllers while this candidate leads: `start` creates them (with the
+/// stop signal they must honour) and returns their tasks. Without an elector they run until
+/// `stop`; with one, after acquiring the lease and until `stop` or until the lease is lost
+/// (an error, after which the caller exits as upstream does). `leading` tells which.
+pub async fn run_elected<F>(
+    elector: Option<LeaderElector>,
+    mut stop: watch::Receiver<bool>,
+    leading: watch::Sender<bool>,
+    start: F,
+) -> Result<()>
+where
+    F: FnOnce(watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>>,
+{
+    let Some(mut elector) = elector else {
+        leading.send_replace(true);
+        let tasks = start(stop.clone());
+        let _ = stop.wait_for(|s| *s).await;
+        futures::future::join_all(tasks).await;
+        return Ok(());
+    };
+    if !elector.acquire(&mut stop).await {
+        return Ok(());
+    }
+    leading.send_replace(true);
+    // Controllers stop with their own signal, so losing the lease stops them too.
+    let (ctl_stop, ctl_stop_rx) = watch::channel(false);
+    let tasks = start(ctl_stop_rx);
+    let r = elector.renew(&mut stop).await;
+    leading.send_replace(false);
+    ctl_stop.send_replace(true);
+    futures::future::join_all(tasks).await;
+    r
 }

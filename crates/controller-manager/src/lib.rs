@@ -20,7 +20,6 @@ pub mod workqueue;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use base64::Engine;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -435,26 +434,9 @@ impl ControllerManager {
             .then(|| LeaderElector::new(client.clone(), le_cfg.clone()));
         let checks: healthz::Checks = Arc::default();
         if let Some(e) = &elector {
-            // Upstream's leaderElection watchdog: a leader that has not renewed for the
-            // lease duration plus 20 s is unhealthy.
-            let last = e.last_renew();
-            let leading = leading.clone();
-            let limit = le_cfg.lease_duration + Duration::from_secs(20);
-            checks.write().push((
-                "leaderElection".into(),
-                Arc::new(move || {
-                    if !*leading.borrow() {
-                        return Ok(());
-                    }
-                    match *last.lock() {
-                        Some(t) if Instant::now().duration_since(t) > limit => Err(format!(
-                            "failed election to renew leadership on lease {}",
-                            le_cfg.name
-                        )),
-                        _ => Ok(()),
-                    }
-                }),
-            ));
+            checks
+                .write()
+                .push(("leaderElection".into(), e.watchdog(leading.clone())));
         }
         let healthz_addr = match cfg.serve {
             Some(addr) => Some(healthz::serve(addr, checks.clone(), stop_rx.clone()).await?),
@@ -519,42 +501,20 @@ async fn run(
     controllers: Vec<String>,
     settings: Settings,
     elector: Option<LeaderElector>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     leading: watch::Sender<bool>,
 ) -> Result<()> {
-    let Some(mut elector) = elector else {
-        leading.send_replace(true);
-        let tasks = start_controllers(
+    leader::run_elected(elector, stop, leading, move |ctl_stop| {
+        start_controllers(
             clients,
             &checks,
             &controllers,
             settings.root_ca.clone(),
             &settings,
-            stop.clone(),
-        );
-        let _ = stop.wait_for(|s| *s).await;
-        futures::future::join_all(tasks).await;
-        return Ok(());
-    };
-    if !elector.acquire(&mut stop).await {
-        return Ok(());
-    }
-    leading.send_replace(true);
-    // Controllers stop with their own signal, so losing the lease stops them too.
-    let (ctl_stop, ctl_stop_rx) = watch::channel(false);
-    let tasks = start_controllers(
-        clients,
-        &checks,
-        &controllers,
-        settings.root_ca.clone(),
-        &settings,
-        ctl_stop_rx,
-    );
-    let r = elector.renew(&mut stop).await;
-    leading.send_replace(false);
-    ctl_stop.send_replace(true);
-    futures::future::join_all(tasks).await;
-    r
+            ctl_stop,
+        )
+    })
+    .await
 }
 
 /// Creates the enabled controllers (registering their handlers), then starts the informers.

@@ -33,7 +33,7 @@ use crate::workqueue::WorkQueue;
 
 /// Waits for `synced` (the informers' initial lists); false if `stop` turned true first
 /// (client-go's WaitForNamedCacheSync).
-pub(crate) async fn wait_for_sync(
+pub async fn wait_for_sync(
     stop: &mut watch::Receiver<bool>,
     synced: impl Future<Output = ()>,
 ) -> bool {
@@ -45,7 +45,7 @@ pub(crate) async fn wait_for_sync(
 
 /// The client of the controller acting as ServiceAccount `name`, retried every 5 s until
 /// it can be made; None if `stop` turned true first.
-pub(crate) async fn client_for(
+pub async fn client_for(
     clients: &ClientBuilder,
     name: &str,
     stop: &mut watch::Receiver<bool>,
@@ -82,7 +82,7 @@ impl From<kube::Error> for SyncError {
 /// Starts `workers` workers that take keys from `queue` and run `sync` on them (client-go's
 /// processNextWorkItem: forget on success, rate-limited requeue on failure), and shuts the
 /// queue down when `stop` turns true.
-pub(crate) fn run_workers<F, Fut>(
+pub fn run_workers<F, Fut>(
     name: &'static str,
     queue: Arc<WorkQueue<String>>,
     workers: usize,
