@@ -74,8 +74,7 @@ pub struct Config {
     pub cluster_cidr: Option<String>,
     /// `--allocate-node-cidrs`.
     pub allocate_node_cidrs: bool,
-    /// `--configure-cloud-routes` (default true): the route controller runs only with it and
-    /// `--allocate-node-cidrs`.
+    /// `--configure-cloud-routes` (default true): the route controller runs only with it.
     pub configure_cloud_routes: bool,
     /// `--node-status-update-frequency` (5 m): how often the node controller refreshes
     /// addresses.
@@ -298,11 +297,13 @@ fn start_controllers(
         }
     }
     if on("node-route-controller") {
-        let cfg = &ctx.config;
-        if !cfg.allocate_node_cidrs || !cfg.configure_cloud_routes {
-            tracing::info!("node-route-controller: will not configure cloud provider routes for allocate-node-cidrs: {}, configure-cloud-routes: {}", cfg.allocate_node_cidrs, cfg.configure_cloud_routes);
+        // As upstream's CCM (not kube-controller-manager): only --configure-cloud-routes.
+        if !ctx.config.configure_cloud_routes {
+            tracing::info!(
+                "node-route-controller: will not configure cloud provider routes, --configure-cloud-routes: false"
+            );
         } else if cloud.routes().is_none() {
-            tracing::warn!("node-route-controller: the cloud provider does not support routes");
+            tracing::warn!("node-route-controller: --configure-cloud-routes is set, but cloud provider does not support routes. Will not configure cloud provider routes.");
         } else {
             tasks.push(route::start(ctx.clone(), &factory, stop.clone()));
         }
