@@ -5,7 +5,7 @@
 //! lifecycle driven by a [`Hypervisor`] the process owner provides; load balancers with a
 //! VIP from 203.0.113.0/24 (TEST-NET-3, then other ranges that never route), listeners, targets and
 //! health; one route table per VPC (destination CIDR → instance); fault injection (latency,
-//! error rates), deny policies and quotas. State is one JSON file written atomically.
+//! error rates), deny policies and quotas. State is a JSON snapshot plus a journal of changes.
 //!
 //! - [`server`] serves the API ([`CloudServer::start`]); [`server::ROUTES`] lists it.
 //! - [`Client`] is the typed client, one method per operation; [`Error`] carries the
@@ -20,6 +20,7 @@ pub mod cli;
 pub mod client;
 pub mod error;
 pub mod hypervisor;
+pub mod journal;
 pub mod model;
 pub mod openapi;
 pub mod pki;

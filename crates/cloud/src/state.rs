@@ -1,11 +1,27 @@
 //! The cloud's state and the rules that change it: IPAM, the instance lifecycle, load
 //! balancers and their VIPs, routes, policies, faults and quotas.
 //!
-//! The whole state is one JSON document, `state.json` in the data directory, rewritten
-//! atomically (temporary file, fsync, rename, fsync of the directory) before any change is
-//! answered, so a restart loses nothing that was acknowledged; concurrent changes share
-//! one rewrite ([`Store::write`]). A change that cannot be made durable is undone and
-//! answered with 500.
+//! Persistence ([`Store`]) costs in proportion to the change, not to the cloud: the data
+//! directory holds a snapshot, `state.json` (the whole [`State`]), and an append-only
+//! journal, `state.journal`, of the changes since (framing in [`crate::journal`]). Before
+//! a change is answered, one record holding the whole new value of each instance and load
+//! balancer it touched (`null` for one deleted) and, when it changed, the small rest
+//! (routes, policies, faults, quotas, keys) is appended and fdatasync'd; concurrent
+//! changes share one record and one fdatasync (group commit). A change that cannot be made
+//! durable is undone and answered with 500. Opening loads the snapshot and replays the
+//! journal: a torn last record (a crash mid-append; never acknowledged) is cut off, damage
+//! before an intact record is refused. When the journal outgrows the snapshot (or holds
+//! [`CompactionPolicy::max_records`] changes) the next commit writes a new snapshot
+//! atomically instead of a record, with a generation one higher, then replaces the
+//! journal with an empty one naming that generation; a crash between the two leaves a
+//! journal naming an older generation, which opening recognises as already folded in.
+//! Both files are mode 0600: they hold secrets.
+//!
+//! What changed is known without diffing: the instance and load balancer maps are
+//! [`Tracked`], whose only mutators (`get_mut`, `insert`, `remove`, `retain`) record the
+//! key and its earlier value, so the compiler guarantees no mutation goes unseen, and a
+//! failed write can be undone exactly. The rest is small, so it is serialized at each
+//! commit and compared with what was last made durable rather than tracked by hand.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -19,10 +35,14 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{codes, ApiError};
+use crate::journal;
 use crate::model::*;
 
-/// The state file's name in the data directory.
+/// The snapshot's name in the data directory.
 pub const STATE_FILE: &str = "state.json";
+
+/// The journal's name in the data directory.
+pub const JOURNAL_FILE: &str = "state.journal";
 
 /// An IPv4 CIDR block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,11 +204,14 @@ struct SubnetRecord {
 #[serde(rename_all = "camelCase")]
 pub struct State {
     version: u32,
+    /// Which snapshot this is; the journal names the one it continues (see [`Store`]).
+    #[serde(default)]
+    generation: u64,
     vpc_id: String,
     subnets: Vec<SubnetRecord>,
     route_table_id: String,
-    instances: BTreeMap<String, Instance>,
-    load_balancers: BTreeMap<String, LbRecord>,
+    instances: Tracked<Instance>,
+    load_balancers: Tracked<LbRecord>,
     routes: Vec<RouteRecord>,
     faults: BTreeMap<String, Fault>,
     policies: Vec<PolicyStatement>,
@@ -206,6 +229,7 @@ impl State {
     pub fn new() -> State {
         State {
             version: 1,
+            generation: 0,
             vpc_id: new_id("vpc"),
             subnets: ZONES
                 .iter()
@@ -217,8 +241,8 @@ impl State {
                 })
                 .collect(),
             route_table_id: new_id("rtb"),
-            instances: BTreeMap::new(),
-            load_balancers: BTreeMap::new(),
+            instances: Tracked::default(),
+            load_balancers: Tracked::default(),
             routes: Vec::new(),
             faults: BTreeMap::new(),
             policies: Vec::new(),
@@ -1210,16 +1234,326 @@ fn validate_health_check(h: HealthCheck) -> Result<HealthCheck, ApiError> {
     Ok(h)
 }
 
-/// The state behind a lock, written to `state.json` on every change.
+/// A map of records that remembers which keys changed since the journal last took them,
+/// with each one's value from before (so a change that cannot be saved can be undone).
+/// Reads go through `Deref`; every mutation goes through the methods below, so the
+/// compiler enforces that nothing changes unseen.
+#[derive(Clone, Debug)]
+struct Tracked<V> {
+    map: BTreeMap<String, V>,
+    /// Key → its value when first touched since the last take (`None`: it did not exist).
+    before: BTreeMap<String, Option<V>>,
+}
+
+/// Changed keys' earlier values (`None`: absent), newest batch applied last when undoing.
+type Before<V> = BTreeMap<String, Option<V>>;
+
+impl<V> Default for Tracked<V> {
+    fn default() -> Self {
+        Tracked {
+            map: BTreeMap::new(),
+            before: BTreeMap::new(),
+        }
+    }
+}
+
+impl<V> std::ops::Deref for Tracked<V> {
+    type Target = BTreeMap<String, V>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl<V: Clone> Tracked<V> {
+    fn touch(&mut self, k: &str) {
+        if !self.before.contains_key(k) {
+            let v = self.map.get(k).cloned();
+            self.before.insert(k.to_owned(), v);
+        }
+    }
+
+    fn get_mut(&mut self, k: &str) -> Option<&mut V> {
+        if self.map.contains_key(k) {
+            self.touch(k);
+        }
+        self.map.get_mut(k)
+    }
+
+    fn insert(&mut self, k: String, v: V) -> Option<V> {
+        self.touch(&k);
+        self.map.insert(k, v)
+    }
+
+    fn remove(&mut self, k: &str) -> Option<V> {
+        if self.map.contains_key(k) {
+            self.touch(k);
+        }
+        self.map.remove(k)
+    }
+
+    fn retain(&mut self, keep: impl Fn(&String, &V) -> bool) {
+        let gone: Vec<String> = self
+            .map
+            .iter()
+            .filter(|(k, v)| !keep(k, v))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.remove(&k);
+        }
+    }
+
+    /// The keys changed since the last take, with their earlier values.
+    fn take(&mut self) -> Before<V> {
+        std::mem::take(&mut self.before)
+    }
+
+    /// Sets (`Some`) or removes (`None`) each key without tracking: undo and replay.
+    fn set_all(&mut self, values: Before<V>) {
+        for (k, v) in values {
+            match v {
+                Some(v) => {
+                    self.map.insert(k, v);
+                }
+                None => {
+                    self.map.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+impl<V: Serialize> Serialize for Tracked<V> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.map.serialize(s)
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Tracked<V> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Tracked {
+            map: BTreeMap::deserialize(d)?,
+            before: BTreeMap::new(),
+        })
+    }
+}
+
+/// Everything but instances and load balancers, as journaled: small (routes, policies,
+/// faults, quotas, keys), so it is compared and written whole.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RestRef<'a> {
+    version: u32,
+    vpc_id: &'a str,
+    subnets: &'a [SubnetRecord],
+    route_table_id: &'a str,
+    routes: &'a [RouteRecord],
+    faults: &'a BTreeMap<String, Fault>,
+    policies: &'a [PolicyStatement],
+    quotas: &'a Quotas,
+    access_keys: &'a [KeyRecord],
+}
+
+/// [`RestRef`] read back.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Rest {
+    version: u32,
+    vpc_id: String,
+    subnets: Vec<SubnetRecord>,
+    route_table_id: String,
+    routes: Vec<RouteRecord>,
+    faults: BTreeMap<String, Fault>,
+    policies: Vec<PolicyStatement>,
+    quotas: Quotas,
+    access_keys: Vec<KeyRecord>,
+}
+
+/// A journal record as written: the whole new value of each changed record (`null`:
+/// deleted), and the rest when it changed.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RecordOut<'a> {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    instances: BTreeMap<&'a str, Option<&'a Instance>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    load_balancers: BTreeMap<&'a str, Option<&'a LbRecord>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rest: Option<RestRef<'a>>,
+}
+
+/// [`RecordOut`] read back.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RecordIn {
+    #[serde(default)]
+    instances: Before<Instance>,
+    #[serde(default)]
+    load_balancers: Before<LbRecord>,
+    #[serde(default)]
+    rest: Option<Rest>,
+}
+
+/// The journal's first record: which snapshot it continues.
+#[derive(Serialize, Deserialize)]
+struct JournalHeader {
+    journal: String,
+    generation: u64,
+}
+
+const JOURNAL_KIND: &str = "kumo-cloud";
+
+fn header_record(generation: u64) -> Result<Vec<u8>, String> {
+    serde_json::to_vec(&JournalHeader {
+        journal: JOURNAL_KIND.to_owned(),
+        generation,
+    })
+    .map(|p| journal::frame(&p))
+    .map_err(|e| format!("serializing the journal header: {e}"))
+}
+
+/// What a group commit took from the state: the changed records' earlier values.
+struct Undo {
+    instances: Before<Instance>,
+    load_balancers: Before<LbRecord>,
+}
+
+impl State {
+    fn rest(&self) -> RestRef<'_> {
+        RestRef {
+            version: self.version,
+            vpc_id: &self.vpc_id,
+            subnets: &self.subnets,
+            route_table_id: &self.route_table_id,
+            routes: &self.routes,
+            faults: &self.faults,
+            policies: &self.policies,
+            quotas: &self.quotas,
+            access_keys: &self.access_keys,
+        }
+    }
+
+    fn rest_bytes(&self) -> Result<Vec<u8>, String> {
+        serde_json::to_vec(&self.rest()).map_err(|e| format!("serializing the cloud state: {e}"))
+    }
+
+    fn set_rest(&mut self, r: Rest) {
+        self.version = r.version;
+        self.vpc_id = r.vpc_id;
+        self.subnets = r.subnets;
+        self.route_table_id = r.route_table_id;
+        self.routes = r.routes;
+        self.faults = r.faults;
+        self.policies = r.policies;
+        self.quotas = r.quotas;
+        self.access_keys = r.access_keys;
+    }
+
+    fn take_undo(&mut self) -> Undo {
+        Undo {
+            instances: self.instances.take(),
+            load_balancers: self.load_balancers.take(),
+        }
+    }
+
+    /// The journal record for the keys in `undo` (their current values) and the rest when
+    /// `rest_changed`; `None` when there is nothing to write.
+    fn record(&self, undo: &Undo, rest_changed: bool) -> Result<Option<Vec<u8>>, String> {
+        if undo.instances.is_empty() && undo.load_balancers.is_empty() && !rest_changed {
+            return Ok(None);
+        }
+        let r = RecordOut {
+            instances: undo
+                .instances
+                .keys()
+                .map(|k| (k.as_str(), self.instances.get(k)))
+                .collect(),
+            load_balancers: undo
+                .load_balancers
+                .keys()
+                .map(|k| (k.as_str(), self.load_balancers.get(k)))
+                .collect(),
+            rest: rest_changed.then(|| self.rest()),
+        };
+        serde_json::to_vec(&r)
+            .map(|p| Some(journal::frame(&p)))
+            .map_err(|e| format!("serializing a journal record: {e}"))
+    }
+
+    /// Puts back what was durable: undoes the changes made since `batch` was taken, then
+    /// `batch`, and restores the rest from its durable bytes.
+    fn roll_back(&mut self, batch: Undo, durable_rest: &[u8]) {
+        let later = self.take_undo();
+        for u in [later, batch] {
+            self.instances.set_all(u.instances);
+            self.load_balancers.set_all(u.load_balancers);
+        }
+        match serde_json::from_slice::<Rest>(durable_rest) {
+            Ok(r) => self.set_rest(r),
+            Err(e) => tracing::error!("cloud: restoring the saved state failed: {e}"),
+        }
+    }
+
+    fn replay(&mut self, r: RecordIn) {
+        self.instances.set_all(r.instances);
+        self.load_balancers.set_all(r.load_balancers);
+        if let Some(rest) = r.rest {
+            self.set_rest(rest);
+        }
+    }
+}
+
+/// When the journal is folded into a new snapshot: once it holds `max_records` changes, or
+/// once it is larger than the snapshot and at least `min_bytes` (so that a small cloud does
+/// not rewrite its snapshot every other change). Either way the snapshot's cost is paid
+/// once per journal's worth of changes, keeping the amortized cost of a change
+/// proportional to its own size.
+#[derive(Clone, Copy, Debug)]
+pub struct CompactionPolicy {
+    /// Change records after which the journal is compacted.
+    pub max_records: u64,
+    /// The journal size below which it is never compacted for its size.
+    pub min_bytes: u64,
+}
+
+impl Default for CompactionPolicy {
+    fn default() -> Self {
+        CompactionPolicy {
+            max_records: 10_000,
+            min_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// Sizes of the files behind a [`Store`], as last written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PersistStats {
+    /// The snapshot's generation (one more per compaction).
+    pub generation: u64,
+    /// Bytes in `state.json`.
+    pub snapshot_bytes: u64,
+    /// Bytes in the journal (its header record included).
+    pub journal_bytes: u64,
+    /// Change records in the journal.
+    pub journal_records: u64,
+}
+
+/// The state behind a lock, made durable in `state.json` plus `state.journal` before any
+/// change is answered.
 ///
-/// Writers group-commit: a change is applied in memory, then whoever holds the commit
-/// lock serializes the state once for every change applied so far, writes it and
-/// acknowledges all of them. A change is answered only once a file holding it is durable.
-/// (Readers may see a change a moment before it is durable; a crash in that moment loses
-/// it, and it was never acknowledged.) When a write fails, the memory goes back to the
-/// file's content and every change not yet durable is answered with 500.
+/// Writers group-commit: a change is applied in memory, then whoever holds the commit lock
+/// appends one journal record for every change applied so far, fdatasyncs it and
+/// acknowledges all of them (or, when compaction is due, writes a whole snapshot instead).
+/// A change is answered only once it is durable. (Readers may see a change a moment before
+/// it is durable; a crash in that moment loses it, and it was never acknowledged.) When a
+/// write fails, every change not yet durable is undone in memory from the earlier values
+/// kept by the change tracking, and answered with 500; the next append first cuts off
+/// whatever the failed one left in the file (a crash before that may keep it: as with any
+/// cloud API, a 500 does not promise the change was not made).
 pub struct Store {
-    path: PathBuf,
+    snapshot_path: PathBuf,
+    journal_path: PathBuf,
+    policy: CompactionPolicy,
     state: Mutex<Applied>,
     commit: tokio::sync::Mutex<Commit>,
 }
@@ -1235,38 +1569,196 @@ struct Commit {
     done: u64,
     /// Ranges of changes that were undone because writing them failed.
     lost: Vec<(u64, u64)>,
+    /// The newest snapshot generation that may be on disk.
+    generation: u64,
+    /// Whether the journal on disk continues snapshot `generation` at `journal_len`. False
+    /// after a snapshot or journal rotation failed: the next commit writes a snapshot.
+    journal_ok: bool,
+    journal_len: u64,
+    journal_records: u64,
+    snapshot_len: u64,
+    /// The rest (see [`RestRef`]) as last made durable.
+    rest: Vec<u8>,
 }
 
-fn load(path: &Path) -> Result<State, String> {
-    let b = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_slice::<State>(&b)
+impl Commit {
+    fn compaction_due(&self, p: &CompactionPolicy) -> bool {
+        !self.journal_ok
+            || self.journal_records >= p.max_records
+            || (self.journal_len > self.snapshot_len && self.journal_len >= p.min_bytes)
+    }
+}
+
+enum Work {
+    Nothing,
+    Append(Vec<u8>),
+    Snapshot { generation: u64, bytes: Vec<u8> },
+}
+
+enum Done {
+    Nothing,
+    Appended(u64),
+    Snapshot {
+        generation: u64,
+        len: u64,
+        /// The new journal's length, `None` when replacing it failed.
+        journal: Option<u64>,
+    },
+}
+
+fn persist(snapshot: &Path, journal_path: &Path, at: u64, work: Work) -> Result<Done, String> {
+    match work {
+        Work::Nothing => Ok(Done::Nothing),
+        Work::Append(rec) => {
+            journal::append(journal_path, at, &rec).map_err(|e| e.to_string())?;
+            Ok(Done::Appended(rec.len() as u64))
+        }
+        Work::Snapshot { generation, bytes } => {
+            write_atomic(snapshot, &bytes)?;
+            // The snapshot holds everything: a failure from here on loses nothing. The old
+            // journal names an older generation and is ignored at open until replaced.
+            let journal = match header_record(generation).and_then(|h| {
+                journal::replace(journal_path, &h)
+                    .map_err(|e| e.to_string())
+                    .map(|()| h)
+            }) {
+                Ok(h) => Some(h.len() as u64),
+                Err(e) => {
+                    tracing::warn!("cloud: starting a new journal failed (the next change writes a snapshot again): {e}");
+                    None
+                }
+            };
+            Ok(Done::Snapshot {
+                generation,
+                len: bytes.len() as u64,
+                journal,
+            })
+        }
+    }
+}
+
+fn parse_snapshot(path: &Path, b: &[u8]) -> Result<State, String> {
+    serde_json::from_slice::<State>(b)
         .map_err(|e| format!("{}: corrupt cloud state: {e}", path.display()))
 }
 
+/// Replays the journal onto `state` (the snapshot); its length and change records.
+fn recover(path: &Path, state: &mut State) -> Result<(u64, u64), String> {
+    let generation = state.generation;
+    let fresh = |why: Option<String>| -> Result<(u64, u64), String> {
+        if let Some(why) = why {
+            tracing::warn!("cloud: {}: {why}; starting a new journal", path.display());
+        }
+        let h = header_record(generation)?;
+        journal::replace(path, &h).map_err(|e| e.to_string())?;
+        Ok((h.len() as u64, 0))
+    };
+    let Some(bytes) = journal::read(path).map_err(|e| e.to_string())? else {
+        return fresh(None);
+    };
+    let scan = journal::scan(path, &bytes).map_err(|e| e.to_string())?;
+    let Some(first) = scan.records.first() else {
+        // Only a torn header: it is written atomically, so this is damage to an empty one.
+        return fresh(Some("no intact header record".to_owned()));
+    };
+    let corrupt = |what: String| format!("{}: corrupt cloud journal: {what}", path.display());
+    let header: JournalHeader = serde_json::from_slice(first)
+        .ok()
+        .filter(|h: &JournalHeader| h.journal == JOURNAL_KIND)
+        .ok_or_else(|| corrupt("the first record is not a kumo cloud journal header".to_owned()))?;
+    if header.generation < generation {
+        // A compaction wrote the snapshot and stopped before replacing the journal.
+        return fresh(Some(format!(
+            "it continues snapshot {} but the snapshot is already {generation}",
+            header.generation
+        )));
+    }
+    if header.generation > generation {
+        return Err(format!(
+            "{}: the journal continues snapshot {} but {STATE_FILE} is snapshot {generation} (an older copy?); refusing to start",
+            path.display(),
+            header.generation
+        ));
+    }
+    for (i, p) in scan.records.iter().enumerate().skip(1) {
+        let r: RecordIn = serde_json::from_slice(p)
+            .map_err(|e| corrupt(format!("record {i} does not decode: {e}")))?;
+        state.replay(r);
+    }
+    if scan.torn {
+        tracing::warn!(
+            "cloud: {}: dropping a torn last record ({} bytes; a crash during an append, never acknowledged)",
+            path.display(),
+            bytes.len() - scan.valid_len
+        );
+        journal::truncate(path, scan.valid_len as u64).map_err(|e| e.to_string())?;
+    }
+    Ok((scan.valid_len as u64, scan.records.len() as u64 - 1))
+}
+
 impl Store {
-    /// Opens `dir/state.json`, or creates a fresh cloud there.
+    /// Opens the cloud in `dir` (`state.json` and its journal), or creates a fresh one.
     pub fn open(dir: &Path) -> Result<Store, String> {
-        let path = dir.join(STATE_FILE);
-        let state = if path.exists() {
-            load(&path)?
+        Store::open_with(dir, CompactionPolicy::default())
+    }
+
+    /// [`Store::open`] with the given compaction policy.
+    pub fn open_with(dir: &Path, policy: CompactionPolicy) -> Result<Store, String> {
+        let snapshot_path = dir.join(STATE_FILE);
+        let journal_path = dir.join(JOURNAL_FILE);
+        let (state, snapshot_len, journal_len, journal_records) = if snapshot_path.exists() {
+            let b = std::fs::read(&snapshot_path)
+                .map_err(|e| format!("{}: {e}", snapshot_path.display()))?;
+            let mut state = parse_snapshot(&snapshot_path, &b)?;
+            let (len, records) = recover(&journal_path, &mut state)?;
+            (state, b.len() as u64, len, records)
         } else {
+            if journal_path.exists() {
+                return Err(format!(
+                    "{}: a journal without its snapshot {STATE_FILE}; remove it to start a fresh cloud",
+                    journal_path.display()
+                ));
+            }
             let s = State::new();
-            write_atomic(&path, &serialize(&s)?)?;
-            s
+            let b = serialize(&s)?;
+            write_atomic(&snapshot_path, &b)?;
+            let h = header_record(s.generation)?;
+            journal::replace(&journal_path, &h).map_err(|e| e.to_string())?;
+            (s, b.len() as u64, h.len() as u64, 0)
         };
+        let rest = state.rest_bytes()?;
         Ok(Store {
-            path,
-            state: Mutex::new(Applied { state, seq: 0 }),
+            snapshot_path,
+            journal_path,
+            policy,
             commit: tokio::sync::Mutex::new(Commit {
                 done: 0,
                 lost: Vec::new(),
+                generation: state.generation,
+                journal_ok: true,
+                journal_len,
+                journal_records,
+                snapshot_len,
+                rest,
             }),
+            state: Mutex::new(Applied { state, seq: 0 }),
         })
     }
 
     /// Reads the state.
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         f(&self.state.lock().state)
+    }
+
+    /// The files' sizes as last written.
+    pub async fn stats(&self) -> PersistStats {
+        let c = self.commit.lock().await;
+        PersistStats {
+            generation: c.generation,
+            snapshot_bytes: c.snapshot_len,
+            journal_bytes: c.journal_len,
+            journal_records: c.journal_records,
+        }
     }
 
     /// Changes the state and makes the change durable before returning. `f` must leave
@@ -1283,25 +1775,75 @@ impl Store {
         };
         let mut c = self.commit.lock().await;
         if seq > c.done {
-            let (bytes, upto) = {
-                let g = self.state.lock();
-                (serialize(&g.state), g.seq)
+            let compact = c.compaction_due(&self.policy);
+            let (prepared, undo, upto) = {
+                let mut g = self.state.lock();
+                let undo = g.state.take_undo();
+                let prepared = g.state.rest_bytes().and_then(|rest| {
+                    let work = if compact {
+                        let generation = c.generation + 1;
+                        g.state.generation = generation;
+                        Work::Snapshot {
+                            generation,
+                            bytes: serialize(&g.state)?,
+                        }
+                    } else {
+                        match g.state.record(&undo, rest != c.rest)? {
+                            Some(r) => Work::Append(r),
+                            None => Work::Nothing,
+                        }
+                    };
+                    Ok((work, rest))
+                });
+                (prepared, undo, g.seq)
             };
-            let path = self.path.clone();
-            let written = match bytes {
-                Ok(b) => tokio::task::spawn_blocking(move || write_atomic(&path, &b))
-                    .await
-                    .unwrap_or_else(|e| Err(e.to_string())),
+            let written = match prepared {
+                Ok((work, rest)) => {
+                    let (s, j, at) = (
+                        self.snapshot_path.clone(),
+                        self.journal_path.clone(),
+                        c.journal_len,
+                    );
+                    tokio::task::spawn_blocking(move || persist(&s, &j, at, work))
+                        .await
+                        .unwrap_or_else(|e| Err(e.to_string()))
+                        .map(|d| (d, rest))
+                }
                 Err(e) => Err(e),
             };
             match written {
-                Ok(()) => c.done = upto,
+                Ok((d, rest)) => {
+                    c.done = upto;
+                    c.rest = rest;
+                    match d {
+                        Done::Nothing => {}
+                        Done::Appended(n) => {
+                            c.journal_len += n;
+                            c.journal_records += 1;
+                        }
+                        Done::Snapshot {
+                            generation,
+                            len,
+                            journal,
+                        } => {
+                            c.generation = generation;
+                            c.snapshot_len = len;
+                            c.journal_ok = journal.is_some();
+                            c.journal_len = journal.unwrap_or(0);
+                            c.journal_records = 0;
+                        }
+                    }
+                }
                 Err(e) => {
                     tracing::error!("cloud: saving the state failed: {e}");
-                    let mut g = self.state.lock();
-                    if let Ok(disk) = load(&self.path) {
-                        g.state = disk;
+                    if compact {
+                        // The attempted snapshot may be on disk: the next one must be newer,
+                        // and nothing may be appended to a journal it would make stale.
+                        c.generation += 1;
+                        c.journal_ok = false;
                     }
+                    let mut g = self.state.lock();
+                    g.state.roll_back(undo, &c.rest);
                     let from = c.done + 1;
                     c.lost.push((from, g.seq));
                     c.done = g.seq;

@@ -210,9 +210,11 @@ async fn a_change_that_cannot_be_saved_is_undone() {
         ..Default::default()
     };
     c.create_load_balancer(&lb("kept")).await.expect("kept");
-    // The temporary file's name is taken by a directory: every save fails, even as root.
-    let blocker = dir.path().join("state.tmp");
-    std::fs::create_dir(&blocker).expect("dir");
+    // The journal's name is taken by a directory: every save fails, even as root.
+    let journal = dir.path().join("state.journal");
+    let aside = dir.path().join("journal.aside");
+    std::fs::rename(&journal, &aside).expect("move the journal aside");
+    std::fs::create_dir(&journal).expect("dir");
     let e = c.create_load_balancer(&lb("lost")).await.expect_err("500");
     assert_eq!((e.status(), e.code()), (Some(500), Some("InternalError")));
     let names: Vec<String> = c
@@ -223,7 +225,8 @@ async fn a_change_that_cannot_be_saved_is_undone() {
         .map(|l| l.name)
         .collect();
     assert_eq!(names, ["kept"], "the unsaved change is not visible");
-    std::fs::remove_dir(&blocker).expect("rmdir");
+    std::fs::remove_dir(&journal).expect("rmdir");
+    std::fs::rename(&aside, &journal).expect("journal back");
     c.create_load_balancer(&lb("lost"))
         .await
         .expect("saved now");
