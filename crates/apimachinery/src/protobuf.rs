@@ -28,6 +28,7 @@
 //! `protobuf/schema.txt`, and parsed once on first use.
 
 pub(crate) mod gotime;
+mod omit;
 mod schema;
 mod wire;
 
@@ -35,6 +36,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use serde_json::{Map, Number, Value};
 
+pub use omit::{omit_empty, omit_empty_meta};
 use schema::{Field, Label, Message, Scalar, Schema, Special, Ty};
 use wire::{put_bytes, put_key, put_varint, Reader, WireValue, FIXED32, FIXED64, LEN, VARINT};
 

@@ -173,8 +173,10 @@ fn subresource_verbs(sub: &str) -> &'static [&'static str] {
 fn subresources_of(r: &crate::registry::Resource) -> Vec<&'static str> {
     let mut subs: Vec<&'static str> = r.subresources.to_vec();
     match (r.group, r.plural) {
-        ("", "pods") => subs.extend(["attach", "exec", "log"]),
+        ("", "pods") => subs.extend(["attach", "exec", "log", "portforward", "proxy"]),
         ("", "nodes") => subs.push("proxy"),
+        // Answered by `crate::resource_proxy`, outside the REST routes.
+        ("", "services") => subs.push("proxy"),
         _ => {}
     }
     subs
@@ -193,7 +195,10 @@ fn subresource_kind(
         (_, "binding") => ("", r.version, "Binding"),
         ("pods", "attach") => ("", r.version, "PodAttachOptions"),
         ("pods", "exec") => ("", r.version, "PodExecOptions"),
+        ("pods", "portforward") => ("", r.version, "PodPortForwardOptions"),
         ("nodes", "proxy") => ("", r.version, "NodeProxyOptions"),
+        ("pods", "proxy") => ("", r.version, "PodProxyOptions"),
+        ("services", "proxy") => ("", r.version, "ServiceProxyOptions"),
         _ => (r.group, r.version, r.kind),
     }
 }

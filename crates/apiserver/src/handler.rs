@@ -40,6 +40,8 @@ pub struct State {
     pub service_account_key: Option<Arc<crate::auth::serviceaccount::SigningKey>>,
     /// The client towards kubelets (pods/log, exec, attach, portforward, nodes/proxy).
     pub kubelet: Option<Arc<crate::proxy::KubeletClient>>,
+    /// Kubelet addresses that replace the Nodes' own (see [`crate::proxy::KubeletDialOverrides`]).
+    pub kubelet_dial: crate::proxy::KubeletDialOverrides,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -168,6 +170,14 @@ pub async fn handle(
     if crate::proxy::handles(&attrs) {
         return crate::auth::USER
             .scope(attrs.user.clone(), crate::proxy::serve(state, attrs, req))
+            .await;
+    }
+    if crate::resource_proxy::handles(&attrs) {
+        return crate::auth::USER
+            .scope(
+                attrs.user.clone(),
+                crate::resource_proxy::serve(state, attrs, req),
+            )
             .await;
     }
     crate::auth::USER

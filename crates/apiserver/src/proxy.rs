@@ -27,6 +27,13 @@ use tokio_rustls::client::TlsStream;
 use crate::auth::{Attributes, Decision};
 use crate::handler::{Body, State};
 
+/// Where the API server dials a node's kubelet instead of the address the Node reports:
+/// node name → address. Filled by whoever runs the kubelets in this process (`kumo up`
+/// for its cloud instances, whose InternalIPs do not route from the host and must not be
+/// routed: their kubelets listen on 127.0.0.1 ports of their own); empty otherwise.
+pub type KubeletDialOverrides =
+    Arc<std::sync::RwLock<std::collections::HashMap<String, std::net::SocketAddr>>>;
+
 /// The API server's client towards kubelets.
 pub struct KubeletClient {
     tls: Arc<rustls::ClientConfig>,
@@ -213,9 +220,17 @@ async fn read_object(
     serde_json::from_slice(&kv.value).map_err(ApiError::internal)
 }
 
-/// Where the kubelet of node `name` listens: (host, port).
+/// Where the kubelet of node `name` listens: (host, port); a dial override comes first.
 async fn kubelet_of(state: &State, node: &str) -> Result<(String, u16), ApiError> {
     let n = read_object(state, "nodes", None, node).await?;
+    let dial = state
+        .kubelet_dial
+        .read()
+        .ok()
+        .and_then(|m| m.get(node).copied());
+    if let Some(a) = dial {
+        return Ok((a.ip().to_string(), a.port()));
+    }
     let addresses = n
         .pointer("/status/addresses")
         .and_then(Value::as_array)
@@ -244,6 +259,16 @@ async fn kubelet_of(state: &State, node: &str) -> Result<(String, u16), ApiError
         .filter(|p| *p > 0)
         .unwrap_or(10250);
     Ok((host, port))
+}
+
+/// Whether node `name` declares `ExtendWebSocketsToKubelet` (NodeDeclaredFeatures).
+async fn declares_websockets(state: &State, name: &str) -> bool {
+    read_object(state, "nodes", None, name)
+        .await
+        .ok()
+        .and_then(|n| n.pointer("/status/declaredFeatures").cloned())
+        .and_then(|f| f.as_array().cloned())
+        .is_some_and(|f| f.iter().any(|x| x == crate::streamtunnel::KUBELET_FEATURE))
 }
 
 /// Upstream's validateContainer: the named container must exist; without a name, the
@@ -462,6 +487,16 @@ async fn serve_inner(
             } else {
                 format!("{path}?{}", q.join("&"))
             };
+            if sub == "portforward" {
+                // A node whose kubelet does not tunnel WebSockets itself gets SPDY, the
+                // tunnel translated here (upstream's PortForwardWebsockets).
+                let protocols = crate::streamtunnel::spdy_protocols(req.headers());
+                if !protocols.is_empty() && !declares_websockets(state, &node).await {
+                    let io = client.connect(&host, port).await?;
+                    let host = join_host_port(&host, port);
+                    return crate::streamtunnel::translate(io, &host, &path, req, &protocols).await;
+                }
+            }
             let mut req = req;
             forward(&client, &host, port, &path, &mut req, true, ("pods", &name)).await
         }

@@ -977,6 +977,8 @@ impl Rest {
                 m.remove("generation");
             }
         }
+        // The field manager sees the typed object, without empty omitempty fields.
+        crate::omitempty::normalize(&mut obj);
         res.strategy.prepare_create(&mut obj);
         if !applied {
             use crate::fieldmanager::{track_update, Options};
@@ -1052,6 +1054,8 @@ impl Rest {
             }
             return Err(e);
         }
+        // What the typed round trip leaves out (see `omitempty`).
+        crate::omitempty::normalize(&mut obj);
         let key = res.key(ns, &name);
         if dry_run {
             // A dry run goes as far as the store, which refuses an existing name.
@@ -1674,6 +1678,8 @@ impl Rest {
                 mutate(&old)?
             };
             check_type(res, &mut new)?;
+            // The field manager sees the typed object, without empty omitempty fields.
+            crate::omitempty::normalize(&mut new);
             // An apply computed the managed fields; the subresource merges below start over
             // from the live object.
             let applied = crate::fieldmanager::is_apply(req.content_type)
@@ -1697,6 +1703,8 @@ impl Rest {
                     }
                 }
             }
+            // What the field manager sees, when not the prepared object.
+            let mut tracked = subresource.and_then(|s| res.strategy.tracked_request(s, &new, &old));
             match subresource {
                 Some("status") => {
                     // Only status changes through /status.
@@ -1745,14 +1753,27 @@ impl Rest {
                 Some(m) => crate::fieldmanager::set_managed_fields(&mut new, m),
                 None => {
                     use crate::fieldmanager::{track_update, Options};
+                    let target = match tracked {
+                        Some(ref mut seen) => seen,
+                        None => &mut new,
+                    };
                     track_update(
                         res,
                         subresource,
                         req.query,
                         Options::Update,
                         Some(&old),
-                        &mut new,
+                        target,
                     )?;
+                    if let Some(seen) = tracked {
+                        let managed = seen.pointer("/metadata/managedFields").cloned();
+                        if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                            match managed {
+                                Some(v) => m.insert("managedFields".into(), v),
+                                None => m.remove("managedFields"),
+                            };
+                        }
+                    }
                 }
             }
             set_meta(&mut new, "resourceVersion", json!(old_rev.to_string()));
@@ -1787,7 +1808,8 @@ impl Rest {
             let mut errs = validate_meta(res, &new);
             errs.extend(match subresource {
                 Some("status") => res.strategy.validate_status_update(&new, &old),
-                _ => res.strategy.validate_update(&new, &old),
+                Some(other) => res.strategy.validate_subresource_update(other, &new, &old),
+                None => res.strategy.validate_update(&new, &old),
             });
             if !errs.is_empty() {
                 if !dry_run {
@@ -1801,6 +1823,8 @@ impl Rest {
                 }
                 return Err(e);
             }
+            // What the typed round trip leaves out (see `omitempty`), before the no-op check.
+            crate::omitempty::normalize(&mut new);
             if new == old || dry_run {
                 // A no-op update writes nothing and keeps the resourceVersion.
                 return answer(new);

@@ -44,6 +44,9 @@ pub struct ApiServerConfig {
     pub audit_policy_file: Option<PathBuf>,
     /// `--audit-log-path`: where audit events go, one JSON line each (`-` is stdout).
     pub audit_log_path: Option<PathBuf>,
+    /// Kubelets reached at another address than their Node reports (shared: the owner
+    /// may change it while the server runs).
+    pub kubelet_dial_overrides: crate::proxy::KubeletDialOverrides,
 }
 
 impl ApiServerConfig {
@@ -56,6 +59,7 @@ impl ApiServerConfig {
             advertise_address: None,
             audit_policy_file: None,
             audit_log_path: None,
+            kubelet_dial_overrides: Default::default(),
         }
     }
 }
@@ -148,6 +152,7 @@ impl ApiServer {
         };
         let state = Arc::new(State {
             kubelet,
+            kubelet_dial: cfg.kubelet_dial_overrides.clone(),
             service_account_key: Some(sa_key.clone()),
             metrics: Default::default(),
             registry,
@@ -156,6 +161,8 @@ impl ApiServer {
             checks: vec![
                 ("etcd", Arc::new(|| true)),
                 ("poststarthook/bootstrap-namespaces", Arc::new(|| true)),
+                (crate::identity::HOOKS[0], Arc::new(|| true)),
+                (crate::identity::HOOKS[1], Arc::new(|| true)),
                 ("poststarthook/rbac/bootstrap-roles", Arc::new(|| true)),
                 (
                     "poststarthook/scheduling/bootstrap-system-priority-classes",
@@ -204,6 +211,10 @@ impl ApiServer {
             ArcRegistry(state.clone()),
             crd_revision,
         ));
+        // The identity lease of this server and the collector of departed servers' ones.
+        if let Some(leases) = state.registry.find("coordination.k8s.io", "v1", "leases") {
+            crate::identity::start(state.rest.clone(), leases, state.address.clone());
+        }
         let acceptor = TlsAcceptor::from(Arc::new(tls));
         let task = tokio::spawn(serve(listener, acceptor, state, audit));
         let startup = started.elapsed();
@@ -305,10 +316,13 @@ async fn serve(
                 .and_then(|c| c.first())
                 .and_then(|c| crate::auth::x509::user_of(c))
                 .map(Arc::new);
-            let service = service_fn(move |req| {
+            let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 let state = state.clone();
                 let cert_user = cert_user.clone();
                 let audit = audit.clone();
+                // The client's address, for the X-Forwarded-For of proxied requests.
+                req.extensions_mut()
+                    .insert(crate::resource_proxy::ClientAddr(peer));
                 async move {
                     // Every request has an audit ID; events are written when a policy is set.
                     let resp = crate::audit::handle(audit.as_ref(), state, cert_user, peer, req);

@@ -38,7 +38,20 @@ impl Record {
                 .unwrap_or("")
                 .to_owned()
         };
-        let list = if init { "initContainers" } else { "containers" };
+        let ephemeral = pod
+            .pointer("/spec/ephemeralContainers")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.get("name").and_then(Value::as_str) == Some(container))
+            });
+        let list = if init {
+            "initContainers"
+        } else if ephemeral {
+            "ephemeralContainers"
+        } else {
+            "containers"
+        };
         Record {
             kind: "Pod",
             namespace: s("/metadata/namespace"),
@@ -68,8 +81,11 @@ pub fn emit(client: &Client, node: &str, records: Vec<Record>) {
             } else {
                 r.namespace.clone()
             };
-            let mut involved =
-                json!({"kind": r.kind, "name": r.name, "uid": r.uid, "apiVersion": "v1"});
+            let mut involved = json!({"kind": r.kind, "name": r.name, "apiVersion": "v1"});
+            // A reference without a uid leaves it out (omitempty).
+            if !r.uid.is_empty() {
+                involved["uid"] = json!(r.uid);
+            }
             if r.kind == "Pod" {
                 involved["namespace"] = json!(ns);
             }

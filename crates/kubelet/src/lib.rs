@@ -13,6 +13,7 @@ pub mod env;
 pub mod events;
 pub mod node;
 pub mod pods;
+pub mod portforward;
 pub mod runtime;
 pub mod server;
 pub mod static_pods;
@@ -188,46 +189,51 @@ pub async fn run(mut cfg: KubeletConfig) -> Result<()> {
         )));
     }
     let cfg = Arc::new(cfg);
-    let node = node::register(&client, &cfg, &*runtime).await?;
+    let (node, created) = node::register(&client, &cfg, &*runtime).await?;
     tracing::info!(node = %cfg.node_name, "node registered");
     let node_uid = node.metadata.uid.clone().unwrap_or_default();
-    // What upstream's kubelet announces when it starts (its node events name the node
-    // by name, also as uid).
-    let node_event = |reason: &'static str, message: String| events::Record {
+    // What upstream's kubelet announces when it starts; its node events carry the Node's
+    // uid once it is known (nodeRefWithUID), the container manager's none.
+    let node_event = |reason: &'static str, uid: &str, message: String| events::Record {
         kind: "Node",
         namespace: String::new(),
         name: cfg.node_name.clone(),
-        uid: cfg.node_name.clone(),
+        uid: uid.to_owned(),
         field_path: None,
         warning: false,
         reason,
         message,
     };
     let n = &cfg.node_name;
-    events::emit(
-        &client,
-        n,
-        vec![
-            node_event("Starting", "Starting kubelet.".into()),
-            node_event(
-                "NodeHasSufficientMemory",
-                format!("Node {n} status is now: NodeHasSufficientMemory"),
-            ),
-            node_event(
-                "NodeHasNoDiskPressure",
-                format!("Node {n} status is now: NodeHasNoDiskPressure"),
-            ),
-            node_event(
-                "NodeHasSufficientPID",
-                format!("Node {n} status is now: NodeHasSufficientPID"),
-            ),
-            node_event(
-                "NodeAllocatableEnforced",
-                "Updated Node Allocatable limit across pods".into(),
-            ),
-            node_event("NodeReady", format!("Node {n} status is now: NodeReady")),
-        ],
-    );
+    let status_event = |reason: &'static str| {
+        node_event(
+            reason,
+            &node_uid,
+            format!("Node {n} status is now: {reason}"),
+        )
+    };
+    let mut started = vec![
+        node_event("Starting", &node_uid, "Starting kubelet.".into()),
+        status_event("NodeHasSufficientMemory"),
+        status_event("NodeHasNoDiskPressure"),
+        status_event("NodeHasSufficientPID"),
+        node_event(
+            "NodeAllocatableEnforced",
+            "",
+            "Updated Node Allocatable limit across pods".into(),
+        ),
+    ];
+    // A new node turns Ready once the first runtime status check is in, as upstream's
+    // first NotReady status turns Ready; an existing one gets its event from the status
+    // loop when its Ready condition changes.
+    if created {
+        started.push(status_event("NodeReady"));
+    }
+    events::emit(&client, n, started);
+    {
+        let (client, name, uid) = (client.clone(), n.clone(), node_uid.clone());
+        tokio::spawn(async move { node::ensure_csi_node(&client, &name, &uid).await });
+    }
     tokio::spawn(node::heartbeat(
         client.clone(),
         cfg.clone(),

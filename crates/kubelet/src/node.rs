@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
@@ -142,6 +143,9 @@ pub fn status(cfg: &KubeletConfig, runtime: &dyn Runtime, old: Option<&Value>) -
         "capacity": capacity,
         "allocatable": capacity,
         "daemonEndpoints": {"kubeletEndpoint": {"Port": cfg.kubelet_port()}},
+        // NodeDeclaredFeatures: what this kubelet implements of upstream's registry (the
+        // API server then leaves port-forward's WebSocket tunnel to the kubelet).
+        "declaredFeatures": ["ExtendWebSocketsToKubelet"],
         "nodeInfo": {
             "machineID": machine_id,
             "systemUUID": machine_id,
@@ -161,17 +165,21 @@ static BOOT_ID: std::sync::LazyLock<String> =
 
 /// Registers the Node, retrying with backoff (100 ms doubling to 7 s, as upstream) until
 /// the API server takes it; an existing Node of the same name is kept and its status
-/// refreshed.
-pub async fn register(client: &Client, cfg: &KubeletConfig, runtime: &dyn Runtime) -> Result<Node> {
+/// refreshed. Returns the Node and whether this call created it.
+pub async fn register(
+    client: &Client,
+    cfg: &KubeletConfig,
+    runtime: &dyn Runtime,
+) -> Result<(Node, bool)> {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut delay = Duration::from_millis(100);
     loop {
         let node: Node = serde_json::from_value(node_object(cfg, runtime))
             .map_err(|e| crate::Error::Invalid(e.to_string()))?;
         match nodes.create(&PostParams::default(), &node).await {
-            Ok(n) => return Ok(n),
+            Ok(n) => return Ok((n, true)),
             Err(kube::Error::Api(e)) if e.code == 409 => match nodes.get(&cfg.node_name).await {
-                Ok(n) => return Ok(n),
+                Ok(n) => return Ok((n, false)),
                 Err(e) => tracing::warn!(error = %e, "reading the existing node"),
             },
             Err(e) => tracing::warn!(node = %cfg.node_name, error = %e, "unable to register node"),
@@ -179,6 +187,84 @@ pub async fn register(client: &Client, cfg: &KubeletConfig, runtime: &dyn Runtim
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(7));
     }
+}
+
+/// The in-tree volume plugins whose CSI migration is on (all of them since it went GA),
+/// as the kubelet's CSI plugin lists them in its CSINode, sorted.
+const MIGRATED_PLUGINS: &str = "kubernetes.io/aws-ebs,kubernetes.io/azure-disk,kubernetes.io/azure-file,kubernetes.io/cinder,kubernetes.io/gce-pd,kubernetes.io/portworx-volume,kubernetes.io/vsphere-volume";
+const MIGRATED_PLUGINS_ANNOTATION: &str = "storage.alpha.kubernetes.io/migrated-plugins";
+
+/// Publishes the node's CSINode as upstream's CSI node-info manager does at start
+/// (InitializeCSINodeWithAnnotation): named after the node, owned by it, no drivers (none
+/// registers with the sim runtime), the migrated-plugins annotation. One owned by an
+/// older Node of the same name is deleted and made anew. Retries with backoff.
+pub async fn ensure_csi_node(client: &Client, node_name: &str, node_uid: &str) {
+    let api: Api<CSINode> = Api::all(client.clone());
+    let mut delay = Duration::from_millis(500);
+    for _ in 0..10 {
+        match try_csi_node(&api, node_name, node_uid).await {
+            Ok(()) => return,
+            Err(e) => tracing::info!(node = node_name, error = %e, "Failed to publish CSINode"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+async fn try_csi_node(api: &Api<CSINode>, node_name: &str, node_uid: &str) -> Result<(), String> {
+    let current = api.get_opt(node_name).await.map_err(|e| e.to_string())?;
+    let Some(current) = current else {
+        let body = json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "CSINode",
+            "metadata": {
+                "name": node_name,
+                "annotations": {MIGRATED_PLUGINS_ANNOTATION: MIGRATED_PLUGINS},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}],
+            },
+            "spec": {"drivers": []},
+        });
+        let csi: CSINode = serde_json::from_value(body).map_err(|e| e.to_string())?;
+        return api
+            .create(&PostParams::default(), &csi)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+    };
+    let mut current = serde_json::to_value(&current).map_err(|e| e.to_string())?;
+    let owners = current
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let owned = owners
+        .iter()
+        .any(|o| o["kind"] == "Node" && o["name"] == node_name && o["uid"] == node_uid);
+    if !owned {
+        let old = owners
+            .iter()
+            .find(|o| o["kind"] == "Node")
+            .and_then(|o| o["uid"].as_str())
+            .unwrap_or("")
+            .to_owned();
+        api.delete(node_name, &Default::default())
+            .await
+            .map_err(|e| format!("error deleting existing CSINode {node_name:?}: {e}"))?;
+        return Err(format!(
+            "CSINode {node_name:?} was owned by different node (oldNodeID={old:?}, newNodeID={node_uid:?}), deleted it"
+        ));
+    }
+    if current.pointer("/metadata/annotations/storage.alpha.kubernetes.io~1migrated-plugins")
+        == Some(&json!(MIGRATED_PLUGINS))
+    {
+        return Ok(());
+    }
+    current["metadata"]["annotations"][MIGRATED_PLUGINS_ANNOTATION] = json!(MIGRATED_PLUGINS);
+    let csi: CSINode = serde_json::from_value(current).map_err(|e| e.to_string())?;
+    api.replace(node_name, &PostParams::default(), &csi)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Renews the node's Lease every 10 s (created on first use, owned by the Node).
@@ -223,11 +309,67 @@ pub async fn heartbeat(client: Client, cfg: Arc<KubeletConfig>, node_uid: String
     }
 }
 
+/// `Node <name> status is now: <reason>`, the kubelet's node status event.
+fn node_status_event(node: &str, uid: &str, reason: &'static str) -> crate::events::Record {
+    crate::events::Record {
+        kind: "Node",
+        namespace: String::new(),
+        name: node.to_owned(),
+        uid: uid.to_owned(),
+        field_path: None,
+        warning: false,
+        reason,
+        message: format!("Node {node} status is now: {reason}"),
+    }
+}
+
+/// The events of the condition setters for conditions whose status changes from `old`
+/// to `new` (e.g. from Unknown after the node controller marked a silent node).
+fn condition_events(node: &str, uid: &str, old: &Value, new: &Value) -> Vec<crate::events::Record> {
+    let status_of = |v: &Value, t: &str| -> String {
+        v.get("conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == t))
+            .and_then(|c| c["status"].as_str())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let mut out = Vec::new();
+    for (t, on_true, on_other) in [
+        (
+            "MemoryPressure",
+            "NodeHasInsufficientMemory",
+            "NodeHasSufficientMemory",
+        ),
+        (
+            "DiskPressure",
+            "NodeHasDiskPressure",
+            "NodeHasNoDiskPressure",
+        ),
+        (
+            "PIDPressure",
+            "NodeHasInsufficientPID",
+            "NodeHasSufficientPID",
+        ),
+        ("Ready", "NodeReady", "NodeNotReady"),
+    ] {
+        let (before, after) = (status_of(old, t), status_of(new, t));
+        // A new Ready condition records nothing (upstream's ReadyCondition setter).
+        if after.is_empty() || before == after || (t == "Ready" && before.is_empty()) {
+            continue;
+        }
+        let reason = if after == "True" { on_true } else { on_other };
+        out.push(node_status_event(node, uid, reason));
+    }
+    out
+}
+
 /// Computes node status every `status_update_frequency` and patches it when it changed
 /// (beyond heartbeat times) or every 5 minutes.
 pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<dyn Runtime>) {
-    let nodes: Api<Node> = Api::all(client);
+    let nodes: Api<Node> = Api::all(client.clone());
     let mut last_report = std::time::Instant::now();
+    let mut was_unschedulable = false;
     loop {
         tokio::time::sleep(cfg.status_update_frequency).await;
         let current = match nodes.get(&cfg.node_name).await {
@@ -239,6 +381,24 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
         };
         let old = serde_json::to_value(&current.status).unwrap_or(Value::Null);
         let mut new = status(&cfg, &*runtime, Some(&old));
+        let uid = current.metadata.uid.clone().unwrap_or_default();
+        let mut records = condition_events(&cfg.node_name, &uid, &old, &new);
+        // The NodeUnschedulable setter: cordoning and uncordoning, as this kubelet saw it.
+        let unschedulable = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        if unschedulable != was_unschedulable {
+            let reason = if unschedulable {
+                "NodeNotSchedulable"
+            } else {
+                "NodeSchedulable"
+            };
+            records.push(node_status_event(&cfg.node_name, &uid, reason));
+            was_unschedulable = unschedulable;
+        }
+        crate::events::emit(&client, &cfg.node_name, records);
         if cfg.cloud_provider_external {
             // The cloud node controller owns the addresses.
             new["addresses"] = old.get("addresses").cloned().unwrap_or(json!([]));
@@ -260,6 +420,7 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
             "allocatable",
             "nodeInfo",
             "addresses",
+            "declaredFeatures",
         ]
         .iter()
         .any(|k| strip(&old).get(k) != strip(&new).get(k));

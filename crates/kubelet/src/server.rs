@@ -1,6 +1,7 @@
 //! The kubelet's HTTPS API (port 10250), as upstream's `pkg/kubelet/server`: `/healthz`,
 //! `/pods`, `/containerLogs/{ns}/{pod}/{container}`, `/exec/...` and `/attach/...` over
-//! WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`), and `/run/...`.
+//! WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`), `/run/...`, and
+//! `/portForward/...` ([`crate::portforward`]).
 //!
 //! Every request is authenticated (a client certificate signed by `--client-ca-file`, or
 //! a bearer token checked with a TokenReview; anonymous only with `--anonymous-auth`) and
@@ -557,6 +558,19 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         {
             let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
             stream(state, req, &ns, &pod, &container, true).await
+        }
+        ["portForward", ns, pod] | ["portForward", ns, pod, _]
+            if get || *req.method() == Method::POST =>
+        {
+            let uid = segs.get(3).map(|s| s.to_string());
+            let (ns, name) = (ns.to_string(), pod.to_string());
+            let found = state.pod(&ns, &name).await;
+            let st = state.clone();
+            let fetch: crate::portforward::PodFetch = Arc::new(move || {
+                let (st, ns, name) = (st.clone(), ns.clone(), name.clone());
+                Box::pin(async move { st.pod(&ns, &name).await })
+            });
+            crate::portforward::serve(req, found, uid.as_deref(), fetch)
         }
         ["run", ns, pod, container] | ["run", ns, pod, _, container]
             if *req.method() == Method::POST =>

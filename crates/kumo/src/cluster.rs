@@ -1,12 +1,29 @@
-//! A whole cluster in one process, as `kumo up` runs it: the API server on the embedded
-//! store, then the controller-manager, the scheduler and one kubelet, each an API client
+//! A whole cluster in one process, as `kumo up` runs it: the API server (on the embedded
+//! store or etcd), then the controller-manager, the scheduler and the nodes, each an API client
 //! with its own identity (kubeadm's controller-manager.conf and scheduler.conf, a kubelet
 //! kubeconfig for `system:node:<name>`), never admin. Tests start the same cluster.
+//!
+//! Without a cloud ([`ClusterConfig::new`], `kumo up --no-cloud`) there is one kubelet
+//! named after the host, as plain on-premises kubeadm. With one ([`ClusterConfig::with_cloud`],
+//! `kumo up`'s default) the kumo cloud runs too, in `<data-dir>/cloud`: the nodes are its
+//! instances (`<name>-control-plane`, `<name>-worker`, `<name>-worker2`, ..., kind's
+//! names), each booting a kubelet with `--cloud-provider=external` (see
+//! [`crate::hypervisor`]), and the cloud-controller-manager runs with its own identity in
+//! the cluster and its own access key in the cloud.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use kumo_apiserver::proxy::KubeletDialOverrides;
+use kumo_cloud::{InstanceFilter, InstanceState, RunInstanceRequest};
+
+use crate::hypervisor::{KubeletHypervisor, NodeBootstrap};
+
+/// The taint a kubelet with `--cloud-provider=external` registers with, until the cloud
+/// node controller has initialized the node.
+const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -14,11 +31,63 @@ pub struct ClusterConfig {
     pub data_dir: PathBuf,
     /// The API server's port on 127.0.0.1 (0 picks one).
     pub port: u16,
+    /// The API server's store: embedded (in `data_dir`) or etcd.
+    pub store: kumo_apiserver::server::StoreConfig,
     /// The kubelet's node name.
     pub node_name: String,
     pub controller_manager: bool,
     pub scheduler: bool,
+    /// The host-named kubelet (without a cloud only: with one, the nodes are instances).
     pub kubelet: bool,
+    /// The cloud, its instances and the cloud-controller-manager; None: no cloud.
+    pub cloud: Option<CloudSettings>,
+}
+
+/// The cloud part of a cluster.
+#[derive(Clone, Debug)]
+pub struct CloudSettings {
+    /// The cluster's name: the instances are `<name>-control-plane` and the workers.
+    pub name: String,
+    /// How many worker instances (besides the control-plane one).
+    pub workers: usize,
+    /// The cloud-controller-manager's `--controllers` (`*`: all of them); empty: no
+    /// cloud-controller-manager at all.
+    pub controllers: Vec<String>,
+}
+
+impl Default for CloudSettings {
+    /// `kumo`, one worker, every cloud controller.
+    fn default() -> CloudSettings {
+        CloudSettings {
+            name: "kumo".into(),
+            workers: 1,
+            controllers: vec!["*".into()],
+        }
+    }
+}
+
+impl CloudSettings {
+    /// The control-plane instance's (and node's) name.
+    pub fn control_plane_name(&self) -> String {
+        format!("{}-control-plane", self.name)
+    }
+
+    /// The workers' names, as kind names them: `<name>-worker`, `<name>-worker2`, ...
+    pub fn worker_names(&self) -> Vec<String> {
+        (1..=self.workers)
+            .map(|i| match i {
+                1 => format!("{}-worker", self.name),
+                i => format!("{}-worker{i}", self.name),
+            })
+            .collect()
+    }
+
+    /// Every node's name, the control plane first.
+    pub fn node_names(&self) -> Vec<String> {
+        let mut v = vec![self.control_plane_name()];
+        v.extend(self.worker_names());
+        v
+    }
 }
 
 impl ClusterConfig {
@@ -27,11 +96,32 @@ impl ClusterConfig {
         ClusterConfig {
             data_dir: data_dir.into(),
             port: 6443,
+            store: kumo_apiserver::server::StoreConfig::Embedded,
             node_name: default_node_name(),
             controller_manager: true,
             scheduler: true,
             kubelet: true,
+            cloud: None,
         }
+    }
+
+    /// Everything with the cloud ([`CloudSettings::default`]), in `data_dir`, on port 6443.
+    pub fn with_cloud(data_dir: impl Into<PathBuf>) -> ClusterConfig {
+        ClusterConfig {
+            kubelet: false,
+            cloud: Some(CloudSettings::default()),
+            ..ClusterConfig::new(data_dir)
+        }
+    }
+
+    /// The cloud's data directory (`kumo cloud --data-dir` takes it).
+    pub fn cloud_dir(&self) -> PathBuf {
+        self.data_dir.join("cloud")
+    }
+
+    /// The cloud-controller-manager's cloud credentials (a `--cloud-config` file).
+    pub fn ccm_cloud_config(&self) -> PathBuf {
+        self.data_dir.join("cloud-controller-manager.cloud.json")
     }
 
     /// The kubelet's static pod directory (kubeadm's /etc/kubernetes/manifests).
@@ -62,9 +152,33 @@ pub fn default_node_name() -> String {
 /// A running cluster.
 pub struct Cluster {
     pub api: kumo_apiserver::ApiServer,
-    /// The kubelet's kubeconfig (`system:node:<name>`), when a kubelet runs.
+    /// The kubelet's kubeconfig (`system:node:<name>`), when a host kubelet runs.
     pub node_kubeconfig: Option<PathBuf>,
     pub config: ClusterConfig,
+    /// The cloud, when there is one.
+    pub cloud: Option<ClusterCloud>,
+}
+
+/// The cloud of a running cluster.
+pub struct ClusterCloud {
+    pub server: kumo_cloud::CloudServer,
+    /// A client with the cloud's admin access key.
+    pub client: kumo_cloud::Client,
+    /// The cluster's instances, control plane first, as found or created at start.
+    pub instances: Vec<InstanceStart>,
+    /// The cloud-controller-manager's access key id (what `kumo cloud policy deny
+    /// --credential` names), when it runs.
+    pub ccm_access_key_id: Option<String>,
+    /// Boots and halts the instances' kubelets.
+    pub hypervisor: Arc<KubeletHypervisor>,
+}
+
+/// An instance of the cluster at start.
+#[derive(Clone, Debug)]
+pub struct InstanceStart {
+    pub instance: kumo_cloud::Instance,
+    /// Launched by this start (false: found from an earlier one).
+    pub created: bool,
 }
 
 fn server_url(kubeconfig: &Path) -> Result<String> {
@@ -77,8 +191,16 @@ fn server_url(kubeconfig: &Path) -> Result<String> {
 
 /// Starts the API server and then each component; the components restart if they stop.
 pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
+    if let Some(c) = &cfg.cloud {
+        // A bad --cloud-controllers would otherwise only show in the restart loop's logs.
+        kumo_cloud_provider::ccm::resolve_controllers(&c.controllers)
+            .context("--cloud-controllers")?;
+    }
+    let dial = KubeletDialOverrides::default();
     let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&cfg.data_dir);
     api_cfg.bind = std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), cfg.port);
+    api_cfg.kubelet_dial_overrides = dial.clone();
+    api_cfg.store = cfg.store.clone();
     let api = kumo_apiserver::ApiServer::start(api_cfg).await?;
     if cfg.controller_manager {
         let kubeconfig = cfg.data_dir.join("controller-manager.conf");
@@ -88,7 +210,10 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
         tokio::spawn(run_scheduler(cfg.data_dir.join("scheduler.conf")));
     }
     let mut node_kubeconfig = None;
-    if cfg.kubelet {
+    let mut cloud = None;
+    if let Some(settings) = &cfg.cloud {
+        cloud = Some(start_cloud(&cfg, settings, &api, dial).await?);
+    } else if cfg.kubelet {
         let server = server_url(&api.admin_kubeconfig)?;
         let kc = kumo_apiserver::pki::kubelet_kubeconfig(&cfg.data_dir, &cfg.node_name, &server)?;
         let manifests = cfg.static_pod_path();
@@ -113,9 +238,233 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
         api,
         node_kubeconfig,
         config: cfg,
+        cloud,
     })
 }
 
+impl Cluster {
+    /// The names of the nodes this cluster runs: its instances' that are not stopped
+    /// (control plane first), or the host kubelet's.
+    pub fn node_names(&self) -> Vec<String> {
+        if let Some(c) = &self.cloud {
+            c.instances
+                .iter()
+                .filter(|i| i.instance.state != InstanceState::Stopped)
+                .map(|i| i.instance.name.clone())
+                .collect()
+        } else if self.config.kubelet {
+            vec![self.config.node_name.clone()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Waits until each of `nodes` has registered and is Ready (and, when the cloud node
+    /// controller runs, initialized by it: no uninitialized taint), calling `ready` for
+    /// each as it gets there; an error names those that did not within `timeout`.
+    pub async fn wait_nodes_ready(
+        &self,
+        nodes: &[String],
+        timeout: Duration,
+        mut ready: impl FnMut(&str),
+    ) -> Result<()> {
+        use k8s_openapi::api::core::v1::Node;
+        let client = crate::hypervisor::kube_client(&self.api.admin_kubeconfig).await?;
+        let api: kube::Api<Node> = kube::Api::all(client);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut waiting: Vec<String> = nodes.to_vec();
+        let initialized_by_cloud = self.config.cloud.as_ref().is_some_and(|c| {
+            kumo_cloud_provider::ccm::resolve_controllers(&c.controllers)
+                .is_ok_and(|on| on.contains(&"cloud-node-controller"))
+        });
+        loop {
+            if let Ok(list) = api.list(&Default::default()).await {
+                let is_ready = |n: &Node| {
+                    let ready = n
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        });
+                    let uninitialized = n
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_ref())
+                        .is_some_and(|ts| ts.iter().any(|t| t.key == UNINITIALIZED_TAINT));
+                    ready && !(initialized_by_cloud && uninitialized)
+                };
+                waiting.retain(|name| {
+                    let up = list
+                        .items
+                        .iter()
+                        .any(|n| n.metadata.name.as_deref() == Some(name) && is_ready(n));
+                    if up {
+                        ready(name);
+                    }
+                    !up
+                });
+            }
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!("not Ready after {timeout:?}: {}", waiting.join(", "));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Starts the cloud with kubelets for hypervisor, makes sure the cluster's instances
+/// exist, and starts the cloud-controller-manager.
+async fn start_cloud(
+    cfg: &ClusterConfig,
+    settings: &CloudSettings,
+    api: &kumo_apiserver::ApiServer,
+    dial: KubeletDialOverrides,
+) -> Result<ClusterCloud> {
+    let server = server_url(&api.admin_kubeconfig)?;
+    let hypervisor = Arc::new(KubeletHypervisor::new(
+        &cfg.data_dir,
+        server,
+        &api.admin_kubeconfig,
+        dial,
+    ));
+    let mut cloud_cfg = kumo_cloud::CloudConfig::new(cfg.cloud_dir());
+    cloud_cfg.hypervisor = hypervisor.clone();
+    // The cloud boots the instances it recorded as running again (a restart).
+    let cloud = kumo_cloud::CloudServer::start(cloud_cfg)
+        .await
+        .map_err(|e| anyhow::anyhow!("starting the cloud: {e}"))?;
+    let client = cloud.client().context("a client of the cloud")?;
+    let mut instances = Vec::new();
+    let workers = settings.worker_names();
+    let plan = std::iter::once((
+        settings.control_plane_name(),
+        NodeBootstrap::control_plane(),
+    ))
+    .chain(workers.into_iter().map(|w| (w, NodeBootstrap::default())));
+    for (i, (name, boot)) in plan.enumerate() {
+        let role = if boot.control_plane {
+            "control-plane"
+        } else {
+            "worker"
+        };
+        instances.push(ensure_instance(&client, &settings.name, &name, role, boot, i).await?);
+    }
+    let mut ccm_access_key_id = None;
+    if !settings.controllers.is_empty() {
+        let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
+        // An installer's step, with admin credentials: the CCM's own ClusterRole.
+        kumo_cloud_provider::ccm::rbac::ensure(&admin)
+            .await
+            .context("installing the cloud-controller-manager's RBAC")?;
+        let ccm_cloud = ccm_credentials(&cfg.cloud_dir(), &client, &cfg.ccm_cloud_config()).await?;
+        ccm_access_key_id = Some(ccm_cloud.1);
+        tokio::spawn(run_cloud_controller_manager(
+            cfg.data_dir.join("cloud-controller-manager.conf"),
+            settings.controllers.clone(),
+            ccm_cloud.0,
+        ));
+    }
+    Ok(ClusterCloud {
+        server: cloud,
+        client,
+        instances,
+        ccm_access_key_id,
+        hypervisor,
+    })
+}
+
+/// The cluster's instance `name`: the one found (not terminated), else a new one, in zone
+/// `index` mod 3 (the nodes spread over the zones).
+async fn ensure_instance(
+    client: &kumo_cloud::Client,
+    cluster: &str,
+    name: &str,
+    role: &str,
+    boot: NodeBootstrap,
+    index: usize,
+) -> Result<InstanceStart> {
+    let filter = InstanceFilter {
+        name: Some(name.to_owned()),
+        states: vec![
+            InstanceState::Pending,
+            InstanceState::Running,
+            InstanceState::Stopping,
+            InstanceState::Stopped,
+        ],
+        ..Default::default()
+    };
+    let found = client
+        .list_instances(&filter)
+        .await
+        .with_context(|| format!("looking for instance {name}"))?;
+    if let Some(i) = found.into_iter().next() {
+        return Ok(InstanceStart {
+            instance: i,
+            created: false,
+        });
+    }
+    let req = RunInstanceRequest {
+        name: Some(name.to_owned()),
+        zone: Some(kumo_cloud::ZONES[index % kumo_cloud::ZONES.len()].to_owned()),
+        user_data: Some(boot.to_user_data()),
+        tags: [
+            ("kumo.io/cluster".to_owned(), cluster.to_owned()),
+            ("kumo.io/role".to_owned(), role.to_owned()),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    let i = client
+        .run_instance(&req)
+        .await
+        .with_context(|| format!("launching instance {name}"))?;
+    Ok(InstanceStart {
+        instance: i,
+        created: true,
+    })
+}
+
+/// The cloud-controller-manager's access key: the one saved in `path` while the cloud
+/// still knows it, else a new one. `path` is (re)written as a `--cloud-config` file with
+/// the cloud's current endpoint. Returns a client with the key, and the key's id.
+async fn ccm_credentials(
+    cloud_dir: &Path,
+    admin: &kumo_cloud::Client,
+    path: &Path,
+) -> Result<(kumo_cloud::Client, String)> {
+    let here = kumo_cloud::ClientConfig::from_data_dir(cloud_dir)?;
+    let mut key = None;
+    if let Ok(saved) = kumo_cloud::ClientConfig::from_file(path) {
+        let c = admin.with_credentials(&saved.access_key_id, &saved.secret_access_key)?;
+        match c.caller_identity().await {
+            Ok(_) => key = Some((saved.access_key_id, saved.secret_access_key)),
+            // Unknown to this cloud (its state was reset): make another.
+            Err(kumo_cloud::Error::Api { status, .. }) if status == 401 || status == 403 => {}
+            Err(e) => return Err(e).context("checking the cloud-controller-manager's key"),
+        }
+    }
+    let (id, secret) = match key {
+        Some(k) => k,
+        None => {
+            let k = admin
+                .create_access_key("cloud-controller-manager")
+                .await
+                .context("creating the cloud-controller-manager's access key")?;
+            let secret = k
+                .secret_access_key
+                .context("the cloud returned no secret for the new key")?;
+            (k.access_key_id, secret)
+        }
+    };
+    let cfg = here.with_credentials(&id, &secret);
+    cfg.write_file(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok((kumo_cloud::Client::new(cfg)?, id))
+}
 /// The controller-manager, each controller acting as its own ServiceAccount (kubeadm's
 /// `--use-service-account-credentials`); started again if it stops (it stops when it
 /// loses the lease).
@@ -142,6 +491,44 @@ async fn run_controller_manager(kubeconfig: PathBuf) {
                 }
             }
             Err(e) => tracing::error!(error = %e, "controller-manager failed to start"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The cloud-controller-manager as system:cloud-controller-manager, in the cloud with its
+/// own access key; as kubeadm's CCM with a pod subnet, it allocates nothing itself but
+/// writes a cloud route per node range (`--allocate-node-cidrs --configure-cloud-routes
+/// --cluster-cidr 10.244.0.0/16`). Started again if it stops (it stops when it loses the
+/// lease).
+async fn run_cloud_controller_manager(
+    kubeconfig: PathBuf,
+    controllers: Vec<String>,
+    cloud: kumo_cloud::Client,
+) {
+    use kumo_cloud_provider::ccm;
+    let provider: Arc<dyn kumo_cloud_provider::CloudProvider> =
+        Arc::new(kumo_cloud_provider::kumo::KumoCloud::new(cloud));
+    loop {
+        let mut cfg = ccm::Config::new(&kubeconfig);
+        cfg.controllers = controllers.clone();
+        cfg.allocate_node_cidrs = true;
+        cfg.configure_cloud_routes = true;
+        cfg.cluster_cidr =
+            Some(kumo_controller_manager::controllers::nodeipam::DEFAULT_CLUSTER_CIDR.into());
+        let mut m = ccm::CloudControllerManager::start(cfg.clone(), provider.clone()).await;
+        if let Err(ccm::Error::Manager(kumo_controller_manager::Error::Listen { .. })) = m {
+            // 10258 is taken (another cluster on this machine): serve /healthz elsewhere.
+            cfg.serve = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+            m = ccm::CloudControllerManager::start(cfg, provider.clone()).await;
+        }
+        match m {
+            Ok(m) => {
+                if let Err(e) = m.wait().await {
+                    tracing::warn!(error = %e, "cloud-controller-manager stopped; restarting");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cloud-controller-manager failed to start"),
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -177,4 +564,87 @@ async fn run_kubelet(cfg: kumo_kubelet::KubeletConfig) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// The user's kubeconfig: the first file of `$KUBECONFIG`, else `~/.kube/config`.
+pub fn user_kubeconfig() -> Result<PathBuf> {
+    match std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        Some(v) => std::env::split_paths(&v)
+            .next()
+            .context("$KUBECONFIG names no file"),
+        None => Ok(
+            PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
+                .join(".kube")
+                .join("config"),
+        ),
+    }
+}
+
+/// Merges the admin kubeconfig into `target` (created if missing) as cluster, user and
+/// context `kumo-<name>`, and makes that context the current one, as kind does. Entries
+/// of the same name are replaced; everything else is kept.
+pub fn merge_kubeconfig(admin: &Path, name: &str, target: &Path) -> Result<()> {
+    use serde_yaml::{Mapping, Value};
+    let read = |p: &Path| -> Result<Value> {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        serde_yaml::from_str(&text).with_context(|| format!("parsing {}", p.display()))
+    };
+    let src = read(admin)?;
+    let first = |list: &str, field: &str| -> Result<Value> {
+        src.get(list)
+            .and_then(|l| l.get(0))
+            .and_then(|e| e.get(field))
+            .cloned()
+            .with_context(|| format!("{}: no {list}", admin.display()))
+    };
+    let ctx = format!("kumo-{name}");
+    let entry = |field: &str, value: Value| {
+        let mut m = Mapping::new();
+        m.insert("name".into(), Value::String(ctx.clone()));
+        m.insert(field.into(), value);
+        Value::Mapping(m)
+    };
+    let mut context = Mapping::new();
+    context.insert("cluster".into(), Value::String(ctx.clone()));
+    context.insert("user".into(), Value::String(ctx.clone()));
+    let new = [
+        ("clusters", entry("cluster", first("clusters", "cluster")?)),
+        ("users", entry("user", first("users", "user")?)),
+        ("contexts", entry("context", Value::Mapping(context))),
+    ];
+    let mut doc = if target.exists() {
+        read(target)?
+    } else {
+        Value::Null
+    };
+    if !doc.is_mapping() {
+        let mut m = Mapping::new();
+        m.insert("apiVersion".into(), "v1".into());
+        m.insert("kind".into(), "Config".into());
+        m.insert("preferences".into(), Value::Mapping(Mapping::new()));
+        doc = Value::Mapping(m);
+    }
+    let Value::Mapping(m) = &mut doc else {
+        anyhow::bail!("{}: not a kubeconfig", target.display());
+    };
+    for (list, value) in new {
+        let entries = m
+            .entry(list.into())
+            .or_insert_with(|| Value::Sequence(Vec::new()));
+        if !entries.is_sequence() {
+            *entries = Value::Sequence(Vec::new());
+        }
+        if let Value::Sequence(seq) = entries {
+            seq.retain(|e| e.get("name").and_then(Value::as_str) != Some(ctx.as_str()));
+            seq.push(value);
+        }
+    }
+    m.insert("current-context".into(), Value::String(ctx.clone()));
+    let text = serde_yaml::to_string(&doc)?;
+    if let Some(dir) = target.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    kumo_apiserver::pki::write_file(target, text.as_bytes(), 0o600)?;
+    Ok(())
 }

@@ -1,4 +1,6 @@
 //! The parts of the `kumo` binary that tests use too: [`cluster`], the whole cluster
-//! `kumo up` runs in one process.
+//! `kumo up` runs in one process, and [`hypervisor`], what makes its cloud's instances
+//! nodes.
 
 pub mod cluster;
+pub mod hypervisor;

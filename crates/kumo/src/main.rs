@@ -1,7 +1,11 @@
 //! `kumo`: one binary, one subcommand per component.
 
 mod bench;
+mod ccm;
 mod certs;
+mod daemon;
+mod doctor;
+mod status;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -19,8 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run kumo: the API server on the embedded store, the controller-manager, the
-    /// scheduler and a kubelet (the cloud joins when it lands).
+    /// Run kumo: the API server, controller-manager and scheduler, the cloud with a
+    /// control-plane instance and --nodes workers (each a kubelet), and the
+    /// cloud-controller-manager (--no-cloud: one kubelet, no cloud).
     Up(UpArgs),
     /// The API server alone: HTTPS on --secure-port over the embedded store or etcd.
     Apiserver(ApiserverArgs),
@@ -33,6 +38,9 @@ enum Command {
     /// The local cloud: `kumo cloud serve`, and its client commands (instances, lbs,
     /// routes, policy, faults, ...).
     Cloud(Box<kumo_cloud::cli::Args>),
+    /// The cloud-controller-manager: the cloud node, node-lifecycle, service and route
+    /// controllers on the kumo cloud (--kubeconfig, --cloud-provider=kumo).
+    CloudControllerManager(Box<ccm::Args>),
     /// Certificates of a data directory, as kubeadm's `certs`: check-expiration, renew.
     Certs {
         #[command(subcommand)]
@@ -42,6 +50,23 @@ enum Command {
     Bench {
         #[command(subcommand)]
         what: bench::Bench,
+    },
+    /// Stop the `kumo up` running in the background on a data directory.
+    Down {
+        /// The data directory (default: $HOME/.kumo/default).
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+    },
+    /// Whether kumo runs, the API server's health, the components' leases and the nodes.
+    Status {
+        /// The data directory (default: $HOME/.kumo/default).
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+    },
+    /// Find out why a Service has no external address, or a node is not initialized.
+    Doctor {
+        #[command(subcommand)]
+        what: doctor::Doctor,
     },
     /// Replay the differential-test corpus against two API servers and report what differs.
     Difftest {
@@ -142,18 +167,48 @@ struct ControllerManagerArgs {
 /// Flags of `kumo up`.
 #[derive(clap::Args)]
 struct UpArgs {
+    /// Run in the background (log in <data-dir>/kumo.log); `kumo down` stops it.
+    #[arg(short = 'd', long)]
+    detach: bool,
     /// Where the cluster's state lives (default: $HOME/.kumo/default).
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
     /// The API server's port on 127.0.0.1.
     #[arg(long, default_value_t = 6443)]
     port: u16,
-    /// The kubelet's node name (default: the host name).
-    #[arg(long)]
+    /// The node's name with --no-cloud (default: the host name).
+    #[arg(long, requires = "no_cloud")]
     node_name: Option<String>,
+    /// The cluster's name: nodes are <name>-control-plane, <name>-worker, <name>-worker2, ...
+    #[arg(long, default_value = "kumo")]
+    name: String,
+    /// How many worker nodes (cloud instances) besides the control-plane one.
+    #[arg(long, default_value_t = 1)]
+    nodes: usize,
+    /// No cloud: one kubelet named after the host, as plain on-premises kubeadm.
+    #[arg(long, conflicts_with_all = ["nodes", "cloud_controllers", "name"])]
+    no_cloud: bool,
+    /// The cloud-controller-manager's controllers ('*' all, 'name' or '-name'; e.g.
+    /// cloud-node,cloud-node-lifecycle runs it without the service controller).
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    cloud_controllers: Vec<String>,
+    /// Also merge a kumo-<name> context into your kubeconfig ($KUBECONFIG or
+    /// ~/.kube/config) and make it the current one.
+    #[arg(long)]
+    kubeconfig_update: bool,
+    /// The API server's store: `embedded` (in --data-dir) or `etcd` (at --etcd-servers).
+    #[arg(long, default_value = "embedded", value_parser = ["embedded", "etcd"])]
+    store: String,
+    /// etcd endpoints, comma-separated, for --store etcd.
+    #[arg(long, value_delimiter = ',')]
+    etcd_servers: Vec<String>,
 }
 
 async fn up(args: UpArgs) -> Result<()> {
+    if args.detach {
+        return daemon::up_detached(args.data_dir.clone()).await;
+    }
+    daemon::foreground(args.data_dir.clone())?;
     let data_dir = match args.data_dir {
         Some(d) => d,
         None => {
@@ -162,8 +217,25 @@ async fn up(args: UpArgs) -> Result<()> {
             std::path::PathBuf::from(home).join(".kumo").join("default")
         }
     };
-    let mut cfg = kumo::cluster::ClusterConfig::new(&data_dir);
+    let mut cfg = if args.no_cloud {
+        kumo::cluster::ClusterConfig::new(&data_dir)
+    } else {
+        let mut c = kumo::cluster::ClusterConfig::with_cloud(&data_dir);
+        c.cloud = Some(kumo::cluster::CloudSettings {
+            name: args.name.clone(),
+            workers: args.nodes,
+            controllers: args.cloud_controllers.clone(),
+        });
+        c
+    };
     cfg.port = args.port;
+    cfg.store = match args.store.as_str() {
+        "etcd" if args.etcd_servers.is_empty() => {
+            anyhow::bail!("--store etcd needs --etcd-servers")
+        }
+        "etcd" => kumo_apiserver::server::StoreConfig::Etcd(args.etcd_servers.clone()),
+        _ => kumo_apiserver::server::StoreConfig::Embedded,
+    };
     if let Some(n) = args.node_name {
         cfg.node_name = n;
     }
@@ -175,16 +247,90 @@ async fn up(args: UpArgs) -> Result<()> {
         server.startup.as_millis(),
         data_dir.display()
     );
-    println!("kumo: controller-manager, scheduler and kubelet started, each with its own identity");
+    let Some(cloud) = &cluster.cloud else {
+        println!(
+            "kumo: controller-manager, scheduler and kubelet started, each with its own identity"
+        );
+        println!(
+            "kumo: node {} (simulated containers); static pods: put manifests in {}",
+            cluster.config.node_name,
+            cluster.config.static_pod_path().display()
+        );
+        println!("kumo: no cloud (--no-cloud)");
+        println!(
+            "To use it:\n  export KUBECONFIG={}\n  kubectl get nodes",
+            server.admin_kubeconfig.display()
+        );
+        return cluster.api.wait().await;
+    };
+    println!("kumo: controller-manager and scheduler started, each with its own identity");
     println!(
-        "kumo: node {} (simulated containers); static pods: put manifests in {}",
-        cluster.config.node_name,
-        cluster.config.static_pod_path().display()
+        "kumo: cloud {} serving at {} (state in {})",
+        kumo_cloud::REGION,
+        cloud.server.url,
+        cluster.config.cloud_dir().display()
     );
-    println!("kumo: not running yet: the cloud and its controller manager (see the open issues)");
+    for i in &cloud.instances {
+        let what = if i.created {
+            "launched".to_owned()
+        } else {
+            format!("found ({})", i.instance.state)
+        };
+        let i = &i.instance;
+        println!(
+            "kumo: instance {} {} {what}: {}, {}, {}",
+            i.id, i.name, i.instance_type, i.zone, i.private_ip
+        );
+    }
+    match &cloud.ccm_access_key_id {
+        Some(key) => println!(
+            "kumo: cloud-controller-manager started (controllers: {}), cloud access key {key} ({})",
+            args.cloud_controllers.join(","),
+            cluster.config.ccm_cloud_config().display()
+        ),
+        None => println!("kumo: no cloud-controller-manager"),
+    }
+    let nodes = cluster.node_names();
+    let waited = cluster
+        .wait_nodes_ready(&nodes, std::time::Duration::from_secs(60), |n| {
+            println!("kumo: node {n} Ready")
+        })
+        .await;
+    if let Err(e) = waited {
+        println!("kumo: {e}");
+    }
+    if let Some(cp) = cluster
+        .config
+        .cloud
+        .as_ref()
+        .map(|c| c.control_plane_name())
+    {
+        println!(
+            "kumo: static pods of {cp}: put manifests in {}",
+            cluster.config.static_pod_path().display()
+        );
+    }
+    if args.kubeconfig_update {
+        let merged = kumo::cluster::user_kubeconfig().and_then(|path| {
+            kumo::cluster::merge_kubeconfig(&server.admin_kubeconfig, &args.name, &path)
+                .map(|()| path)
+        });
+        match merged {
+            Ok(path) => println!(
+                "kumo: context kumo-{} set in {} (now current)",
+                args.name,
+                path.display()
+            ),
+            Err(e) => println!("kumo: kubeconfig not updated: {e:#}"),
+        }
+    }
     println!(
         "To use it:\n  export KUBECONFIG={}\n  kubectl get nodes",
         server.admin_kubeconfig.display()
+    );
+    println!(
+        "The cloud:\n  export KUMO_CLOUD_DATA_DIR={}\n  kumo cloud instances list",
+        cluster.config.cloud_dir().display()
     );
     cluster.api.wait().await
 }
@@ -290,7 +436,28 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::CloudControllerManager(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(ccm::run(*args))
+        }
         Command::Certs { what } => certs::run(what),
+        Command::Down { data_dir } => daemon::down(data_dir),
+        Command::Status { data_dir } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let ok = rt.block_on(status::run(data_dir))?;
+            std::process::exit(if ok { 0 } else { 1 });
+        }
+        Command::Doctor { what } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let healthy = rt.block_on(doctor::run(what))?;
+            std::process::exit(if healthy { 0 } else { 1 });
+        }
         Command::Bench { what } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

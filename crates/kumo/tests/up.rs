@@ -82,7 +82,15 @@ fn until(kubeconfig: &str, args: &[&str], what: &str, ok: impl Fn(&str) -> bool)
 fn kumo_up_runs_pods_on_its_node() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kumo"))
-        .args(["up", "--port", "0", "--node-name", "cka-w1", "--data-dir"])
+        .args([
+            "up",
+            "--port",
+            "0",
+            "--no-cloud",
+            "--node-name",
+            "cka-w1",
+            "--data-dir",
+        ])
         .arg(dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -565,7 +565,8 @@ fn resource_paths(r: &Resource, tag: &str, paths: &mut Map<String, Value>) {
     let scale_gvk = json!({"group": "autoscaling", "version": "v1", "kind": "Scale"});
     for sub in r.subresources {
         let (sub_verbs, kind, sub_gvk): (&[&str], &str, &Value) = match *sub {
-            "status" => (&["get", "update", "patch"], obj, &gvk),
+            // Pods' ephemeralcontainers and resize take the Pod, as status does.
+            "status" | "ephemeralcontainers" | "resize" => (&["get", "update", "patch"], obj, &gvk),
             "finalize" => (&["update"], obj, &gvk),
             "scale" => (
                 &["get", "update", "patch"],

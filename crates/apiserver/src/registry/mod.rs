@@ -28,6 +28,7 @@ mod ingress;
 mod networking;
 mod node;
 mod nodes;
+mod pod_subresources;
 mod podcertificates;
 mod pods;
 mod policy;
@@ -190,6 +191,24 @@ pub trait Strategy: Send + Sync {
     /// Validation of an update through the `status` subresource (by default the same as
     /// any update).
     fn validate_status_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        self.validate_update(new, old)
+    }
+    /// What the field manager compares with the live object on an update through
+    /// `subresource`, when not the object as prepared: upstream's field manager sees the
+    /// request (decoded, with its defaults) before the strategy drops what the subresource
+    /// may not change, and pods' `ephemeralcontainers` and `resize` drop more than their
+    /// reset fields.
+    fn tracked_request(&self, _subresource: &str, _request: &Value, _old: &Value) -> Option<Value> {
+        None
+    }
+    /// Validation of an update through another subresource that changes part of the
+    /// object (pods' `ephemeralcontainers` and `resize`); a plain update's by default.
+    fn validate_subresource_update(
+        &self,
+        _subresource: &str,
+        new: &Value,
+        old: &Value,
+    ) -> Vec<FieldError> {
         self.validate_update(new, old)
     }
     /// The stored form of an object this endpoint serves (when it serves another

@@ -22,7 +22,13 @@ pub(super) fn resources() -> Vec<Resource> {
             namespaced: true,
             short_names: &["po"],
             categories: &["all"],
-            subresources: &["binding", "eviction", "status"],
+            subresources: &[
+                "binding",
+                "ephemeralcontainers",
+                "eviction",
+                "resize",
+                "status",
+            ],
             strategy: Box::new(Pods),
         },
         Resource {
@@ -46,7 +52,7 @@ const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
 
 /// The container lists of a pod spec that defaulting and validation walk.
-const CONTAINER_LISTS: [&str; 2] = ["initContainers", "containers"];
+pub(super) const CONTAINER_LISTS: [&str; 2] = ["initContainers", "containers"];
 
 fn containers_mut<'a>(obj: &'a mut Value, list: &str) -> Vec<&'a mut Value> {
     obj.get_mut("spec")
@@ -73,7 +79,7 @@ fn list_at<'a>(obj: &'a Value, key: &str) -> &'a [Value] {
 }
 
 /// SetDefaults_Container and the container parts of SetDefaults_Pod.
-fn default_container(c: &mut Value) {
+pub(super) fn default_container(c: &mut Value) {
     if !c.is_object() {
         return;
     }
@@ -126,7 +132,7 @@ fn default_container(c: &mut Value) {
 }
 
 /// Requests default to the limits (SetDefaults_Pod: pods only, not templates).
-fn default_requests(c: &mut Value) {
+pub(super) fn default_requests(c: &mut Value) {
     if let Some(r) = c.get_mut("resources").and_then(Value::as_object_mut) {
         if let Some(limits) = r.get("limits").and_then(Value::as_object).cloned() {
             let req = r.entry("requests").or_insert_with(|| json!({}));
@@ -289,7 +295,7 @@ fn requirements_qos(res: Option<&Value>, request_default: bool) -> &'static str 
 /// The QoS class of a pod, as upstream's ComputePodQOS: pod-level resources decide when they
 /// name cpu, memory or hugepages; otherwise every container's class, combined (one
 /// Burstable, or a mix, makes the pod Burstable).
-fn qos_class(pod: &Value) -> &'static str {
+pub(super) fn qos_class(pod: &Value) -> &'static str {
     let pod_level = pod.pointer("/spec/resources");
     let supported = |kind: &str| {
         pod_level
@@ -435,6 +441,18 @@ fn admit_defaults(spec: &mut Value, mirror: bool) {
 }
 
 impl Strategy for Pods {
+    fn prepare_subresource_update(&self, sub: &str, new: &mut Value, old: &Value) {
+        super::pod_subresources::prepare_update(sub, new, old)
+    }
+
+    fn validate_subresource_update(&self, sub: &str, new: &Value, old: &Value) -> Vec<FieldError> {
+        super::pod_subresources::validate_update(sub, new, old)
+    }
+
+    fn tracked_request(&self, sub: &str, request: &Value, old: &Value) -> Option<Value> {
+        super::pod_subresources::tracked_request(sub, request, old)
+    }
+
     fn post_subresources(&self) -> &'static [&'static str] {
         &["binding"]
     }

@@ -1,6 +1,7 @@
 //! `kumo bench ...`: benchmarks that print their figures, kumo beside the reference.
 
 mod api;
+mod lb;
 mod storage;
 
 use anyhow::Result;
@@ -12,12 +13,16 @@ pub enum Bench {
     Storage(storage::Args),
     /// Load on any Kubernetes API server: throughput and latency per verb and concurrency.
     Api(Box<api::Args>),
+    /// The cloud-controller-manager's service controller: Service create to EXTERNAL-IP,
+    /// and the fan-out of a node joining many load balancers.
+    Lb(lb::Args),
 }
 
 pub async fn run(what: Bench) -> Result<()> {
     match what {
         Bench::Storage(args) => storage::run(args).await,
         Bench::Api(args) => api::run(*args).await,
+        Bench::Lb(args) => lb::run(args).await,
     }
 }
 

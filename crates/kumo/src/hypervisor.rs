@@ -1,0 +1,341 @@
+//! The hypervisor of `kumo up`'s cloud: a running instance is a kumo kubelet that joins the
+//! cluster as a node named after the instance, with `--cloud-provider=external`,
+//! `--node-ip=<private IP>`, its own kubeconfig (`system:node:<name>`) and the sim runtime.
+//! Stopping or terminating the instance halts the kubelet, as powering off a machine does.
+//!
+//! Each kubelet runs on a thread and a tokio runtime of its own, so that halting it ends
+//! every task it started (its heartbeat, status loop, pod workers and API server), like a
+//! machine that goes away. Its API listens on a 127.0.0.1 port of its own: the instance's
+//! private IP does not route from the host, and must not be routed, so the API server is
+//! told where to dial it instead ([`KubeletDialOverrides`]).
+//!
+//! What the node is for comes from the instance's user data, a [`NodeBootstrap`] document
+//! (an instance without user data is a plain worker).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kumo_apiserver::proxy::KubeletDialOverrides;
+use kumo_cloud::{Hypervisor, HypervisorError, Instance};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+/// The control-plane node's role label (kubeadm's mark-control-plane phase sets it with
+/// admin credentials: NodeRestriction keeps kubelets from labelling themselves with it).
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// Keeps a node out of the targets of Service load balancers (set on control planes).
+pub const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+
+/// An instance's user data: how its kubelet registers (kubelet flags) and whether it is
+/// the control-plane node. JSON, camelCase; empty user data is a worker with no extras.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeBootstrap {
+    /// `--node-labels` (only the labels a kubelet may set on itself).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_labels: BTreeMap<String, String>,
+    /// `--register-with-taints`, each `key[=value]:Effect`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub register_with_taints: Vec<String>,
+    /// The control-plane node: its kubelet runs the static pods of `<data-dir>/manifests`
+    /// and the node gets the control-plane role label once registered.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub control_plane: bool,
+}
+
+impl NodeBootstrap {
+    /// kubeadm's control-plane node: the exclusion label, the control-plane taint.
+    pub fn control_plane() -> NodeBootstrap {
+        NodeBootstrap {
+            node_labels: BTreeMap::from([(EXCLUDE_LB_LABEL.to_owned(), String::new())]),
+            register_with_taints: vec![format!("{CONTROL_PLANE_LABEL}:NoSchedule")],
+            control_plane: true,
+        }
+    }
+
+    /// Reads user data (empty: the default).
+    pub fn parse(user_data: &str) -> Result<NodeBootstrap, String> {
+        if user_data.trim().is_empty() {
+            return Ok(NodeBootstrap::default());
+        }
+        serde_json::from_str(user_data).map_err(|e| format!("user data: {e}"))
+    }
+
+    /// As user data.
+    pub fn to_user_data(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// One booted instance: its kubelet's thread and how to stop it.
+struct Running {
+    node: String,
+    stop: watch::Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// Boots a kubelet per running instance (see the module documentation).
+pub struct KubeletHypervisor {
+    /// The cluster's data directory (its PKI signs the kubelets' kubeconfigs).
+    data_dir: PathBuf,
+    /// The API server's URL, written into the kubelets' kubeconfigs.
+    server: String,
+    /// The admin kubeconfig, to mark the control-plane node as kubeadm does.
+    admin_kubeconfig: PathBuf,
+    dial: KubeletDialOverrides,
+    running: Mutex<HashMap<String, Running>>,
+}
+
+impl KubeletHypervisor {
+    /// Kubelets that join the API server at `server` (`https://host:port`), signed by the
+    /// PKI in `data_dir`; the API server reaches them through `dial`.
+    pub fn new(
+        data_dir: impl Into<PathBuf>,
+        server: impl Into<String>,
+        admin_kubeconfig: impl Into<PathBuf>,
+        dial: KubeletDialOverrides,
+    ) -> KubeletHypervisor {
+        KubeletHypervisor {
+            data_dir: data_dir.into(),
+            server: server.into(),
+            admin_kubeconfig: admin_kubeconfig.into(),
+            dial,
+            running: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The static pod directory of the control-plane node.
+    pub fn static_pod_path(&self) -> PathBuf {
+        self.data_dir.join("manifests")
+    }
+
+    /// Names of the nodes whose kubelets run now.
+    pub fn running_nodes(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.lock().values().map(|r| r.node.clone()).collect();
+        v.sort();
+        v
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The kubelet configuration of `inst`.
+    fn kubelet_config(
+        &self,
+        inst: &Instance,
+    ) -> Result<(kumo_kubelet::KubeletConfig, bool), String> {
+        let boot = NodeBootstrap::parse(&inst.user_data)?;
+        let node_ip: IpAddr = inst
+            .private_ip
+            .parse()
+            .map_err(|_| format!("the instance has no private IP ({:?})", inst.private_ip))?;
+        let kubeconfig =
+            kumo_apiserver::pki::kubelet_kubeconfig(&self.data_dir, &inst.name, &self.server)
+                .map_err(|e| format!("node {:?}: {e}", inst.name))?;
+        let mut cfg = kumo_kubelet::KubeletConfig::new(&kubeconfig, &inst.name);
+        cfg.node_ip = Some(node_ip);
+        cfg.cloud_provider_external = true;
+        cfg.node_labels = boot.node_labels.clone();
+        cfg.register_with_taints = boot
+            .register_with_taints
+            .iter()
+            .map(|t| t.parse().map_err(|e| format!("user data: {e}")))
+            .collect::<Result<_, String>>()?;
+        // The machine's size is the instance type's.
+        cfg.cpu = inst.cpu.to_string();
+        cfg.memory = format!("{}Mi", inst.memory_mib);
+        if boot.control_plane {
+            let manifests = self.static_pod_path();
+            std::fs::create_dir_all(&manifests)
+                .map_err(|e| format!("{}: {e}", manifests.display()))?;
+            cfg.pod_manifest_path = Some(manifests);
+        }
+        cfg.server = Some(kumo_kubelet::server::ServerConfig {
+            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            client_ca_file: Some(self.data_dir.join("pki").join("ca.crt")),
+            ..Default::default()
+        });
+        Ok((cfg, boot.control_plane))
+    }
+}
+
+impl Drop for KubeletHypervisor {
+    fn drop(&mut self) {
+        for r in self.lock().values() {
+            r.stop.send_replace(true);
+        }
+    }
+}
+
+#[async_trait]
+impl Hypervisor for KubeletHypervisor {
+    async fn boot(&self, inst: &Instance) -> Result<(), HypervisorError> {
+        if self.lock().contains_key(&inst.id) {
+            // Booted already (a cloud restarted in this process resumes its instances).
+            return Ok(());
+        }
+        let (cfg, control_plane) = self.kubelet_config(inst).map_err(HypervisorError)?;
+        let (stop, stop_rx) = watch::channel(false);
+        let dial = self.dial.clone();
+        let admin = control_plane.then(|| self.admin_kubeconfig.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("kubelet-{}", inst.name))
+            .spawn(move || kubelet_thread(cfg, dial, admin, stop_rx))
+            .map_err(|e| HypervisorError(format!("starting the kubelet: {e}")))?;
+        tracing::info!(instance = %inst.id, node = %inst.name, ip = %inst.private_ip, "kubelet booted");
+        self.lock().insert(
+            inst.id.clone(),
+            Running {
+                node: inst.name.clone(),
+                stop,
+                thread,
+            },
+        );
+        Ok(())
+    }
+
+    async fn halt(&self, inst: &Instance) -> Result<(), HypervisorError> {
+        let Some(r) = self.lock().remove(&inst.id) else {
+            return Ok(());
+        };
+        r.stop.send_replace(true);
+        let joined = tokio::task::spawn_blocking(move || r.thread.join()).await;
+        if let Ok(mut m) = self.dial.write() {
+            m.remove(&r.node);
+        }
+        tracing::info!(instance = %inst.id, node = %r.node, "kubelet halted");
+        match joined {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(HypervisorError(format!(
+                "the kubelet of {} did not stop cleanly",
+                r.node
+            ))),
+        }
+    }
+}
+
+/// A free port on 127.0.0.1 (the kubelet binds it right after).
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+/// Runs the kubelet until told to stop; restarts it (on a fresh runtime, so nothing of the
+/// previous one lingers) when it fails.
+fn kubelet_thread(
+    cfg: kumo_kubelet::KubeletConfig,
+    dial: KubeletDialOverrides,
+    admin: Option<PathBuf>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let node = cfg.node_name.clone();
+    while !*stop.borrow() {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(node = %node, error = %e, "kubelet: no runtime");
+                return;
+            }
+        };
+        let mut cfg = cfg.clone();
+        let port = match free_port() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(node = %node, error = %e, "kubelet: no free port");
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+        };
+        if let Some(s) = cfg.server.as_mut() {
+            s.port = port;
+        }
+        if let Ok(mut m) = dial.write() {
+            m.insert(node.clone(), SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+        }
+        let stopped = rt.block_on(async {
+            if let Some(admin) = &admin {
+                tokio::spawn(mark_control_plane(admin.clone(), node.clone()));
+            }
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => true,
+                r = kumo_kubelet::run(cfg) => {
+                    if let Err(e) = r {
+                        tracing::warn!(node = %node, error = %e, "kubelet stopped; restarting");
+                    }
+                    false
+                }
+            }
+        });
+        rt.shutdown_timeout(Duration::from_secs(1));
+        if stopped {
+            return;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// kubeadm's mark-control-plane phase: once the node has registered, label it as the
+/// control plane (with admin credentials; the kubelet may not set this label itself).
+async fn mark_control_plane(admin: PathBuf, node: String) {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, Patch, PatchParams};
+    let client = match kube_client(&admin).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(node = %node, error = %e, "marking the control plane");
+            return;
+        }
+    };
+    let nodes: Api<Node> = Api::all(client);
+    let patch = serde_json::json!({"metadata": {"labels": {
+        CONTROL_PLANE_LABEL: "",
+        EXCLUDE_LB_LABEL: "",
+    }}});
+    loop {
+        match nodes
+            .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => tracing::debug!(node = %node, error = %e, "marking the control plane"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A client for a kubeconfig file.
+pub(crate) async fn kube_client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(path)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_data_round_trips_and_rejects_garbage() {
+        let cp = NodeBootstrap::control_plane();
+        assert_eq!(
+            cp.to_user_data(),
+            r#"{"nodeLabels":{"node.kubernetes.io/exclude-from-external-load-balancers":""},"registerWithTaints":["node-role.kubernetes.io/control-plane:NoSchedule"],"controlPlane":true}"#
+        );
+        assert_eq!(NodeBootstrap::parse(&cp.to_user_data()), Ok(cp));
+        assert_eq!(NodeBootstrap::parse(""), Ok(NodeBootstrap::default()));
+        assert_eq!(NodeBootstrap::default().to_user_data(), "{}");
+        assert!(NodeBootstrap::parse("#!/bin/sh").is_err());
+        assert!(NodeBootstrap::parse(r#"{"nodeLabel":{}}"#).is_err());
+    }
+}

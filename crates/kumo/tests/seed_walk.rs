@@ -1,0 +1,413 @@
+//! The hands-on of seeds 000 and 001, command for command, as a user types them: the real
+//! `kumo up -d` in the background, the real kubectl against the kubeconfig it prints, and
+//! `kumo cloud` against the same data directory.
+//!
+//! With the whole cloud-controller-manager, a LoadBalancer Service gets its EXTERNAL-IP
+//! within 2 s, with EnsuringLoadBalancer then EnsuredLoadBalancer; with
+//! `--cloud-controllers=cloud-node,cloud-node-lifecycle` (the seeds' environment: a CCM
+//! without its service controller) the Service stays `<pending>` with no events while
+//! ClusterIP, NodePort and EndpointSlices are there.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn kumo(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kumo"))
+        .args(args)
+        .arg("--data-dir")
+        .arg(dir)
+        .output()
+        .expect("kumo runs")
+}
+
+/// Stops the background kumo when the test ends, even on a failed assertion.
+struct Down(PathBuf);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = kumo(&["down"], &self.0);
+    }
+}
+
+/// A kumo running in the background and the kubeconfig it printed.
+struct Up {
+    dir: PathBuf,
+    kubeconfig: String,
+    _down: Down,
+    _tmp: tempfile::TempDir,
+}
+
+fn up(extra: &[&str]) -> Up {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kumo");
+    let mut args = vec!["up", "-d", "--port", "0"];
+    args.extend_from_slice(extra);
+    let t = Instant::now();
+    let out = kumo(&args, &dir);
+    let down = Down(dir.clone());
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "kumo up -d: {stdout}\n{}",
+        text(&out.stderr)
+    );
+    eprintln!("kumo up -d {extra:?} returned in {:?}", t.elapsed());
+    let kubeconfig = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("export KUBECONFIG="))
+        .unwrap_or_else(|| panic!("no KUBECONFIG line in {stdout}"))
+        .to_owned();
+    Up {
+        dir,
+        kubeconfig,
+        _down: down,
+        _tmp: tmp,
+    }
+}
+
+impl Up {
+    /// kubectl as the user types it: (ok, stdout, stderr).
+    fn k(&self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+            .unwrap();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.k(args);
+        assert!(ok, "kubectl {args:?}: {err}");
+        out
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.extend_from_slice(&["-o", "json"]);
+        serde_json::from_str(&self.ok(&a)).unwrap()
+    }
+
+    /// `kumo cloud ...` against this data directory's cloud.
+    fn cloud(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_kumo"))
+            .arg("cloud")
+            .args(args)
+            .env("KUMO_CLOUD_DATA_DIR", self.dir.join("cloud"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kumo cloud {args:?}: {}",
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+}
+
+/// Polls `f` every 100 ms until it returns Some, failing after `secs`.
+fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs} s: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until every node is Ready and initialized by the cloud node controller.
+fn wait_nodes(u: &Up, n: usize) -> serde_json::Value {
+    eventually(30, "nodes Ready and initialized", || {
+        let nodes = u.json(&["get", "nodes"]);
+        let items = nodes["items"].as_array()?;
+        let done = items.len() == n
+            && items.iter().all(|node| {
+                let ready = node["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                let initialized = !node["spec"]["taints"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|t| t["key"] == "node.cloudprovider.kubernetes.io/uninitialized");
+                ready && initialized && node["spec"]["providerID"].is_string()
+            });
+        done.then_some(nodes)
+    })
+}
+
+#[test]
+fn seed_001_the_service_controller_fills_external_ip() {
+    let u = up(&["--nodes", "1"]);
+    let nodes = wait_nodes(&u, 2);
+
+    // kubectl get node -o jsonpath='{range .items[*]}{.metadata.name}{"\t"}{.spec.providerID}{"\n"}{end}'
+    let ids = u.ok(&[
+        "get",
+        "node",
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name}{"\t"}{.spec.providerID}{"\n"}{end}"#,
+    ]);
+    let lines: Vec<&str> = ids.lines().collect();
+    assert_eq!(lines.len(), 2, "{ids}");
+    for l in &lines {
+        let (name, id) = l.split_once('\t').unwrap();
+        assert!(
+            id.starts_with("kumo://kumo-1") && id.contains("/i-"),
+            "{name}: {id}"
+        );
+    }
+    // Addresses and labels written by the cloud node controller.
+    let node = &nodes["items"][0];
+    let addrs = node["status"]["addresses"].as_array().unwrap();
+    assert!(addrs
+        .iter()
+        .any(|a| a["type"] == "InternalIP" && a["address"].as_str().unwrap().starts_with("10.0.")));
+    assert!(addrs.iter().any(|a| a["type"] == "Hostname"));
+    let labels = &node["metadata"]["labels"];
+    assert_eq!(labels["topology.kubernetes.io/region"], "kumo-1");
+    assert!(labels["topology.kubernetes.io/zone"]
+        .as_str()
+        .unwrap()
+        .starts_with("kumo-1"));
+    assert!(labels["node.kubernetes.io/instance-type"].is_string());
+
+    // kubectl create deployment web --image=nginx:1.29 --port=80
+    // kubectl expose deployment web --type=LoadBalancer --port=80
+    u.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx:1.29",
+        "--port=80",
+    ]);
+    let t = Instant::now();
+    u.ok(&[
+        "expose",
+        "deployment",
+        "web",
+        "--type=LoadBalancer",
+        "--port=80",
+    ]);
+    // kubectl get svc web: EXTERNAL-IP filled within 2 s.
+    let vip = eventually(10, "EXTERNAL-IP", || {
+        let s = u.json(&["get", "svc", "web"]);
+        s["status"]["loadBalancer"]["ingress"][0]["ip"]
+            .as_str()
+            .map(str::to_owned)
+    });
+    let took = t.elapsed();
+    eprintln!("EXTERNAL-IP {vip} after {took:?}");
+    assert!(took < Duration::from_secs(2), "EXTERNAL-IP after {took:?}");
+    let row = u.ok(&["get", "svc", "web", "--no-headers"]);
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], "LoadBalancer", "{row}");
+    assert_eq!(cols[3], vip, "{row}");
+    assert!(
+        cols[4].starts_with("80:") && cols[4].ends_with("/TCP"),
+        "{row}"
+    );
+
+    // kubectl get events -A --field-selector reason=EnsuringLoadBalancer
+    let ev = u.ok(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        "reason=EnsuringLoadBalancer",
+    ]);
+    assert!(ev.contains("service/web"), "{ev}");
+    let ev = eventually(10, "EnsuredLoadBalancer", || {
+        let ev = u.ok(&["describe", "svc", "web"]);
+        ev.contains("EnsuredLoadBalancer").then_some(ev)
+    });
+    let ensuring = ev.find("EnsuringLoadBalancer").unwrap();
+    let ensured = ev.find("EnsuredLoadBalancer").unwrap();
+    assert!(ensuring < ensured, "{ev}");
+    assert!(ev.contains("service-controller"), "{ev}");
+
+    // The cloud has the balancer with that VIP.
+    let lbs = u.cloud(&["lbs", "list"]);
+    assert!(lbs.contains(&vip), "{lbs}");
+
+    // The leases of the control plane, the CCM's among them.
+    let leases = u.ok(&["-n", "kube-system", "get", "lease"]);
+    for l in [
+        "cloud-controller-manager",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        assert!(leases.contains(l), "{leases}");
+    }
+
+    // kubectl delete svc web: the cloud's balancer goes with it.
+    u.ok(&["delete", "svc", "web"]);
+    eventually(20, "the balancer deleted", || {
+        (!u.cloud(&["lbs", "list"]).contains(&vip)).then_some(())
+    });
+    u.ok(&["delete", "deployment", "web"]);
+}
+
+#[test]
+fn seed_000_without_the_service_controller_the_service_stays_pending() {
+    let u = up(&[
+        "--nodes",
+        "1",
+        "--cloud-controllers",
+        "cloud-node,cloud-node-lifecycle",
+    ]);
+    let nodes = wait_nodes(&u, 2);
+    // The node controller's fingerprints: providerID set, no uninitialized taint.
+    let name = nodes["items"][0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let taints = u.ok(&["get", "node", &name, "-o", "jsonpath={.spec.taints}"]);
+    assert!(!taints.contains("uninitialized"), "{taints}");
+
+    u.ok(&[
+        "create",
+        "deployment",
+        "hello",
+        "--image=nginx:1.29",
+        "--port=80",
+    ]);
+    let manifest = "apiVersion: v1\nkind: Service\nmetadata:\n  name: hello\nspec:\n  type: LoadBalancer\n  selector:\n    app: hello\n  ports:\n    - port: 80\n      targetPort: 80\n";
+    let out = Command::new("kubectl")
+        .args(["apply", "-f", "-"])
+        .env("KUBECONFIG", &u.kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(manifest.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success());
+
+    // kubectl get svc hello -w & sleep 5; kill %1 → one line only.
+    let mut watch = Command::new("kubectl")
+        .args(["get", "svc", "hello", "-w"])
+        .env("KUBECONFIG", &u.kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let _ = watch.kill();
+    let out = watch.wait_with_output().unwrap();
+    let printed = text(&out.stdout);
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), 2, "header and one row only: {printed}");
+    assert!(lines[1].contains("<pending>"), "{printed}");
+    let cols: Vec<&str> = lines[1].split_whitespace().collect();
+    let ip: std::net::Ipv4Addr = cols[2].parse().expect("a ClusterIP");
+    let [a, b, ..] = ip.octets();
+    assert!(
+        a == 10 && (96..112).contains(&b),
+        "ClusterIP in 10.96.0.0/12: {printed}"
+    );
+    assert!(cols[4].starts_with("80:3"), "NodePort: {printed}");
+
+    // kubectl get events --field-selector involvedObject.name=hello,involvedObject.kind=Service
+    let (ok, out, err) = u.k(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=hello,involvedObject.kind=Service",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("No resources found in default namespace."),
+        "{err}"
+    );
+    // kubectl get svc hello -o jsonpath='{.status}'
+    let status = u.ok(&["get", "svc", "hello", "-o", "jsonpath={.status}"]);
+    assert_eq!(status, r#"{"loadBalancer":{}}"#);
+    // kubectl get endpointslices -l kubernetes.io/service-name=hello
+    let slices = eventually(20, "an EndpointSlice with the pod", || {
+        let s = u.ok(&[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=hello",
+        ]);
+        s.contains("10.244.").then_some(s)
+    });
+    assert!(slices.contains("IPv4"), "{slices}");
+
+    // kumo doctor names the missing service controller.
+    let out = kumo(&["doctor", "service", "hello"], &u.dir);
+    let report = text(&out.stdout);
+    assert!(!out.status.success(), "{report}");
+    assert!(report.contains("service controller"), "{report}");
+
+    u.ok(&["delete", "svc", "hello"]);
+    u.ok(&["delete", "deployment", "hello"]);
+}
+
+#[test]
+fn cloud_instances_drive_the_nodes() {
+    let u = up(&["--nodes", "2"]);
+    wait_nodes(&u, 3);
+    let id_of = |node: &str| {
+        let p = u.ok(&["get", "node", node, "-o", "jsonpath={.spec.providerID}"]);
+        p.rsplit('/').next().unwrap().to_owned()
+    };
+    let (gone, stopped) = ("kumo-worker", "kumo-worker2");
+    let (gone_id, stopped_id) = (id_of(gone), id_of(stopped));
+
+    // Both kubelets stop posting status; after the node monitor grace period (50 s) the
+    // node-lifecycle controller marks them NotReady, then the cloud node-lifecycle
+    // controller deletes the terminated one and taints the stopped one.
+    u.cloud(&["instance", "terminate", &gone_id]);
+    u.cloud(&["instance", "stop", &stopped_id]);
+    eventually(120, "the terminated instance's node deleted", || {
+        let (ok, _, _) = u.k(&["get", "node", gone]);
+        (!ok).then_some(())
+    });
+    let ev = u.ok(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        "reason=DeletingNode",
+    ]);
+    assert!(ev.contains(gone), "{ev}");
+    eventually(60, "the shutdown taint", || {
+        let t = u.ok(&["get", "node", stopped, "-o", "jsonpath={.spec.taints}"]);
+        t.contains("node.cloudprovider.kubernetes.io/shutdown")
+            .then_some(())
+    });
+
+    // start → Ready again, the taint gone.
+    u.cloud(&["instance", "start", &stopped_id]);
+    eventually(60, "Ready without the shutdown taint", || {
+        let n = u.json(&["get", "node", stopped]);
+        let ready = n["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        let tainted = n["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == "node.cloudprovider.kubernetes.io/shutdown");
+        (ready && !tainted).then_some(())
+    });
+}
