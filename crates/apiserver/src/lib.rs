@@ -15,6 +15,7 @@ pub mod admission;
 pub mod audit;
 pub mod auth;
 pub mod cache;
+pub mod cel;
 pub mod discovery;
 pub mod fieldmanager;
 pub mod handler;

@@ -702,6 +702,15 @@ pub fn kubelet_kubeconfig(data_dir: &Path, node: &str, server: &str) -> Result<P
     Ok(path)
 }
 
+/// The kube-proxy's kubeconfig: `<data-dir>/kube-proxy.conf` for user `system:kube-proxy`
+/// (the user the bootstrap policy binds to `system:node-proxier`), created on first use.
+pub fn kube_proxy_kubeconfig(data_dir: &Path, server: &str) -> Result<PathBuf> {
+    let path = data_dir.join("kube-proxy.conf");
+    let ca = Ca::load_or_create(&data_dir.join("pki"))?;
+    ensure_kubeconfig(&path, &ca, server, "system:kube-proxy", &[])?;
+    Ok(path)
+}
+
 /// The serving certificate as the TLS layer asks for it: `pki/apiserver.crt` and `.key`,
 /// read again when they change on disk (looked at once a second at most), as
 /// kube-apiserver's dynamic serving certificate controller does, so `kumo certs renew

@@ -129,6 +129,7 @@ impl ApiServer {
             Arc::new(crate::admission::podsecurity::PodSecurity::default()),
             Arc::new(crate::admission::runtimeclass::RuntimeClass),
             Arc::new(crate::admission::webhook::Webhooks::mutating()),
+            Arc::new(crate::admission::vap::ValidatingAdmissionPolicy),
             Arc::new(crate::admission::webhook::Webhooks::validating()),
             Arc::new(crate::admission::quota::ResourceQuota::new()),
         ];

@@ -62,6 +62,32 @@ fn referenced(pod: &Value) -> (Vec<String>, Vec<String>) {
             }
         }
     }
+    // ConfigMap and Secret volumes (not the service account's own projected volume).
+    for v in pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if str_at(v, "/name").starts_with("kube-api-access-") {
+            continue;
+        }
+        let projected = v
+            .pointer("/projected/sources")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for src in std::iter::once(v).chain(projected.iter()) {
+            if let Some(n) = src.pointer("/configMap/name").and_then(Value::as_str) {
+                cms.push(n.to_owned());
+            }
+            for p in ["/secret/secretName", "/secret/name"] {
+                if let Some(n) = src.pointer(p).and_then(Value::as_str) {
+                    secrets.push(n.to_owned());
+                }
+            }
+        }
+    }
     cms.sort();
     cms.dedup();
     secrets.sort();
@@ -80,6 +106,7 @@ pub async fn sources(
     let ns = str_at(pod, "/metadata/namespace");
     let (cms, secrets) = referenced(pod);
     let mut sources = json!({
+        "fetchedAt": unix_now(),
         "configmaps": {},
         "secrets": {},
         "allocatable": {"cpu": cpu, "memory": memory},
@@ -120,6 +147,25 @@ pub async fn sources(
             let Ok(req) = req else { continue };
             if let Ok(obj) = client.request::<Value>(req).await {
                 let mut data = obj.get("data").cloned().unwrap_or(json!({}));
+                // binaryData keys are files too (decoded; the sim keeps text).
+                if let (Some(m), Some(bin)) = (
+                    data.as_object_mut(),
+                    obj.get("binaryData").and_then(Value::as_object),
+                ) {
+                    for (k, v) in bin {
+                        let decoded = v
+                            .as_str()
+                            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                            .map(|b| match String::from_utf8(b) {
+                                Ok(s) => s,
+                                // Bytes that are not text: one char per byte (Latin-1),
+                                // which `hexdump` turns back into the bytes.
+                                Err(e) => e.into_bytes().into_iter().map(char::from).collect(),
+                            })
+                            .unwrap_or_default();
+                        m.insert(k.clone(), json!(decoded));
+                    }
+                }
                 if kind == "secrets" {
                     if let Some(m) = data.as_object_mut() {
                         for v in m.values_mut() {
@@ -397,7 +443,48 @@ pub fn container_config(
         hostname = str_at(pod, "/metadata/name");
         hostname.truncate(63);
     }
+    let mut mounts = mounts(pod, spec, pod_ip, &host_ip, &env);
+    if spec
+        .pointer("/securityContext/readOnlyRootFilesystem")
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        mounts.push(crate::runtime::fs::Mount {
+            path: "/".into(),
+            source: crate::runtime::fs::Source::Files(BTreeMap::new()),
+            read_only: true,
+            sub_path: String::new(),
+            tmpfs: false,
+        });
+    }
+    let mut files = BTreeMap::new();
+    let host_network = pod
+        .pointer("/spec/hostNetwork")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    files.insert(
+        "/etc/hosts".to_owned(),
+        if host_network {
+            crate::runtime::fs::NODE_HOSTS.to_owned()
+        } else {
+            etc_hosts(pod, pod_ip, &hostname)
+        },
+    );
+    // ClusterFirst DNS: the search list of the pod's namespace (the cluster's resolver).
+    let dns_policy = str_at(pod, "/spec/dnsPolicy");
+    if (!host_network || dns_policy == "ClusterFirstWithHostNet")
+        && dns_policy != "None"
+        && dns_policy != "Default"
+    {
+        let ns = str_at(pod, "/metadata/namespace");
+        files.insert(
+            "/etc/resolv.conf".to_owned(),
+            crate::net::resolv_conf(if ns.is_empty() { "default" } else { &ns }),
+        );
+    }
     ContainerConfig {
+        mounts,
+        files,
         name: str_at(spec, "/name"),
         image: str_at(spec, "/image"),
         annotations: annotations.clone(),
@@ -411,6 +498,278 @@ pub fn container_config(
         fallback_to_logs_on_error: str_at(spec, "/terminationMessagePolicy")
             == "FallbackToLogsOnError",
     }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// Whether `pod` has volumes whose files the kubelet keeps up to date (ConfigMap,
+/// Secret, downward API, projected; not the service account's own).
+pub fn has_projected_volumes(pod: &Value) -> bool {
+    pod.pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|v| {
+            !str_at(v, "/name").starts_with("kube-api-access-")
+                && ["configMap", "secret", "downwardAPI", "projected"]
+                    .iter()
+                    .any(|k| v.get(*k).is_some())
+        })
+}
+
+/// Whether the sources read for `pod` are to be read again: its volumes follow their
+/// ConfigMaps and Secrets, re-read every 5 s.
+pub fn sources_stale(pod: &Value, sources: &Value) -> bool {
+    has_projected_volumes(pod)
+        && unix_now().saturating_sub(sources["fetchedAt"].as_u64().unwrap_or(0)) >= 5
+}
+
+/// The kubelet-managed `/etc/hosts` of a pod (pod network).
+fn etc_hosts(pod: &Value, pod_ip: &str, hostname: &str) -> String {
+    let mut s = String::from("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n");
+    let subdomain = str_at(pod, "/spec/subdomain");
+    if subdomain.is_empty() {
+        s.push_str(&format!("{pod_ip}\t{hostname}\n"));
+    } else {
+        let ns = str_at(pod, "/metadata/namespace");
+        s.push_str(&format!(
+            "{pod_ip}\t{hostname}.{subdomain}.{ns}.svc.cluster.local\t{hostname}\n"
+        ));
+    }
+    let aliases = pod
+        .pointer("/spec/hostAliases")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if !aliases.is_empty() {
+        s.push_str("\n# Entries added by HostAliases.\n");
+        for a in aliases {
+            let names: Vec<&str> = a
+                .get("hostnames")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            s.push_str(&format!("{}\t{}\n", str_at(&a, "/ip"), names.join("\t")));
+        }
+    }
+    s
+}
+
+/// A downward API field's value, as the kubelet writes it to an env var or a file.
+fn field_value(pod: &Value, path: &str, pod_ip: &str, host_ip: &str) -> String {
+    match path {
+        "metadata.name" => str_at(pod, "/metadata/name"),
+        "metadata.namespace" => str_at(pod, "/metadata/namespace"),
+        "metadata.uid" => str_at(pod, "/metadata/uid"),
+        "metadata.labels" | "metadata.annotations" => {
+            let field = &path["metadata.".len()..];
+            let mut lines = Vec::new();
+            if let Some(m) = pod
+                .pointer(&format!("/metadata/{field}"))
+                .and_then(Value::as_object)
+            {
+                // Sorted, `key="value"` (Go-quoted), one per line.
+                for (k, v) in m {
+                    let v = v.as_str().unwrap_or("");
+                    lines.push(format!(
+                        "{k}={}",
+                        serde_json::to_string(v).unwrap_or_default()
+                    ));
+                }
+            }
+            lines.sort();
+            lines.join("\n")
+        }
+        "spec.nodeName" => str_at(pod, "/spec/nodeName"),
+        "spec.serviceAccountName" => str_at(pod, "/spec/serviceAccountName"),
+        "status.podIP" | "status.podIPs" => pod_ip.to_owned(),
+        "status.hostIP" | "status.hostIPs" => host_ip.to_owned(),
+        p => {
+            let key = p
+                .strip_prefix("metadata.labels['")
+                .map(|k| ("labels", k))
+                .or_else(|| {
+                    p.strip_prefix("metadata.annotations['")
+                        .map(|k| ("annotations", k))
+                });
+            match key {
+                Some((field, k)) => pod
+                    .pointer(&format!("/metadata/{field}"))
+                    .and_then(|m| m.get(k.trim_end_matches("']")))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                None => String::new(),
+            }
+        }
+    }
+}
+
+fn mode_of(v: &Value, key: &str, default: u32) -> u32 {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .and_then(|m| u32::try_from(m).ok())
+        .unwrap_or(default)
+}
+
+/// The files of a ConfigMap or Secret volume source (`items` select and rename keys).
+fn key_files(
+    src: &Value,
+    data: Option<&Value>,
+    mode: u32,
+    files: &mut BTreeMap<String, (String, u32)>,
+) {
+    let data = data.and_then(Value::as_object);
+    match src.get("items").and_then(Value::as_array) {
+        Some(items) => {
+            for it in items {
+                let key = str_at(it, "/key");
+                if let Some(v) = data.and_then(|d| d.get(&key)).and_then(Value::as_str) {
+                    files.insert(
+                        str_at(it, "/path"),
+                        (v.to_owned(), mode_of(it, "mode", mode)),
+                    );
+                }
+            }
+        }
+        None => {
+            for (k, v) in data.into_iter().flatten() {
+                files.insert(k.clone(), (v.as_str().unwrap_or("").to_owned(), mode));
+            }
+        }
+    }
+}
+
+/// The files a volume shows, for the sim runtime.
+fn volume_source(
+    pod: &Value,
+    spec: &Value,
+    vol: &Value,
+    pod_ip: &str,
+    host_ip: &str,
+) -> (crate::runtime::fs::Source, bool) {
+    use crate::runtime::fs::Source;
+    let name = str_at(vol, "/name");
+    if let Some(e) = vol.get("emptyDir") {
+        return (Source::EmptyDir(name), str_at(e, "/medium") == "Memory");
+    }
+    if let Some(h) = vol.get("hostPath") {
+        return (Source::HostPath(str_at(h, "/path")), false);
+    }
+    let mut files = BTreeMap::new();
+    let data = |kind: &str, n: &str| pod.pointer(&format!("/{SOURCES}/{kind}/{n}")).cloned();
+    let downward = |src: &Value, mode: u32, files: &mut BTreeMap<String, (String, u32)>| {
+        for it in src
+            .get("items")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let value = if let Some(p) = it.pointer("/fieldRef/fieldPath").and_then(Value::as_str) {
+                field_value(pod, p, pod_ip, host_ip)
+            } else if let Some(r) = it.get("resourceFieldRef") {
+                resource_field(pod, spec, r)
+            } else {
+                continue;
+            };
+            files.insert(str_at(it, "/path"), (value, mode_of(it, "mode", mode)));
+        }
+    };
+    if let Some(c) = vol.get("configMap") {
+        let mode = mode_of(c, "defaultMode", 0o644);
+        key_files(
+            c,
+            data("configmaps", &str_at(c, "/name")).as_ref(),
+            mode,
+            &mut files,
+        );
+    } else if let Some(c) = vol.get("secret") {
+        let mode = mode_of(c, "defaultMode", 0o644);
+        key_files(
+            c,
+            data("secrets", &str_at(c, "/secretName")).as_ref(),
+            mode,
+            &mut files,
+        );
+    } else if let Some(d) = vol.get("downwardAPI") {
+        downward(d, mode_of(d, "defaultMode", 0o644), &mut files);
+    } else if let Some(p) = vol.get("projected") {
+        let mode = mode_of(p, "defaultMode", 0o644);
+        for src in p
+            .get("sources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(c) = src.get("configMap") {
+                let n = str_at(c, "/name");
+                if n == "kube-root-ca.crt" && data("configmaps", &n).is_none() {
+                    files.insert(
+                        "ca.crt".into(),
+                        ("-----BEGIN CERTIFICATE-----\n".into(), mode),
+                    );
+                    continue;
+                }
+                key_files(c, data("configmaps", &n).as_ref(), mode, &mut files);
+            } else if let Some(c) = src.get("secret") {
+                key_files(
+                    c,
+                    data("secrets", &str_at(c, "/name")).as_ref(),
+                    mode,
+                    &mut files,
+                );
+            } else if let Some(d) = src.get("downwardAPI") {
+                downward(d, mode, &mut files);
+            } else if let Some(t) = src.get("serviceAccountToken") {
+                files.insert(str_at(t, "/path"), ("sim-token".into(), mode));
+            }
+        }
+    } else {
+        return (Source::EmptyDir(name), false);
+    }
+    (Source::Files(files), true)
+}
+
+/// The volume mounts of container `spec`, for the sim runtime.
+fn mounts(
+    pod: &Value,
+    spec: &Value,
+    pod_ip: &str,
+    host_ip: &str,
+    env: &[(String, String)],
+) -> Vec<crate::runtime::fs::Mount> {
+    let vols = pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    spec.get("volumeMounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let name = str_at(m, "/name");
+            let vol = vols.iter().find(|v| str_at(v, "/name") == name)?;
+            let (source, tmpfs) = volume_source(pod, spec, vol, pod_ip, host_ip);
+            Some(crate::runtime::fs::Mount {
+                path: str_at(m, "/mountPath"),
+                source,
+                read_only: m.get("readOnly").and_then(Value::as_bool).unwrap_or(false),
+                sub_path: match m.get("subPathExpr").and_then(Value::as_str) {
+                    Some(e) if !e.is_empty() => shell::expand(e, env),
+                    _ => str_at(m, "/subPath"),
+                },
+                tmpfs,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -460,6 +819,20 @@ mod tests {
         assert_eq!(c.command, ["sh", "-c"]);
         assert_eq!(c.args, ["echo a-x 2 $(A)"]);
         assert_eq!(c.hostname, "p");
+        assert!(c.files["/etc/hosts"].ends_with("10.244.0.9\tp\n"));
+        let mut aliased = pod.clone();
+        aliased["spec"]["hostAliases"] =
+            json!([{"ip": "123.45.67.89", "hostnames": ["foo", "bar"]}]);
+        aliased["spec"]["volumes"] = json!([{"name": "cm", "configMap": {"name": "cm", "items": [{"key": "k", "path": "sub/k"}]}}]);
+        let mut spec2 = spec.clone();
+        spec2["volumeMounts"] = json!([{"name": "cm", "mountPath": "/etc/c"}, {"name": "cm", "mountPath": "/x", "subPathExpr": "$(A)"}]);
+        let c = container_config(&aliased, &spec2, &BTreeMap::new(), "10.244.0.9", 0);
+        assert!(c.files["/etc/hosts"]
+            .contains("# Entries added by HostAliases.\n123.45.67.89\tfoo\tbar\n"));
+        let mut want = BTreeMap::new();
+        want.insert("sub/k".to_owned(), ("from-cm".to_owned(), 0o644));
+        assert_eq!(c.mounts[0].source, crate::runtime::fs::Source::Files(want));
+        assert_eq!(c.mounts[1].sub_path, "a-x");
         let env = service_env(&[json!({
             "metadata": {"name": "foo-svc"},
             "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 8765, "protocol": "TCP"}]},

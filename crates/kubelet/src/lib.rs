@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod env;
 pub mod events;
+pub mod net;
 pub mod node;
 pub mod pods;
 pub mod portforward;
@@ -102,6 +103,9 @@ pub struct KubeletConfig {
     pub static_pod_rescan: Duration,
     /// The kubelet API (port 10250); `None` serves none.
     pub server: Option<server::ServerConfig>,
+    /// The cluster's simulated pod network (shared with the proxy and the other kubelets
+    /// of one `kumo up`); `None`: the pods' network is unreachable.
+    pub dataplane: Option<Arc<net::Dataplane>>,
 }
 
 impl KubeletConfig {
@@ -129,6 +133,7 @@ impl KubeletConfig {
             status_update_frequency: Duration::from_secs(10),
             static_pod_rescan: static_pods::RESCAN,
             server: None,
+            dataplane: None,
         }
     }
 }
@@ -161,7 +166,15 @@ impl Drop for AbortOnDrop {
 /// Runs the kubelet until the process ends.
 pub async fn run(mut cfg: KubeletConfig) -> Result<()> {
     let client = client(&cfg.kubeconfig).await?;
-    let runtime: Arc<dyn runtime::Runtime> = Arc::new(runtime::Sim::default());
+    let runtime: Arc<dyn runtime::Runtime> =
+        Arc::new(runtime::Sim::with_dataplane(cfg.dataplane.clone()));
+    let _net = cfg.dataplane.clone().map(|dp| {
+        AbortOnDrop(tokio::spawn(net::sync_pods(
+            client.clone(),
+            cfg.node_name.clone(),
+            dp,
+        )))
+    });
     // The API listens before the Node is registered, so that daemonEndpoints names the
     // port it got.
     let mut _server = None;

@@ -247,7 +247,13 @@ impl Workers {
             keep.insert(uid.clone());
             // What the containers' environment refers to (ConfigMaps, Secrets), read once
             // per pod.
-            if !self.sources.contains_key(&uid) {
+            // (again every few seconds for pods with ConfigMap, Secret or downward API
+            // volumes, whose files follow their sources)
+            if self
+                .sources
+                .get(&uid)
+                .is_none_or(|s| crate::env::sources_stale(pod, s))
+            {
                 let src = crate::env::sources(
                     &self.client,
                     pod,
@@ -476,6 +482,12 @@ impl Workers {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
+        // What `kubectl debug` adds: run once, never restarted, never part of readiness.
+        let ephemerals: Vec<Value> = pod
+            .pointer("/spec/ephemeralContainers")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         if !terminal {
             // Init containers one at a time, each to a successful exit.
             if !w.init_done {
@@ -527,6 +539,20 @@ impl Workers {
                         &mut events,
                     );
                 }
+                for c in &ephemerals {
+                    step(
+                        &*runtime,
+                        &sandbox,
+                        w,
+                        pod,
+                        c,
+                        &annotations,
+                        "Never",
+                        false,
+                        pulled,
+                        &mut events,
+                    );
+                }
             }
         }
         let status = pod_status(
@@ -535,6 +561,7 @@ impl Workers {
             &*runtime,
             &inits,
             &mains,
+            &ephemerals,
             &restart_policy,
             &self
                 .cfg
@@ -597,8 +624,20 @@ fn step(
                 finished_at,
             } => (exit_code, started_at, finished_at),
             State::Running { started_at } => {
+                if crate::env::has_projected_volumes(pod) {
+                    let config = crate::env::container_config(
+                        pod,
+                        spec,
+                        annotations,
+                        &pod_ip,
+                        c.restart_count,
+                    );
+                    runtime.refresh_volumes(&id, &config);
+                }
                 // A liveness probe that keeps failing restarts the container.
-                if probe_failing(spec, annotations, "liveness", started_at) {
+                if probe_failing(spec, annotations, "liveness", started_at)
+                    || exec_probe_failing(runtime, &id, spec, "liveness", started_at)
+                {
                     events.push(ev(
                         true,
                         "Unhealthy",
@@ -782,6 +821,53 @@ fn probe_failing(
     started.elapsed().unwrap_or_default() >= Duration::from_secs(delay + period * threshold)
 }
 
+/// Whether the exec probe of `kind` fails when run at `at` (false without one).
+fn exec_probe_fails(
+    runtime: &dyn Runtime,
+    id: &str,
+    spec: &Value,
+    kind: &str,
+    at: SystemTime,
+) -> bool {
+    let Some(p) = probe(spec, kind) else {
+        return false;
+    };
+    let Some(cmd) = p.pointer("/exec/command").and_then(Value::as_array) else {
+        return false;
+    };
+    let cmd: Vec<String> = cmd
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    let timeout = Duration::from_secs(probe_field(p, "timeoutSeconds", 1).max(1));
+    runtime.probe_exec(id, &cmd, at, timeout) == Some(false)
+}
+
+/// Whether an exec probe failed `failureThreshold` times in a row: the probes of the
+/// last periods (after the initial delay) all fail.
+fn exec_probe_failing(
+    runtime: &dyn Runtime,
+    id: &str,
+    spec: &Value,
+    kind: &str,
+    started: SystemTime,
+) -> bool {
+    let Some(p) = probe(spec, kind) else {
+        return false;
+    };
+    if p.pointer("/exec/command").is_none() {
+        return false;
+    }
+    let delay = Duration::from_secs(probe_field(p, "initialDelaySeconds", 0));
+    let period = Duration::from_secs(probe_field(p, "periodSeconds", 10).max(1));
+    let threshold = probe_field(p, "failureThreshold", 3).max(1) as u32;
+    let now = SystemTime::now();
+    (0..threshold).all(|k| {
+        let at = now.checked_sub(period * k).unwrap_or(started);
+        at >= started + delay && exec_probe_fails(runtime, id, spec, kind, at)
+    })
+}
+
 fn terminated_json(
     exit_code: i32,
     started_at: SystemTime,
@@ -811,6 +897,7 @@ fn pod_status(
     runtime: &dyn Runtime,
     inits: &[Value],
     mains: &[Value],
+    ephemerals: &[Value],
     restart_policy: &str,
     host_ip: &str,
 ) -> Value {
@@ -844,15 +931,33 @@ fn pod_status(
             Some(st) => {
                 v["imageID"] = json!(st.image_ref);
                 v["containerID"] = json!(format!("sim://{}", st.id));
+                // InPlacePodVerticalScaling: what the runtime applies and what is
+                // allocated; the sim applies the spec's resources at once, so a resize
+                // completes with the next status.
+                let resources = spec
+                    .get("resources")
+                    .filter(|r| r.is_object())
+                    .cloned()
+                    .unwrap_or_else(|| json!({}));
+                if let Some(requests) = resources
+                    .get("requests")
+                    .filter(|r| r.as_object().is_some_and(|m| !m.is_empty()))
+                {
+                    v["allocatedResources"] = requests.clone();
+                }
+                v["resources"] = resources;
                 match st.state {
                     State::Running { started_at } => {
                         v["state"] = json!({"running": {"startedAt": rfc3339(started_at)}});
                         // Not started while a startup probe has not passed; not ready
                         // while the readiness probe does not pass (or before its delay).
-                        let started = !probe_pending(spec, &annotations, "startup", started_at);
+                        let now = SystemTime::now();
+                        let started = !probe_pending(spec, &annotations, "startup", started_at)
+                            && !exec_probe_fails(runtime, &st.id, spec, "startup", now);
                         let ready = !init
                             && started
-                            && !probe_pending(spec, &annotations, "readiness", started_at);
+                            && !probe_pending(spec, &annotations, "readiness", started_at)
+                            && !exec_probe_fails(runtime, &st.id, spec, "readiness", now);
                         v["started"] = json!(started);
                         v["ready"] = json!(ready);
                         (v, true, ready, None)
@@ -1021,6 +1126,18 @@ fn pod_status(
     if !inits.is_empty() {
         st["initContainerStatuses"] =
             json!(init_statuses.into_iter().map(|s| s.0).collect::<Vec<_>>());
+    }
+    if !ephemerals.is_empty() {
+        // Ephemeral containers are never ready (upstream's status of them).
+        let statuses: Vec<Value> = ephemerals
+            .iter()
+            .map(|c| {
+                let mut v = status_of(c, false).0;
+                v["ready"] = json!(false);
+                v
+            })
+            .collect();
+        st["ephemeralContainerStatuses"] = json!(statuses);
     }
     st
 }

@@ -785,8 +785,8 @@ fn validate(h: &HashMap<String, String>) -> Result<(u16, String), String> {
 }
 
 /// What listens on a port of the pod.
-#[derive(Debug, PartialEq, Eq)]
-enum Listener {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listener {
     /// nginx's default server; the version its `Server` header names, if the tag has one.
     Nginx(Option<String>),
     /// Any other declared port: a plain HTTP answer naming the pod.
@@ -795,7 +795,7 @@ enum Listener {
 
 /// The listener on `port` of `pod`: a running container that declares it (TCP), or an
 /// nginx image on 80.
-fn listener(pod: &Value, port: u16) -> Option<Listener> {
+pub(crate) fn listener(pod: &Value, port: u16) -> Option<Listener> {
     let statuses = pod
         .pointer("/status/containerStatuses")
         .and_then(Value::as_array)
@@ -1166,13 +1166,7 @@ where
             !connection.contains("close")
         };
         let head_only = method == "HEAD";
-        let (code, reason) = match (l, method, path.split('?').next().unwrap_or("")) {
-            (_, m, _) if !version.starts_with("HTTP/1.") || m.is_empty() => (400, "Bad Request"),
-            (Listener::Nginx(_), "GET" | "HEAD", "/" | "/index.html") => (200, "OK"),
-            (Listener::Nginx(_), "GET" | "HEAD", _) => (404, "Not Found"),
-            (Listener::Nginx(_), _, _) => (405, "Not Allowed"),
-            (Listener::Http(_), _, _) => (200, "OK"),
-        };
+        let (code, reason) = status(l, method, path, version);
         let keep_alive = keep_alive && code != 400;
         if !send(response(l, code, reason, keep_alive, head_only)).await || !keep_alive {
             return;
@@ -1180,8 +1174,25 @@ where
     }
 }
 
+/// The status the listener answers a request with.
+pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (u16, &'static str) {
+    match (l, method, path.split('?').next().unwrap_or("")) {
+        (_, m, _) if !version.starts_with("HTTP/1.") || m.is_empty() => (400, "Bad Request"),
+        (Listener::Nginx(_), "GET" | "HEAD", "/" | "/index.html") => (200, "OK"),
+        (Listener::Nginx(_), "GET" | "HEAD", _) => (404, "Not Found"),
+        (Listener::Nginx(_), _, _) => (405, "Not Allowed"),
+        (Listener::Http(_), _, _) => (200, "OK"),
+    }
+}
+
 /// An HTTP response of the listener.
-fn response(l: &Listener, code: u16, reason: &str, keep_alive: bool, head_only: bool) -> Vec<u8> {
+pub(crate) fn response(
+    l: &Listener,
+    code: u16,
+    reason: &str,
+    keep_alive: bool,
+    head_only: bool,
+) -> Vec<u8> {
     let (server, content_type, body) = match l {
         Listener::Nginx(v) => {
             let server = match v {

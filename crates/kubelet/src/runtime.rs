@@ -14,19 +14,24 @@
 //! * `sim.kumo.io/logs[/<c>]`: text the container writes to stdout when it starts.
 //!
 //! Without `exit-after-seconds`, what a container does comes from its command line
-//! (command + args after the kubelet's `$(VAR)` expansion), read by [`shell`]: `echo`,
-//! `printf`, `cat /etc/hostname`, `sleep`, `exit N` and `sh -c` scripts of them print
-//! and exit as a real shell would; anything else runs until stopped. Output is kept as
+//! (command + args after the kubelet's `$(VAR)` expansion), run by [`shell`], a
+//! simulated `sh` with busybox's common utilities: scripts print, sleep, write files
+//! and exit as a real shell would; a command it does not know (an image's own
+//! entrypoint) runs until stopped. Its files are [`fs`]'s: its own root filesystem, the
+//! pod's emptyDir volumes (shared by its containers, kept across restarts), hostPath
+//! directories of the node, and the ConfigMap, Secret and downward API files the
+//! kubelet projects. Exec probes run the same way, as of the probe's time. Output is kept as
 //! CRI log files are (`<RFC3339Nano> <stream> <F|P> <content>` per line), per container,
 //! and the exited containers of a pod stay until its sandbox is removed (the previous
 //! attempt's logs). `exec` runs a command line the same way.
 
+pub mod fs;
 pub mod shell;
 
 pub use shell::{Step, Stream};
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// What a container is to run.
@@ -51,6 +56,10 @@ pub struct ContainerConfig {
     pub termination_message_path: String,
     /// `terminationMessagePolicy: FallbackToLogsOnError`.
     pub fallback_to_logs_on_error: bool,
+    /// Its volume mounts (what its simulated files show).
+    pub mounts: Vec<fs::Mount>,
+    /// Files the kubelet manages in the container (`/etc/hosts`): path → content.
+    pub files: BTreeMap<String, String>,
 }
 
 /// A container's state, as the CRI reports it.
@@ -128,6 +137,20 @@ pub trait Runtime: Send + Sync {
     ) -> Result<Vec<Step>, RuntimeError>;
     /// Whether `cmd` reads its stdin (so an exec collects it first).
     fn exec_reads_stdin(&self, cmd: &[String]) -> bool;
+    /// The result of exec probe `cmd` in container `id` as of `at`: `Some(passed)`, or
+    /// `None` when the runtime cannot tell (the probe then counts as passing).
+    /// Gives a running container the current content of its ConfigMap, Secret and
+    /// downward API volumes (`config` is its config as the kubelet builds it now).
+    fn refresh_volumes(&self, _id: &str, _config: &ContainerConfig) {}
+    fn probe_exec(
+        &self,
+        _id: &str,
+        _cmd: &[String],
+        _at: SystemTime,
+        _timeout: Duration,
+    ) -> Option<bool> {
+        None
+    }
 }
 
 struct SimContainer {
@@ -142,17 +165,116 @@ struct SimContainer {
     writes: Vec<(Duration, String, String, bool)>,
     /// When it was created (to keep the newest exited containers).
     created: u64,
+    /// When its program's simulated time starts (to run it again).
+    program_start: SystemTime,
 }
 
 impl SimContainer {
-    fn context(&self) -> shell::Context {
-        shell::Context {
-            hostname: self.config.hostname.clone(),
-            pod_ip: self.config.pod_ip.clone(),
-            env: self.config.env.clone(),
-            stdin: None,
+    fn context(&self, files: &Arc<fs::Store>, id: &str) -> shell::Context {
+        context(files, &self.sandbox, id, &self.config)
+    }
+}
+
+impl Sim {
+    /// A sim runtime whose containers reach the cluster network through `net`.
+    pub fn with_dataplane(net: Option<Arc<crate::net::Dataplane>>) -> Sim {
+        Sim {
+            net,
+            ..Sim::default()
         }
     }
+}
+
+/// What a process of container `id` sees.
+fn context(
+    files: &Arc<fs::Store>,
+    sandbox: &str,
+    id: &str,
+    config: &ContainerConfig,
+) -> shell::Context {
+    shell::Context {
+        hostname: config.hostname.clone(),
+        pod_ip: config.pod_ip.clone(),
+        env: config.env.clone(),
+        stdin: None,
+        fs: Some(fs::View {
+            store: files.clone(),
+            mounts: config.mounts.clone(),
+            sandbox: sandbox.to_owned(),
+            container: id.to_owned(),
+            fixed: config.files.clone(),
+        }),
+        start: Some(SystemTime::now()),
+        net: None,
+    }
+}
+
+/// When a process exits (offset, code), what it writes to its streams, and to files.
+type Program = (
+    Option<(Duration, i32)>,
+    Vec<(Duration, Stream, String)>,
+    Vec<(Duration, String, String, bool)>,
+);
+
+/// What a container does once started, from its annotations and command line run from
+/// `start`: when it exits and with what code, its output and its file writes.
+fn program(
+    files: &Arc<fs::Store>,
+    net: &Option<Arc<crate::net::Dataplane>>,
+    sandbox: &str,
+    id: &str,
+    config: &ContainerConfig,
+    start: SystemTime,
+) -> Program {
+    let a = &config.annotations;
+    let exit_after = annotation(a, "sim.kumo.io/exit-after-seconds", &config.name)
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64);
+    let exit_code =
+        annotation(a, "sim.kumo.io/exit-code", &config.name).and_then(|s| s.parse().ok());
+    let mut output = Vec::new();
+    if let Some(text) = annotation(a, "sim.kumo.io/logs", &config.name) {
+        let mut text = text.to_owned();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        output.push((Duration::ZERO, Stream::Stdout, text));
+    }
+    // The command line decides, unless the annotations do.
+    let mut ctx = context(files, sandbox, id, config);
+    ctx.net = net.clone();
+    ctx.start = Some(start);
+    if let Some(view) = &ctx.fs {
+        view.prepare(start);
+    }
+    let mut exit = None;
+    let mut writes = Vec::new();
+    let argv = shell::image_argv(&config.image, &config.command, &config.args);
+    if let Some(steps) = shell::container_program(&argv, &ctx) {
+        let mut at = Duration::ZERO;
+        for step in steps {
+            match step {
+                Step::Out(stream, text) => output.push((at, stream, text)),
+                Step::Write { path, text, append } => writes.push((at, path, text, append)),
+                Step::Sleep(d) => at += d,
+                Step::Exit(code) => {
+                    exit = Some((at, code));
+                    break;
+                }
+                Step::Forever => break,
+            }
+        }
+    }
+    // The annotations win over the command line: exit-after-seconds sets when, and
+    // exit-code the code (else the command line's, else 0).
+    let program_code = exit.map(|(_, c)| c);
+    if let Some(after) = exit_after {
+        exit = Some((after, exit_code.or(program_code).unwrap_or(0)));
+    } else if let (Some((at, _)), Some(code)) = (exit, exit_code) {
+        exit = Some((at, code));
+    }
+    (exit, output, writes)
 }
 
 /// Exited containers kept per pod and container name (the previous attempt's logs).
@@ -173,6 +295,10 @@ pub fn cri_time(t: SystemTime) -> String {
 pub struct Sim {
     containers: Mutex<HashMap<String, SimContainer>>,
     created: std::sync::atomic::AtomicU64,
+    /// The containers' simulated files (emptyDir, hostPath, their own).
+    files: Arc<fs::Store>,
+    /// The cluster's network, if any.
+    net: Option<Arc<crate::net::Dataplane>>,
 }
 
 fn annotation<'a>(a: &'a BTreeMap<String, String>, key: &str, container: &str) -> Option<&'a str> {
@@ -285,59 +411,21 @@ impl Runtime for Sim {
     }
 
     fn remove_pod_sandbox(&self, sandbox: &str) {
-        self.lock().retain(|_, c| c.sandbox != sandbox);
+        self.lock().retain(|id, c| {
+            let keep = c.sandbox != sandbox;
+            if !keep {
+                self.files.remove_prefix(&fs::View::container_prefix(id));
+            }
+            keep
+        });
+        self.files.remove_prefix(&fs::View::sandbox_prefix(sandbox));
     }
 
     fn create_container(&self, sandbox: &str, config: &ContainerConfig, image_ref: &str) -> String {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let a = &config.annotations;
-        let exit_after = annotation(a, "sim.kumo.io/exit-after-seconds", &config.name)
-            .and_then(|s| s.parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64);
-        let exit_code =
-            annotation(a, "sim.kumo.io/exit-code", &config.name).and_then(|s| s.parse().ok());
-        let mut output = Vec::new();
-        if let Some(text) = annotation(a, "sim.kumo.io/logs", &config.name) {
-            let mut text = text.to_owned();
-            if !text.ends_with('\n') {
-                text.push('\n');
-            }
-            output.push((Duration::ZERO, Stream::Stdout, text));
-        }
-        // The command line decides, unless the annotations do.
-        let ctx = shell::Context {
-            hostname: config.hostname.clone(),
-            pod_ip: config.pod_ip.clone(),
-            env: config.env.clone(),
-            stdin: None,
-        };
-        let mut exit = None;
-        let mut writes = Vec::new();
-        let argv = shell::image_argv(&config.image, &config.command, &config.args);
-        if let Some(steps) = shell::container_program(&argv, &ctx) {
-            let mut at = Duration::ZERO;
-            for step in steps {
-                match step {
-                    Step::Out(stream, text) => output.push((at, stream, text)),
-                    Step::Write { path, text, append } => writes.push((at, path, text, append)),
-                    Step::Sleep(d) => at += d,
-                    Step::Exit(code) => {
-                        exit = Some((at, code));
-                        break;
-                    }
-                    Step::Forever => break,
-                }
-            }
-        }
-        // The annotations win over the command line: exit-after-seconds sets when, and
-        // exit-code the code (else the command line's, else 0).
-        let program_code = exit.map(|(_, c)| c);
-        if let Some(after) = exit_after {
-            exit = Some((after, exit_code.or(program_code).unwrap_or(0)));
-        } else if let (Some((at, _)), Some(code)) = (exit, exit_code) {
-            exit = Some((at, code));
-        }
+        let program_start = SystemTime::now();
+        let (exit, output, writes) =
+            program(&self.files, &self.net, sandbox, &id, config, program_start);
         let created = self
             .created
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -356,6 +444,7 @@ impl Runtime for Sim {
         let excess = exited.len().saturating_sub(KEEP_EXITED - 1);
         for (_, k) in exited.into_iter().take(excess) {
             all.remove(&k);
+            self.files.remove_prefix(&fs::View::container_prefix(&k));
         }
         all.insert(
             id.clone(),
@@ -375,6 +464,7 @@ impl Runtime for Sim {
                 output,
                 writes,
                 created,
+                program_start,
             },
         );
         id
@@ -485,13 +575,105 @@ impl Runtime for Sim {
         if !matches!(c.status.state, State::Running { .. }) {
             return Err(RuntimeError::NotRunning(id.into()));
         }
-        let mut ctx = c.context();
+        let mut ctx = c.context(&self.files, id);
+        ctx.net = self.net.clone();
         ctx.stdin = stdin;
         shell::exec_program(cmd, &ctx).map_err(RuntimeError::Exec)
     }
 
     fn exec_reads_stdin(&self, cmd: &[String]) -> bool {
         shell::reads_stdin(cmd)
+    }
+
+    fn refresh_volumes(&self, id: &str, config: &ContainerConfig) {
+        let mut all = self.lock();
+        let Some(c) = all.get_mut(id) else {
+            return;
+        };
+        Self::advance(c);
+        if !matches!(c.status.state, State::Running { .. }) {
+            return;
+        }
+        let now = SystemTime::now();
+        let mut changed = false;
+        for m in &config.mounts {
+            let fs::Source::Files(new) = &m.source else {
+                continue;
+            };
+            let Some(first) = c.config.mounts.iter().find(|o| o.path == m.path) else {
+                continue;
+            };
+            // The files as the container sees them now: the last version, else the
+            // ones it started with.
+            let key = fs::View::projected_key(id, &m.path);
+            let current = match self.files.get(&key, now) {
+                Some(fs::Node::File { content, .. }) => serde_json::from_str(&content).ok(),
+                _ => match &first.source {
+                    fs::Source::Files(f) => Some(f.clone()),
+                    _ => None,
+                },
+            };
+            if current.as_ref() == Some(new) {
+                continue;
+            }
+            let content = serde_json::to_string(new).unwrap_or_default();
+            self.files.put(
+                &key,
+                now,
+                Some(fs::Node::File {
+                    content,
+                    mode: 0o644,
+                }),
+            );
+            changed = true;
+        }
+        if changed {
+            // Its process sees the new files from now on: run it again over them.
+            self.files.forget_writer(id);
+            let (exit, output, writes) = program(
+                &self.files,
+                &self.net,
+                &c.sandbox,
+                id,
+                &c.config,
+                c.program_start,
+            );
+            c.exit = exit;
+            c.output = output;
+            c.writes = writes;
+        }
+    }
+
+    fn probe_exec(
+        &self,
+        id: &str,
+        cmd: &[String],
+        at: SystemTime,
+        timeout: Duration,
+    ) -> Option<bool> {
+        let mut all = self.lock();
+        let c = all.get_mut(id)?;
+        Self::advance(c);
+        if !matches!(c.status.state, State::Running { .. }) {
+            return Some(false);
+        }
+        let mut ctx = c.context(&self.files, id);
+        ctx.net = self.net.clone();
+        ctx.start = Some(at);
+        let Ok(steps) = shell::exec_program(cmd, &ctx) else {
+            return Some(false);
+        };
+        // Passes when it exits 0 within the timeout.
+        let mut took = Duration::ZERO;
+        for s in steps {
+            match s {
+                Step::Sleep(d) => took += d,
+                Step::Exit(code) => return Some(code == 0 && took <= timeout),
+                Step::Forever => return Some(false),
+                _ => {}
+            }
+        }
+        Some(false)
     }
 }
 

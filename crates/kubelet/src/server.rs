@@ -1097,6 +1097,18 @@ async fn stream(
             "you must specify at least 1 of stdin, stdout, stderr",
         );
     }
+    // The container first, as upstream's GetExec/GetAttach: a client that falls back to
+    // SPDY hears the same error.
+    let id = match running_container(&state, ns, pod_name, container).await {
+        Ok(id) => id,
+        Err(r) if attach && r.status() == StatusCode::INTERNAL_SERVER_ERROR => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("container {container} not found in pod {pod_name}_{ns}"),
+            )
+        }
+        Err(r) => return r,
+    };
     let headers = req.headers();
     let is_ws = headers
         .get(header::UPGRADE)
@@ -1126,10 +1138,6 @@ async fn stream(
         .iter()
         .find(|p| WS_PROTOCOLS.contains(&p.as_str()))
         .cloned();
-    let id = match running_container(&state, ns, pod_name, container).await {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
     let accept = {
         let d = ring::digest::digest(
             &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
@@ -1481,6 +1489,13 @@ async fn attach_session<S: AsyncRead + AsyncWrite + Unpin>(
             let mut data = r.content.clone().into_bytes();
             if !r.partial {
                 data.push(b'\n');
+            }
+            if o.tty {
+                // A terminal's line discipline (onlcr) ends lines with CR LF.
+                data = String::from_utf8_lossy(&data)
+                    .replace("\r\n", "\n")
+                    .replace('\n', "\r\n")
+                    .into_bytes();
             }
             if wanted && ws.send(channel, &data).await.is_err() {
                 return;

@@ -157,6 +157,8 @@ pub struct Cluster {
     pub config: ClusterConfig,
     /// The cloud, when there is one.
     pub cloud: Option<ClusterCloud>,
+    /// The pods' simulated network: the proxy programs it, the kubelets' pods use it.
+    pub dataplane: Arc<kumo_kubelet::net::Dataplane>,
 }
 
 /// The cloud of a running cluster.
@@ -209,10 +211,15 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     if cfg.scheduler {
         tokio::spawn(run_scheduler(cfg.data_dir.join("scheduler.conf")));
     }
+    // kube-proxy as system:kube-proxy, programming the network every kubelet's pods share.
+    let dataplane = kumo_kubelet::net::Dataplane::new();
+    let server = server_url(&api.admin_kubeconfig)?;
+    let proxy_kc = kumo_apiserver::pki::kube_proxy_kubeconfig(&cfg.data_dir, &server)?;
+    tokio::spawn(run_proxy(proxy_kc, dataplane.clone()));
     let mut node_kubeconfig = None;
     let mut cloud = None;
     if let Some(settings) = &cfg.cloud {
-        cloud = Some(start_cloud(&cfg, settings, &api, dial).await?);
+        cloud = Some(start_cloud(&cfg, settings, &api, dial, &dataplane).await?);
     } else if cfg.kubelet {
         let server = server_url(&api.admin_kubeconfig)?;
         let kc = kumo_apiserver::pki::kubelet_kubeconfig(&cfg.data_dir, &cfg.node_name, &server)?;
@@ -221,6 +228,7 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             .with_context(|| format!("creating {}", manifests.display()))?;
         let mut k = kumo_kubelet::KubeletConfig::new(&kc, &cfg.node_name);
         k.pod_manifest_path = Some(manifests);
+        k.dataplane = Some(dataplane.clone());
         // The kubelet API on 127.0.0.1 (the node's InternalIP): 10250, or any port when
         // another cluster on this machine has it. Clients are the API server's
         // apiserver-kubelet-client certificate (signed by the cluster CA) and tokens.
@@ -239,6 +247,7 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
         node_kubeconfig,
         config: cfg,
         cloud,
+        dataplane,
     })
 }
 
@@ -323,14 +332,13 @@ async fn start_cloud(
     settings: &CloudSettings,
     api: &kumo_apiserver::ApiServer,
     dial: KubeletDialOverrides,
+    dataplane: &Arc<kumo_kubelet::net::Dataplane>,
 ) -> Result<ClusterCloud> {
     let server = server_url(&api.admin_kubeconfig)?;
-    let hypervisor = Arc::new(KubeletHypervisor::new(
-        &cfg.data_dir,
-        server,
-        &api.admin_kubeconfig,
-        dial,
-    ));
+    let hypervisor = Arc::new(
+        KubeletHypervisor::new(&cfg.data_dir, server, &api.admin_kubeconfig, dial)
+            .with_dataplane(dataplane.clone()),
+    );
     let mut cloud_cfg = kumo_cloud::CloudConfig::new(cfg.cloud_dir());
     cloud_cfg.hypervisor = hypervisor.clone();
     // The cloud boots the instances it recorded as running again (a restart).
@@ -551,6 +559,16 @@ async fn run_scheduler(kubeconfig: PathBuf) {
                 }
             }
             Err(e) => tracing::error!(error = %e, "scheduler failed to start"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// kube-proxy as system:kube-proxy; started again if it stops.
+async fn run_proxy(kubeconfig: PathBuf, dataplane: Arc<kumo_kubelet::net::Dataplane>) {
+    loop {
+        if let Err(e) = kumo_proxy::run(&kubeconfig, dataplane.clone()).await {
+            tracing::error!(error = %e, "kube-proxy stopped; restarting");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

@@ -88,6 +88,8 @@ pub struct KubeletHypervisor {
     admin_kubeconfig: PathBuf,
     dial: KubeletDialOverrides,
     running: Mutex<HashMap<String, Running>>,
+    /// The pods' network the kubelets share, if any.
+    dataplane: Option<std::sync::Arc<kumo_kubelet::net::Dataplane>>,
 }
 
 impl KubeletHypervisor {
@@ -105,7 +107,17 @@ impl KubeletHypervisor {
             admin_kubeconfig: admin_kubeconfig.into(),
             dial,
             running: Mutex::new(HashMap::new()),
+            dataplane: None,
         }
+    }
+
+    /// Kubelets whose pods share `dataplane` (the cluster's pod network).
+    pub fn with_dataplane(
+        mut self,
+        dataplane: std::sync::Arc<kumo_kubelet::net::Dataplane>,
+    ) -> Self {
+        self.dataplane = Some(dataplane);
+        self
     }
 
     /// The static pod directory of the control-plane node.
@@ -140,6 +152,7 @@ impl KubeletHypervisor {
         let mut cfg = kumo_kubelet::KubeletConfig::new(&kubeconfig, &inst.name);
         cfg.node_ip = Some(node_ip);
         cfg.cloud_provider_external = true;
+        cfg.dataplane = self.dataplane.clone();
         cfg.node_labels = boot.node_labels.clone();
         cfg.register_with_taints = boot
             .register_with_taints

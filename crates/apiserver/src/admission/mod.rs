@@ -17,6 +17,7 @@ pub mod podsecurity;
 pub mod quota;
 pub mod runtimeclass;
 pub mod taintnodes;
+pub mod vap;
 pub mod webhook;
 
 use std::sync::Arc;

@@ -331,6 +331,18 @@ fn validate_crd(obj: &Value) -> Vec<FieldError> {
                         "must be object at the root",
                     ));
                 }
+                // CEL rules; upstream reports identical per-version schemas once, under
+                // the internal `spec.validation`.
+                let same = versions
+                    .iter()
+                    .all(|o| o.pointer("/schema/openAPIV3Schema") == Some(s));
+                if !same {
+                    let sp = p.child("schema").child("openAPIV3Schema");
+                    crate::cel::check_schema(s, &sp, &mut errs);
+                } else if i == 0 {
+                    let sp = spec.child("validation").child("openAPIV3Schema");
+                    crate::cel::check_schema(s, &sp, &mut errs);
+                }
             }
         }
         for (j, c) in v

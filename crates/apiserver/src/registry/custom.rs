@@ -25,6 +25,8 @@ pub(super) struct CustomResource {
     columns: Vec<(Column, String)>,
     /// Whether the schema sets any defaults.
     has_defaults: bool,
+    /// Whether the schema has CEL rules (`x-kubernetes-validations`).
+    has_rules: bool,
 }
 
 impl CustomResource {
@@ -107,6 +109,7 @@ impl CustomResource {
             scale,
             columns,
             has_defaults: false,
+            has_rules: false,
         }
         .with_defaults_noted()
     }
@@ -114,6 +117,7 @@ impl CustomResource {
     /// Notes whether the schema has any `default` (reads then apply them).
     fn with_defaults_noted(mut self) -> Self {
         self.has_defaults = self.schema.to_string().contains("\"default\":");
+        self.has_rules = crate::cel::has_rules(&self.schema);
         self
     }
 
@@ -132,6 +136,61 @@ impl CustomResource {
             for (k, v) in keep {
                 o.insert(k, v);
             }
+        }
+    }
+
+    /// The structural schema checks (upstream's schema validator).
+    fn validate_schema(&self, obj: &Value) -> Vec<FieldError> {
+        let mut body = obj.clone();
+        if let Some(o) = body.as_object_mut() {
+            o.remove("apiVersion");
+            o.remove("kind");
+            o.remove("metadata");
+        }
+        let mut errs = Vec::new();
+        validate(&self.schema, &body, &Path::new(""), &mut errs, 0);
+        if let Some(scale) = &self.scale {
+            // The scale subresource reads the replicas as an integer.
+            let p = &scale.spec_replicas;
+            if let Some(v) = obj.pointer(&json_path_pointer(p)).filter(|v| !v.is_i64()) {
+                let shown = match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                errs.push(FieldError::invalid(
+                    &Path::new(p),
+                    0,
+                    format!(
+                        "{p} accessor error: {shown} is of the type {}, expected int64",
+                        go_type(v)
+                    ),
+                ));
+            }
+        }
+        errs
+    }
+
+    /// The `x-kubernetes-validations` rules, unless an error already makes the object
+    /// unfit for them (upstream's hasBlockingErr).
+    fn validate_rules(&self, obj: &Value, old: Option<&Value>, errs: &mut Vec<FieldError>) {
+        if !self.has_rules {
+            return;
+        }
+        use kumo_apimachinery::validation::FieldErrorKind as K;
+        let blocking = errs.iter().any(|e| {
+            matches!(
+                e.kind,
+                K::NotSupported | K::Required | K::TooLong | K::TooMany | K::TypeInvalid
+            )
+        });
+        if blocking {
+            errs.push(FieldError::invalid(
+                &Path::new("<nil>"),
+                Value::Null,
+                "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
+            ));
+        } else {
+            crate::cel::validate(&self.schema, obj, old, errs);
         }
     }
 }
@@ -188,32 +247,42 @@ impl Strategy for CustomResource {
     }
 
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
-        let mut body = obj.clone();
-        if let Some(o) = body.as_object_mut() {
-            o.remove("apiVersion");
-            o.remove("kind");
-            o.remove("metadata");
-        }
-        let mut errs = Vec::new();
-        validate(&self.schema, &body, &Path::new(""), &mut errs, 0);
-        if let Some(scale) = &self.scale {
-            // The scale subresource reads the replicas as an integer.
-            let p = &scale.spec_replicas;
-            if let Some(v) = obj.pointer(&json_path_pointer(p)).filter(|v| !v.is_i64()) {
-                let shown = match v {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                errs.push(FieldError::invalid(
-                    &Path::new(p),
-                    0,
-                    format!(
-                        "{p} accessor error: {shown} is of the type {}, expected int64",
-                        go_type(v)
-                    ),
-                ));
+        let mut errs = self.validate_schema(obj);
+        self.validate_rules(obj, None, &mut errs);
+        errs
+    }
+
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate_schema(new);
+        // Ratcheting (CRDValidationRatcheting, GA): schema errors in values left unchanged
+        // by the update do not refuse it.
+        let body = |v: &Value| {
+            let mut b = v.clone();
+            if let Some(o) = b.as_object_mut() {
+                for k in ["apiVersion", "kind", "metadata"] {
+                    o.remove(k);
+                }
             }
-        }
+            b
+        };
+        let mut same = Vec::new();
+        unchanged(
+            &self.schema,
+            &body(new),
+            &body(old),
+            &Path::new(""),
+            &mut same,
+            0,
+        );
+        errs.retain(|e| {
+            !same.iter().any(|p| {
+                p.is_empty()
+                    || e.field == *p
+                    || e.field.starts_with(&format!("{p}."))
+                    || e.field.starts_with(&format!("{p}["))
+            })
+        });
+        self.validate_rules(new, Some(old), &mut errs);
         errs
     }
 
@@ -311,6 +380,73 @@ impl Strategy for CustomResource {
         let mut out = Vec::new();
         unknown(&self.schema, &body, "", &mut out, 0);
         out
+    }
+}
+
+/// Collects the paths (as the schema validation renders them) of the values `new` leaves
+/// as they were in `old`, following correlatable values only: object fields, map values
+/// and the items of `x-kubernetes-list-type: map` lists with the same keys.
+fn unchanged(
+    schema: &Value,
+    new: &Value,
+    old: &Value,
+    path: &Path,
+    out: &mut Vec<String>,
+    depth: usize,
+) {
+    if depth > 64 {
+        return;
+    }
+    if new == old {
+        // The root (rendered `[]`) holds every error.
+        out.push(if is_root(path) {
+            String::new()
+        } else {
+            path.as_str().to_owned()
+        });
+        return;
+    }
+    match (new, old) {
+        (Value::Object(n), Value::Object(o)) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            for (k, x) in n {
+                let (Some(s), Some(y)) = (props.and_then(|p| p.get(k)).or(additional), o.get(k))
+                else {
+                    continue;
+                };
+                let p = if is_root(path) {
+                    Path::new(k)
+                } else {
+                    path.child(k)
+                };
+                unchanged(s, x, y, &p, out, depth + 1);
+            }
+        }
+        (Value::Array(n), Value::Array(o))
+            if schema.get("x-kubernetes-list-type") == Some(&json!("map")) =>
+        {
+            let keys: Vec<&str> = schema
+                .get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|k| k.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let Some(s) = schema.get("items") else {
+                return;
+            };
+            if keys.is_empty() {
+                return;
+            }
+            for (i, x) in n.iter().enumerate() {
+                if let Some(y) = o
+                    .iter()
+                    .find(|y| keys.iter().all(|k| y.get(*k) == x.get(*k)))
+                {
+                    unchanged(s, x, y, &path.index(i), out, depth + 1);
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -481,7 +617,7 @@ fn validate(schema: &Value, v: &Value, path: &Path, errs: &mut Vec<FieldError>, 
     if v.is_null() {
         if schema.get("nullable") != Some(&json!(true)) && schema.get("type").is_some() {
             let t = schema.get("type").and_then(Value::as_str).unwrap_or("");
-            errs.push(FieldError::invalid(
+            errs.push(FieldError::type_invalid(
                 path,
                 "null",
                 format!("{field} in body must be of type {t}: \"null\""),
@@ -493,7 +629,7 @@ fn validate(schema: &Value, v: &Value, path: &Path, errs: &mut Vec<FieldError>, 
         let actual = type_name(v);
         let fits = actual == t || (t == "number" && actual == "integer");
         if !fits {
-            errs.push(FieldError::invalid(
+            errs.push(FieldError::type_invalid(
                 path,
                 actual,
                 format!("{field} in body must be of type {t}: \"{actual}\""),
@@ -650,6 +786,24 @@ mod tests {
                 "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
             }}}}}}),
         )
+    }
+
+    #[test]
+    fn unchanged_values_ratchet_schema_errors() {
+        let s = crontab();
+        let old = json!({"metadata": {"name": "x"},
+            "spec": {"cronSpec": "*", "replicas": 20, "mode": "c"}});
+        let mut labelled = old.clone();
+        labelled["metadata"]["labels"] = json!({"a": "b"});
+        assert_eq!(s.validate_update(&labelled, &old), vec![]);
+        let mut changed = old.clone();
+        changed["spec"]["mode"] = json!("d");
+        let errs: Vec<String> = s
+            .validate_update(&changed, &old)
+            .iter()
+            .map(|e| e.field.clone())
+            .collect();
+        assert_eq!(errs, ["spec.mode"]);
     }
 
     #[test]

@@ -1,0 +1,418 @@
+//! The simulated pod network of one `kumo up`: what the kernel's netfilter tables, the
+//! cluster DNS and the pods' sockets are on a real node, as one in-process table shared
+//! by every kubelet of the cluster and by the proxy.
+//!
+//! Three parts, each written by the component that owns it on a real cluster:
+//! * Service rules (kube-proxy's iptables/nftables role): a frontend — ClusterIP:port,
+//!   node IP:nodePort, LoadBalancer VIP:port, per protocol — to the ready endpoints
+//!   (pod IP:targetPort); written by kumo-proxy per Service.
+//! * DNS records (CoreDNS's role): `<svc>.<ns>.svc.cluster.local` to the ClusterIP (or, for
+//!   a headless Service, the ready pod IPs); also written by kumo-proxy.
+//! * Listeners (the pods' sockets): each kubelet records its pods as the API has them,
+//!   and what listens on a pod IP:port is decided as for port-forward
+//!   ([`crate::portforward`]): a running container that declares the port, or nginx on 80.
+//!
+//! Simulated clients ([`crate::runtime::shell`]'s `curl` and `wget`) resolve names and
+//! connect through [`Dataplane::resolve`] and [`Dataplane::connect`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::Value;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::portforward::Listener;
+
+/// The cluster domain (the kubelet's `--cluster-domain` default).
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// A transport protocol of a Service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// The Kubernetes name (`TCP`, the default, `UDP`, `SCTP`).
+    pub fn parse(s: Option<&str>) -> Protocol {
+        match s {
+            Some("UDP") => Protocol::Udp,
+            Some("SCTP") => Protocol::Sctp,
+            _ => Protocol::Tcp,
+        }
+    }
+}
+
+/// One address a Service is reached on, with where it sends connections.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub frontend: SocketAddr,
+    pub protocol: Protocol,
+    /// The ready endpoints; empty: the connection is rejected (kube-proxy's REJECT).
+    pub endpoints: Vec<SocketAddr>,
+}
+
+/// What the proxy programs for one Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceEntry {
+    pub rules: Vec<Rule>,
+    /// Its DNS name (`<svc>.<ns>.svc.cluster.local`) and the addresses it resolves to.
+    pub dns_name: String,
+    pub dns_addresses: Vec<IpAddr>,
+}
+
+/// Why a connection did not happen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConnectError {
+    /// Refused: a Service without ready endpoints, or nothing listening on the port.
+    Refused,
+    /// No answer at all (an address nobody has): the client waits for its timeout.
+    Unreachable,
+}
+
+#[derive(Default)]
+struct Tables {
+    /// Service key (`ns/name`) → its entry.
+    services: HashMap<String, ServiceEntry>,
+    /// (frontend, protocol) → endpoints, from every Service.
+    rules: HashMap<(SocketAddr, Protocol), Vec<SocketAddr>>,
+    /// Fully qualified name (no trailing dot) → addresses.
+    names: HashMap<String, Vec<IpAddr>>,
+    /// Pod IP → (pod uid → the pod as the kubelet last saw it).
+    pods: HashMap<IpAddr, BTreeMap<String, Arc<Value>>>,
+    /// Node IPs (a connection to one on a port without a NodePort is refused).
+    nodes: HashMap<String, Vec<IpAddr>>,
+}
+
+/// The shared table (see the module documentation).
+#[derive(Default)]
+pub struct Dataplane {
+    tables: RwLock<Tables>,
+    /// Round-robin among endpoints.
+    next: AtomicUsize,
+}
+
+impl std::fmt::Debug for Dataplane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.read();
+        f.debug_struct("Dataplane")
+            .field("services", &t.services.len())
+            .field("pods", &t.pods.len())
+            .finish()
+    }
+}
+
+impl Dataplane {
+    fn read(&self) -> RwLockReadGuard<'_, Tables> {
+        self.tables.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Tables> {
+        self.tables.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new, empty table.
+    pub fn new() -> Arc<Dataplane> {
+        Arc::new(Dataplane::default())
+    }
+
+    /// Replaces what Service `key` (`ns/name`) programs.
+    pub fn set_service(&self, key: &str, entry: ServiceEntry) {
+        let mut t = self.write();
+        t.services.insert(key.to_owned(), entry);
+        t.rebuild();
+    }
+
+    /// Removes Service `key`'s rules and records.
+    pub fn remove_service(&self, key: &str) {
+        let mut t = self.write();
+        if t.services.remove(key).is_some() {
+            t.rebuild();
+        }
+    }
+
+    /// Keeps only the Services in `keys` (after a relist).
+    pub fn retain_services(&self, keep: impl Fn(&str) -> bool) {
+        let mut t = self.write();
+        let before = t.services.len();
+        t.services.retain(|k, _| keep(k));
+        if t.services.len() != before {
+            t.rebuild();
+        }
+    }
+
+    /// The Services programmed now (keys).
+    pub fn services(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.read().services.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// What Service `key` programs now.
+    pub fn service(&self, key: &str) -> Option<ServiceEntry> {
+        self.read().services.get(key).cloned()
+    }
+
+    /// Records node `name`'s addresses.
+    pub fn set_node(&self, name: &str, ips: Vec<IpAddr>) {
+        self.write().nodes.insert(name.to_owned(), ips);
+    }
+
+    /// Records pod `uid` at `ip` as the kubelet sees it (its spec and container states
+    /// decide what listens).
+    pub fn set_pod(&self, uid: &str, ip: IpAddr, pod: Value) {
+        let mut t = self.write();
+        for m in t.pods.values_mut() {
+            m.remove(uid);
+        }
+        t.pods.retain(|_, m| !m.is_empty());
+        t.pods
+            .entry(ip)
+            .or_default()
+            .insert(uid.to_owned(), Arc::new(pod));
+    }
+
+    /// Forgets pod `uid`.
+    pub fn remove_pod(&self, uid: &str) {
+        let mut t = self.write();
+        for m in t.pods.values_mut() {
+            m.remove(uid);
+        }
+        t.pods.retain(|_, m| !m.is_empty());
+    }
+
+    /// The addresses `name` resolves to as a fully qualified name (no search path).
+    pub fn lookup(&self, name: &str) -> Option<Vec<IpAddr>> {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        self.read()
+            .names
+            .get(&name)
+            .filter(|a| !a.is_empty())
+            .cloned()
+    }
+
+    /// Resolves `host` as a pod's resolver does with `search` (its resolv.conf's search
+    /// list) and `ndots:5`: a name with fewer dots than 5 is tried with each search
+    /// domain first, then as is; a name ending in a dot only as is.
+    pub fn resolve(&self, host: &str, search: &[String]) -> Option<Vec<IpAddr>> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Some(vec![ip]);
+        }
+        if host.ends_with('.') {
+            return self.lookup(host);
+        }
+        let dots = host.matches('.').count();
+        let mut tries: Vec<String> = Vec::new();
+        if dots < 5 {
+            tries.extend(search.iter().map(|d| format!("{host}.{d}")));
+            tries.push(host.to_owned());
+        } else {
+            tries.push(host.to_owned());
+            tries.extend(search.iter().map(|d| format!("{host}.{d}")));
+        }
+        tries.iter().find_map(|n| self.lookup(n))
+    }
+
+    /// Connects to `to` over TCP as the node's netfilter rules route it: a Service
+    /// frontend goes to one of its ready endpoints (round robin), then to what listens
+    /// there. Returns the endpoint connected to and its listener.
+    pub fn connect(&self, to: SocketAddr) -> Result<(SocketAddr, Listener), ConnectError> {
+        let t = self.read();
+        let target = match t.rules.get(&(to, Protocol::Tcp)) {
+            Some(eps) if eps.is_empty() => return Err(ConnectError::Refused),
+            Some(eps) => eps[self.next.fetch_add(1, Ordering::Relaxed) % eps.len()],
+            None => to,
+        };
+        if let Some(pods) = t.pods.get(&target.ip()) {
+            return pods
+                .values()
+                .find_map(|p| crate::portforward::listener(p, target.port()))
+                .map(|l| (target, l))
+                .ok_or(ConnectError::Refused);
+        }
+        let is_node = t.nodes.values().any(|ips| ips.contains(&target.ip()));
+        let is_frontend_ip = t.rules.keys().any(|(f, _)| f.ip() == target.ip());
+        // An endpoint outside the pod network (the `kubernetes` Service's API server)
+        // has no simulated listener: refused rather than a silent drop.
+        let translated = target != to;
+        if is_node || is_frontend_ip || translated {
+            return Err(ConnectError::Refused);
+        }
+        Err(ConnectError::Unreachable)
+    }
+}
+
+impl Tables {
+    /// Recomputes the rule and name indexes from the Services.
+    fn rebuild(&mut self) {
+        self.rules.clear();
+        self.names.clear();
+        for e in self.services.values() {
+            for r in &e.rules {
+                self.rules
+                    .entry((r.frontend, r.protocol))
+                    .or_default()
+                    .extend(r.endpoints.iter().copied());
+            }
+            if !e.dns_name.is_empty() {
+                self.names
+                    .entry(e.dns_name.to_ascii_lowercase())
+                    .or_default()
+                    .extend(e.dns_addresses.iter().copied());
+            }
+        }
+    }
+}
+
+/// The search list of a pod in `namespace` (what the kubelet writes in its resolv.conf
+/// with `dnsPolicy: ClusterFirst`).
+pub fn search_path(namespace: &str) -> Vec<String> {
+    vec![
+        format!("{namespace}.svc.{CLUSTER_DOMAIN}"),
+        format!("svc.{CLUSTER_DOMAIN}"),
+        CLUSTER_DOMAIN.to_owned(),
+    ]
+}
+
+/// The resolv.conf the kubelet gives a ClusterFirst pod in `namespace`.
+pub fn resolv_conf(namespace: &str) -> String {
+    format!(
+        "search {}\nnameserver 10.96.0.10\noptions ndots:5\n",
+        search_path(namespace).join(" ")
+    )
+}
+
+/// Keeps the dataplane's record of this node's pods current: a watch of the pods bound
+/// to `node`, each recorded at its pod IP as the API has it (the kubelet's own status
+/// reports decide what runs). Runs until aborted.
+pub async fn sync_pods(client: kube::Client, node: String, dataplane: Arc<Dataplane>) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::watcher::{self, Event};
+    let api: kube::Api<Pod> = kube::Api::all(client);
+    let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut known: Vec<String> = Vec::new();
+    let mut listing: Vec<String> = Vec::new();
+    let mut stream = watcher::watcher(api, cfg).boxed();
+    let record = |dp: &Dataplane, p: &Pod| -> Option<String> {
+        let uid = p.metadata.uid.clone()?;
+        let ip = p
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|s| s.parse::<IpAddr>().ok());
+        match (ip, serde_json::to_value(p)) {
+            (Some(ip), Ok(v)) if p.metadata.deletion_timestamp.is_none() => dp.set_pod(&uid, ip, v),
+            _ => dp.remove_pod(&uid),
+        }
+        Some(uid)
+    };
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Init) => listing.clear(),
+            Ok(Event::InitApply(p)) => listing.extend(record(&dataplane, &p)),
+            Ok(Event::InitDone) => {
+                for uid in known.iter().filter(|u| !listing.contains(u)) {
+                    dataplane.remove_pod(uid);
+                }
+                known = std::mem::take(&mut listing);
+            }
+            Ok(Event::Apply(p)) => {
+                if let Some(uid) = record(&dataplane, &p) {
+                    if !known.contains(&uid) {
+                        known.push(uid);
+                    }
+                }
+            }
+            Ok(Event::Delete(p)) => {
+                if let Some(uid) = p.metadata.uid.as_deref() {
+                    dataplane.remove_pod(uid);
+                    known.retain(|u| u != uid);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "pod watch for the dataplane");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nginx_pod(name: &str) -> Value {
+        serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "nginx", "image": "nginx:1.29", "ports": [{"containerPort": 80}]}]},
+            "status": {"containerStatuses": [{"name": "nginx", "state": {"running": {}}}]}
+        })
+    }
+
+    #[test]
+    fn services_route_to_ready_endpoints_and_names_resolve_by_search_path() {
+        let dp = Dataplane::default();
+        let ip: IpAddr = "10.244.0.5".parse().unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        dp.set_pod("u1", ip, nginx_pod("hello-1"));
+        let vip: SocketAddr = ([10, 96, 0, 20], 80).into();
+        dp.set_service(
+            "default/hello",
+            ServiceEntry {
+                rules: vec![Rule {
+                    frontend: vip,
+                    protocol: Protocol::Tcp,
+                    endpoints: vec![SocketAddr::new(ip, 80)],
+                }],
+                dns_name: "hello.default.svc.cluster.local".into(),
+                dns_addresses: vec![vip.ip()],
+            },
+        );
+        let default = search_path("default");
+        let other = search_path("other");
+        assert_eq!(dp.resolve("hello", &default), Some(vec![vip.ip()]));
+        assert_eq!(dp.resolve("hello", &other), None);
+        assert_eq!(dp.resolve("hello.default", &other), Some(vec![vip.ip()]));
+        assert_eq!(
+            dp.resolve("hello.default.svc.cluster.local", &other),
+            Some(vec![vip.ip()])
+        );
+        let (ep, l) = dp
+            .connect(vip)
+            .map_err(|e| format!("{e:?}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ep, SocketAddr::new(ip, 80));
+        assert_eq!(l, Listener::Nginx(Some("1.29".into())));
+        assert_eq!(
+            dp.connect(SocketAddr::new(ip, 81)),
+            Err(ConnectError::Refused)
+        );
+        assert_eq!(
+            dp.connect(([10, 96, 0, 20], 81).into()),
+            Err(ConnectError::Refused)
+        );
+        assert_eq!(
+            dp.connect(([10, 1, 2, 3], 80).into()),
+            Err(ConnectError::Unreachable)
+        );
+        dp.set_service(
+            "default/hello",
+            ServiceEntry {
+                rules: vec![Rule {
+                    frontend: vip,
+                    protocol: Protocol::Tcp,
+                    endpoints: vec![],
+                }],
+                dns_name: "hello.default.svc.cluster.local".into(),
+                dns_addresses: vec![vip.ip()],
+            },
+        );
+        assert_eq!(dp.connect(vip), Err(ConnectError::Refused));
+        dp.remove_service("default/hello");
+        assert_eq!(dp.resolve("hello", &default), None);
+    }
+}

@@ -1,0 +1,326 @@
+//! kumo's kube-proxy: an API client (user `system:kube-proxy`, which the bootstrap policy
+//! binds to `system:node-proxier`) that watches Services, EndpointSlices and Nodes and
+//! programs the cluster's simulated network ([`kumo_kubelet::net::Dataplane`]), as
+//! kube-proxy programs a node's iptables/nftables rules:
+//!
+//! * every ClusterIP:port (and `externalIPs`), every node IP:nodePort of a NodePort or
+//!   LoadBalancer Service, and every LoadBalancer ingress IP:port goes to the Service's
+//!   ready endpoints (pod IP:targetPort from its EndpointSlices); `externalTrafficPolicy:
+//!   Local` keeps a node's NodePort to the endpoints on that node; a Service without
+//!   ready endpoints rejects connections;
+//! * the cluster DNS records (CoreDNS's part, kept here so one watch serves both):
+//!   `<svc>.<ns>.svc.cluster.local` to the ClusterIP, or for a headless Service to the
+//!   ready endpoints' addresses.
+//!
+//! Everything comes from watches through the shared informers of
+//! [`kumo_controller_manager::informer`]; the proxy never reads storage.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Client;
+use kumo_controller_manager::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_kubelet::net::{Dataplane, Protocol, Rule, ServiceEntry, CLUSTER_DOMAIN};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Proxy errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kubelet(#[from] kumo_kubelet::Error),
+}
+
+/// The label naming an EndpointSlice's Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// The caches the rules are computed from.
+struct State {
+    services: Arc<Informer<Service>>,
+    slices: Arc<Informer<EndpointSlice>>,
+    nodes: Arc<Informer<Node>>,
+    dataplane: Arc<Dataplane>,
+}
+
+impl State {
+    /// Programs Service `key` (`ns/name`) from the caches, or removes it.
+    fn sync(&self, key: &str) {
+        let Some(svc) = self.services.get(key) else {
+            self.dataplane.remove_service(key);
+            return;
+        };
+        let ns = svc.metadata.namespace.clone().unwrap_or_default();
+        let name = svc.metadata.name.clone().unwrap_or_default();
+        let slices: Vec<Arc<EndpointSlice>> = self
+            .slices
+            .list()
+            .into_iter()
+            .filter(|s| {
+                s.metadata.namespace.as_deref() == Some(ns.as_str())
+                    && s.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                        == Some(&name)
+            })
+            .collect();
+        match service_entry(&svc, &slices, &self.nodes.list()) {
+            Some(entry) => self.dataplane.set_service(key, entry),
+            None => self.dataplane.remove_service(key),
+        }
+    }
+
+    fn sync_all(&self) {
+        let keys: BTreeSet<String> = self
+            .services
+            .list()
+            .iter()
+            .map(|s| key_of(s.as_ref()))
+            .collect();
+        self.dataplane.retain_services(|k| keys.contains(k));
+        for k in &keys {
+            self.sync(k);
+        }
+    }
+}
+
+/// A node's addresses that NodePorts answer on (InternalIP and ExternalIP).
+fn node_ips(node: &Node) -> Vec<IpAddr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| {
+            a.iter()
+                .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+                .filter_map(|a| a.address.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What a Service programs: its rules and DNS record (`None`: nothing, e.g. ExternalName).
+pub fn service_entry(
+    svc: &Service,
+    slices: &[Arc<EndpointSlice>],
+    nodes: &[Arc<Node>],
+) -> Option<ServiceEntry> {
+    let spec = svc.spec.as_ref()?;
+    let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if ty == "ExternalName" {
+        return None;
+    }
+    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+    let name = svc.metadata.name.as_deref()?;
+    let headless = spec.cluster_ip.as_deref() == Some("None");
+    let cluster_ips: Vec<IpAddr> = spec
+        .cluster_ips
+        .clone()
+        .unwrap_or_else(|| spec.cluster_ip.iter().cloned().collect())
+        .iter()
+        .filter_map(|ip| ip.parse().ok())
+        .collect();
+    let external_ips: Vec<IpAddr> = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .filter_map(|ip| ip.parse().ok())
+        .collect();
+    let lb_ips: Vec<IpAddr> = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ing| {
+            ing.iter()
+                // ipMode Proxy: the load balancer itself proxies, traffic arrives at nodes.
+                .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
+                .filter_map(|i| i.ip.as_deref().and_then(|ip| ip.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let mut rules = Vec::new();
+    let mut all_ready: BTreeSet<IpAddr> = BTreeSet::new();
+    for port in spec.ports.iter().flatten() {
+        let protocol = Protocol::parse(port.protocol.as_deref());
+        let pname = port.name.clone().unwrap_or_default();
+        // (endpoint, its node) for each ready endpoint of this port.
+        let mut eps: Vec<(SocketAddr, Option<String>)> = Vec::new();
+        for slice in slices {
+            let Some(sp) = slice.ports.iter().flatten().find(|p| {
+                p.name.clone().unwrap_or_default() == pname
+                    && Protocol::parse(p.protocol.as_deref()) == protocol
+            }) else {
+                continue;
+            };
+            let Some(target) = sp.port.and_then(|p| u16::try_from(p).ok()) else {
+                continue;
+            };
+            for ep in slice.endpoints.iter().flatten() {
+                let ready = ep.conditions.as_ref().and_then(|c| c.ready) != Some(false);
+                if !ready {
+                    continue;
+                }
+                for a in &ep.addresses {
+                    if let Ok(ip) = a.parse::<IpAddr>() {
+                        let sa = SocketAddr::new(ip, target);
+                        if !eps.iter().any(|(e, _)| *e == sa) {
+                            eps.push((sa, ep.node_name.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        all_ready.extend(eps.iter().map(|(e, _)| e.ip()));
+        let everywhere: Vec<SocketAddr> = eps.iter().map(|(e, _)| *e).collect();
+        let Ok(svc_port) = u16::try_from(port.port) else {
+            continue;
+        };
+        if !headless {
+            for ip in cluster_ips.iter().chain(&external_ips).chain(&lb_ips) {
+                rules.push(Rule {
+                    frontend: SocketAddr::new(*ip, svc_port),
+                    protocol,
+                    endpoints: everywhere.clone(),
+                });
+            }
+        }
+        let node_port = port.node_port.and_then(|p| u16::try_from(p).ok());
+        if let (Some(np), "NodePort" | "LoadBalancer") = (node_port, ty) {
+            for node in nodes {
+                let node_name = node.metadata.name.clone();
+                let endpoints: Vec<SocketAddr> = if local {
+                    eps.iter()
+                        .filter(|(_, n)| *n == node_name)
+                        .map(|(e, _)| *e)
+                        .collect()
+                } else {
+                    everywhere.clone()
+                };
+                for ip in node_ips(node) {
+                    rules.push(Rule {
+                        frontend: SocketAddr::new(ip, np),
+                        protocol,
+                        endpoints: endpoints.clone(),
+                    });
+                }
+            }
+        }
+    }
+    let dns_addresses = if headless {
+        all_ready.into_iter().collect()
+    } else {
+        cluster_ips
+    };
+    Some(ServiceEntry {
+        rules,
+        dns_name: format!("{name}.{ns}.svc.{CLUSTER_DOMAIN}"),
+        dns_addresses,
+    })
+}
+
+/// A running proxy.
+pub struct Proxy {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    services: Arc<Informer<Service>>,
+    slices: Arc<Informer<EndpointSlice>>,
+    nodes: Arc<Informer<Node>>,
+}
+
+impl Proxy {
+    /// Starts watching through `client` and programming `dataplane`.
+    pub fn start(client: Client, dataplane: Arc<Dataplane>) -> Proxy {
+        let factory = InformerFactory::new(client);
+        let state = Arc::new(State {
+            services: factory.informer::<Service>(),
+            slices: factory.informer::<EndpointSlice>(),
+            nodes: factory.informer::<Node>(),
+            dataplane,
+        });
+        let s = state.clone();
+        state.services.add_handler(move |c| {
+            let obj = match c {
+                Change::Added(o) | Change::Deleted(o) => o,
+                Change::Updated { new, .. } => new,
+            };
+            s.sync(&key_of(obj));
+        });
+        let s = state.clone();
+        state.slices.add_handler(move |c| {
+            let obj = match c {
+                Change::Added(o) | Change::Deleted(o) => o,
+                Change::Updated { new, .. } => new,
+            };
+            let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
+            if let Some(svc) = obj
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            {
+                s.sync(&format!("{ns}/{svc}"));
+            }
+        });
+        let s = state.clone();
+        state.nodes.add_handler(move |c| {
+            match c {
+                Change::Added(n) | Change::Updated { new: n, .. } => {
+                    let name = n.metadata.name.clone().unwrap_or_default();
+                    s.dataplane.set_node(&name, node_ips(n));
+                }
+                Change::Deleted(n) => {
+                    let name = n.metadata.name.clone().unwrap_or_default();
+                    s.dataplane.set_node(&name, Vec::new());
+                }
+            }
+            // NodePorts answer on every node's addresses.
+            if s.services.has_synced() {
+                s.sync_all();
+            }
+        });
+        let (stop, rx) = watch::channel(false);
+        let tasks = factory.start(rx);
+        Proxy {
+            stop,
+            tasks,
+            services: state.services.clone(),
+            slices: state.slices.clone(),
+            nodes: state.nodes.clone(),
+        }
+    }
+
+    /// Waits until the first lists of Services, EndpointSlices and Nodes are programmed.
+    pub async fn wait_synced(&self) {
+        self.services.wait_synced().await;
+        self.slices.wait_synced().await;
+        self.nodes.wait_synced().await;
+    }
+
+    /// Runs until the watches end (they end only when stopped).
+    pub async fn wait(mut self) {
+        for t in std::mem::take(&mut self.tasks) {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Runs the proxy with the identity of `kubeconfig` until its watches end.
+pub async fn run(kubeconfig: &Path, dataplane: Arc<Dataplane>) -> Result<(), Error> {
+    let client = kumo_kubelet::client(kubeconfig).await?;
+    Proxy::start(client, dataplane).wait().await;
+    Ok(())
+}
