@@ -6,78 +6,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kumo_apiserver::{pki, ApiServer, ApiServerConfig};
+use common::{k, node_kubeconfig, until};
 use kumo_kubelet::KubeletConfig;
-
-fn kubectl(kc: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", kc)
-        .output()
-        .expect("kubectl runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-async fn k(kc: &Path, args: &[&str]) -> (bool, String, String) {
-    let kc = kc.to_owned();
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        kubectl(&kc, &a)
-    })
-    .await
-    .unwrap()
-}
-
-/// Polls `kubectl args` until its stdout satisfies `ok` (20 s).
-async fn until(kc: &Path, args: &[&str], what: &str, ok: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, out, err) = k(kc, args).await;
-        if ok(&out) {
-            return out;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: last output {out:?} {err}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn node_kubeconfig(data_dir: &Path, admin: &Path, node: &str) -> PathBuf {
-    let ca = pki::Ca::load_or_create(&data_dir.join("pki")).unwrap();
-    let cert = ca
-        .issue_client(&format!("system:node:{node}"), &["system:nodes"])
-        .unwrap();
-    let server = std::fs::read_to_string(admin)
-        .unwrap()
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_owned))
-        .unwrap();
-    let path = data_dir.join(format!("kubelet-{node}.conf"));
-    std::fs::write(
-        &path,
-        pki::kubeconfig(
-            "kumo",
-            &server,
-            &ca.cert_pem,
-            &format!("system:node:{node}"),
-            &cert,
-        ),
-    )
-    .unwrap();
-    path
-}
 
 /// `reason: message` of the events about node `node`, one a line, oldest first.
 async fn node_events(kc: &Path, node: &str) -> String {
@@ -102,18 +37,11 @@ async fn node_events(kc: &Path, node: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn csinode_and_node_events() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = ApiServerConfig::new(dir.path());
-    cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let server = ApiServer::start(cfg).await.unwrap();
+    let (server, dir) = common::start_apiserver().await;
     let admin = server.admin_kubeconfig.clone();
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "n1"), "n1");
     kcfg.status_update_frequency = Duration::from_millis(500);
-    tokio::spawn(async move {
-        if let Err(e) = kumo_kubelet::run(kcfg).await {
-            panic!("kubelet: {e}");
-        }
-    });
+    common::spawn_kubelet(kcfg);
     until(
         &admin,
         &["get", "node", "n1", "-o", "jsonpath={.metadata.uid}"],

@@ -5,88 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::Path;
-use std::process::Command;
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kumo_apiserver::{pki, ApiServer, ApiServerConfig};
-use kumo_kubelet::server::ServerConfig;
-use kumo_kubelet::KubeletConfig;
+use common::{k, until_within, AnyServer};
+use kumo_apiserver::pki;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn kubectl(kc: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", kc)
-        .output()
-        .expect("kubectl runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-async fn k(kc: &Path, args: &[&str]) -> (bool, String, String) {
-    let kc = kc.to_owned();
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        kubectl(&kc, &a)
-    })
-    .await
-    .unwrap()
-}
-
-async fn until(kc: &Path, args: &[&str], what: &str, ok: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, out, err) = k(kc, args).await;
-        if ok(&out) {
-            return out;
-        }
-        assert!(Instant::now() < deadline, "{what}: {out:?} {err}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Accepts the kubelet's self-signed serving certificate.
-#[derive(Debug)]
-struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
 
 /// Who the test client is.
 enum Cred<'a> {
@@ -139,56 +65,12 @@ async fn get(port: u16, path: &str, cred: Cred<'_>) -> Option<(u16, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubelet_api_authenticates_authorizes_and_serves_logs() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = ApiServerConfig::new(dir.path());
-    cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let server = ApiServer::start(cfg).await.unwrap();
+    let (server, dir) = common::start_apiserver().await;
     let admin = server.admin_kubeconfig.clone();
     let pki_dir = dir.path().join("pki");
     let ca = pki::Ca::load_or_create(&pki_dir).unwrap();
-    let node_cert = ca
-        .issue_client("system:node:s1", &["system:nodes"])
-        .unwrap();
-    let api_url = std::fs::read_to_string(&admin)
-        .unwrap()
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_owned))
-        .unwrap();
-    let node_kc = dir.path().join("kubelet.conf");
-    std::fs::write(
-        &node_kc,
-        pki::kubeconfig("kumo", &api_url, &ca.cert_pem, "system:node:s1", &node_cert),
-    )
-    .unwrap();
-    let mut kcfg = KubeletConfig::new(&node_kc, "s1");
-    kcfg.status_update_frequency = Duration::from_secs(1);
-    kcfg.server = Some(ServerConfig {
-        address: Ipv4Addr::LOCALHOST.into(),
-        port: 0,
-        client_ca_file: Some(pki_dir.join("ca.crt")),
-        ..Default::default()
-    });
-    tokio::spawn(async move {
-        if let Err(e) = kumo_kubelet::run(kcfg).await {
-            panic!("kubelet: {e}");
-        }
-    });
     // The port it got is in the Node's daemonEndpoints.
-    let port: u16 = until(
-        &admin,
-        &[
-            "get",
-            "node",
-            "s1",
-            "-o",
-            "jsonpath={.status.daemonEndpoints.kubeletEndpoint.Port}",
-        ],
-        "registered",
-        |o| o.parse::<u16>().is_ok_and(|p| p != 0 && p != 10250),
-    )
-    .await
-    .parse()
-    .unwrap();
+    let port = common::start_serving_kubelet(dir.path(), &admin, "s1").await;
 
     // Anonymous: 401, as upstream's kubelet with anonymous auth off.
     assert_eq!(
@@ -287,7 +169,8 @@ async fn kubelet_api_authenticates_authorizes_and_serves_logs() {
     std::fs::write(&f, pod).unwrap();
     let (ok, _, err) = k(&admin, &["create", "-f", f.to_str().unwrap()]).await;
     assert!(ok, "{err}");
-    until(
+    until_within(
+        30,
         &admin,
         &["get", "pod", "p", "-o", "jsonpath={.status.phase}"],
         "pod runs",

@@ -47,12 +47,85 @@ async fn probe(kc: &Path, ns: &str, name: &str, args: &[&str]) -> (String, i64) 
     .await;
     let logs = k(kc, &["logs", name, "-n", ns]).await;
     assert!(logs.ok, "{}", logs.stderr);
-    let del = k(kc, &["delete", "pod", name, "-n", ns, "--wait=false"]).await;
+    let del = k(
+        kc,
+        &[
+            "delete",
+            "pod",
+            name,
+            "-n",
+            ns,
+            "--wait=false",
+            "--ignore-not-found",
+        ],
+    )
+    .await;
     assert!(del.ok, "{}", del.stderr);
     (logs.stdout, code)
 }
 
 const W: &str = "%{http_code}\n";
+
+/// `curl -s -o /dev/null -w '%{http_code}\n' URL` in a new pod (see `probe`).
+async fn http_code(kc: &Path, ns: &str, name: &str, url: &str) -> (String, i64) {
+    probe(kc, ns, name, &["-s", "-o", "/dev/null", "-w", W, url]).await
+}
+
+/// The seed's `kubectl create deployment hello` (nginx on port 80).
+async fn create_hello(kc: &Path) {
+    let out = k(
+        kc,
+        &[
+            "create",
+            "deployment",
+            "hello",
+            "--image=nginx:1.29",
+            "--port=80",
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+}
+
+/// The EndpointSlices of Service hello, as a JSON list.
+async fn hello_slices(kc: &Path) -> Option<serde_json::Value> {
+    get(
+        kc,
+        &["endpointslices", "-l", "kubernetes.io/service-name=hello"],
+    )
+    .await
+}
+
+/// Waits until hello has a ready endpoint.
+async fn wait_ready_endpoint(kc: &Path) {
+    eventually(60, "a ready endpoint of hello", || async {
+        let s = hello_slices(kc).await?;
+        let ready = s["items"][0]["endpoints"][0]["conditions"]["ready"].as_bool();
+        (ready == Some(true)).then_some(())
+    })
+    .await;
+}
+
+/// Runs `cmdline` (a kubectl command) through `script`, so kubectl gets a pty for `-it`:
+/// (success, what the terminal showed).
+async fn kubectl_in_pty(kc: &Path, cmdline: &str) -> (bool, String) {
+    let kc = kc.to_owned();
+    let cmdline = cmdline.to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("script")
+            .args(["-qec", &cmdline, "/dev/null"])
+            .env("KUBECONFIG", &kc)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
@@ -89,30 +162,10 @@ async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
     assert!(kp.exists());
 
     // The seed's commands.
-    let out = k(
-        kc,
-        &[
-            "create",
-            "deployment",
-            "hello",
-            "--image=nginx:1.29",
-            "--port=80",
-        ],
-    )
-    .await;
-    assert!(out.ok, "{}", out.stderr);
+    create_hello(kc).await;
     let out = k_in(kc, &["apply", "-f", "-"], Some(SERVICE)).await;
     assert!(out.ok, "{}", out.stderr);
-    eventually(60, "a ready endpoint of hello", || async {
-        let s = get(
-            kc,
-            &["endpointslices", "-l", "kubernetes.io/service-name=hello"],
-        )
-        .await?;
-        let ready = s["items"][0]["endpoints"][0]["conditions"]["ready"].as_bool();
-        (ready == Some(true)).then_some(())
-    })
-    .await;
+    wait_ready_endpoint(kc).await;
     // Until the default ServiceAccount exists for the probes.
     eventually(30, "the default ServiceAccount", || async {
         get(kc, &["serviceaccount", "default"]).await
@@ -123,22 +176,10 @@ async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
     let node_port = svc["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
 
     // By name, by ClusterIP, by the fully qualified name.
-    let r = probe(
-        kc,
-        "default",
-        "p1",
-        &["-s", "-o", "/dev/null", "-w", W, "http://hello"],
-    )
-    .await;
+    let r = http_code(kc, "default", "p1", "http://hello").await;
     assert_eq!(r, ("200\n".into(), 0));
     let url = format!("http://{cluster_ip}/");
-    let r = probe(
-        kc,
-        "default",
-        "p2",
-        &["-s", "-o", "/dev/null", "-w", W, &url],
-    )
-    .await;
+    let r = http_code(kc, "default", "p2", &url).await;
     assert_eq!(r, ("200\n".into(), 0));
     let r = probe(
         kc,
@@ -164,13 +205,7 @@ async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
     .await;
     let r = probe(kc, "other", "p4", &["-sS", "http://hello"]).await;
     assert_eq!(r, ("curl: (6) Could not resolve host: hello\n".into(), 6));
-    let r = probe(
-        kc,
-        "other",
-        "p5",
-        &["-s", "-o", "/dev/null", "-w", W, "http://hello.default"],
-    )
-    .await;
+    let r = http_code(kc, "other", "p5", "http://hello.default").await;
     assert_eq!(r, ("200\n".into(), 0));
 
     // A NodePort on a node's InternalIP.
@@ -183,13 +218,7 @@ async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
         .map(|a| a["address"].as_str().unwrap().to_owned())
         .unwrap();
     let url = format!("http://{ip}:{node_port}");
-    let r = probe(
-        kc,
-        "default",
-        "p6",
-        &["-s", "-o", "/dev/null", "-w", W, &url],
-    )
-    .await;
+    let r = http_code(kc, "default", "p6", &url).await;
     assert_eq!(r, ("200\n".into(), 0));
 
     // The LoadBalancer's VIP, once the service controller has one.
@@ -201,34 +230,13 @@ async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
     })
     .await;
     let url = format!("http://{vip}");
-    let r = probe(
-        kc,
-        "default",
-        "p7",
-        &["-s", "-o", "/dev/null", "-w", W, &url],
-    )
-    .await;
+    let r = http_code(kc, "default", "p7", &url).await;
     assert_eq!(r, ("200\n".into(), 0));
 
     // The seed's probe line, interactive, through a pty: prints 200 and leaves no pod.
-    let kc2 = kc.to_owned();
-    let seed = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("script")
-            .args([
-                "-qec",
-                "kubectl run -it --rm probe --image=curlimages/curl:8.11.0 --restart=Never -- curl -s -o /dev/null -w '%{http_code}\\n' http://hello",
-                "/dev/null",
-            ])
-            .env("KUBECONFIG", &kc2)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let text = String::from_utf8_lossy(&seed.stdout).into_owned();
+    let (seed_ok, text) = kubectl_in_pty(kc, "kubectl run -it --rm probe --image=curlimages/curl:8.11.0 --restart=Never -- curl -s -o /dev/null -w '%{http_code}\\n' http://hello").await;
     eprintln!("kubectl run -it --rm:\n{text}");
-    assert!(seed.status.success(), "{text}");
+    assert!(seed_ok, "{text}");
     assert!(text.lines().any(|l| l.trim_end() == "200"), "{text:?}");
     assert!(text.contains("pod \"probe\" deleted"), "{text:?}");
     eventually(30, "probe gone", || async {
@@ -237,24 +245,9 @@ async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
     .await;
 
     // A container that outlives the attach: its output arrives through the attach (TTY).
-    let kc2 = kc.to_owned();
-    let attached = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("script")
-            .args([
-                "-qec",
-                "kubectl run -it --rm slow --image=curlimages/curl:8.11.0 --restart=Never -- sh -c 'sleep 3; curl -s -o /dev/null -w \"%{http_code}\\n\" http://hello'",
-                "/dev/null",
-            ])
-            .env("KUBECONFIG", &kc2)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let text = String::from_utf8_lossy(&attached.stdout).into_owned();
+    let (attached_ok, text) = kubectl_in_pty(kc, "kubectl run -it --rm slow --image=curlimages/curl:8.11.0 --restart=Never -- sh -c 'sleep 3; curl -s -o /dev/null -w \"%{http_code}\\n\" http://hello'").await;
     eprintln!("kubectl run -it --rm (attached):\n{text}");
-    assert!(attached.status.success(), "{text}");
+    assert!(attached_ok, "{text}");
     assert!(
         text.contains("If you don't see a command prompt, try pressing enter."),
         "{text:?}"
@@ -267,11 +260,7 @@ async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
     let out = k(kc, &["scale", "deployment", "hello", "--replicas=0"]).await;
     assert!(out.ok, "{}", out.stderr);
     eventually(60, "hello without endpoints", || async {
-        let s = get(
-            kc,
-            &["endpointslices", "-l", "kubernetes.io/service-name=hello"],
-        )
-        .await?;
+        let s = hello_slices(kc).await?;
         let none = s["items"]
             .as_array()?
             .iter()
@@ -306,18 +295,7 @@ async fn no_cloud_cluster_routes_cluster_ips() {
         .wait_nodes_ready(&cluster.node_names(), Duration::from_secs(30), |_| {})
         .await
         .unwrap();
-    let out = k(
-        kc,
-        &[
-            "create",
-            "deployment",
-            "hello",
-            "--image=nginx:1.29",
-            "--port=80",
-        ],
-    )
-    .await;
-    assert!(out.ok, "{}", out.stderr);
+    create_hello(kc).await;
     let out = k(
         kc,
         &[
@@ -330,27 +308,12 @@ async fn no_cloud_cluster_routes_cluster_ips() {
     )
     .await;
     assert!(out.ok, "{}", out.stderr);
-    eventually(60, "a ready endpoint of hello", || async {
-        let s = get(
-            kc,
-            &["endpointslices", "-l", "kubernetes.io/service-name=hello"],
-        )
-        .await?;
-        let ready = s["items"][0]["endpoints"][0]["conditions"]["ready"].as_bool();
-        (ready == Some(true)).then_some(())
-    })
-    .await;
+    wait_ready_endpoint(kc).await;
     eventually(30, "the default ServiceAccount", || async {
         get(kc, &["serviceaccount", "default"]).await
     })
     .await;
-    let r = probe(
-        kc,
-        "default",
-        "q1",
-        &["-s", "-o", "/dev/null", "-w", W, "http://hello"],
-    )
-    .await;
+    let r = http_code(kc, "default", "q1", "http://hello").await;
     assert_eq!(r, ("200\n".into(), 0));
     let out = k(
         kc,
