@@ -126,19 +126,23 @@ pub async fn serve(
     Ok(local)
 }
 
-/// The healthz handler's answers: `ok`, or the failing checks (`?verbose` lists all);
-/// `/healthz/<check>` runs one. With no checks, the `ping` check stands in (as upstream).
+/// The healthz handler's answers (also as `/livez` and `/readyz`): `ok`, or the failing
+/// checks (`?verbose` lists all); `/healthz/<check>` runs one. With no checks, the `ping` check stands in (as upstream).
 fn answer<B>(req: &Request<B>, checks: &[(String, Check)]) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     let verbose = req.uri().query().is_some_and(|q| {
         q.split('&')
             .any(|p| p == "verbose" || p.starts_with("verbose="))
     });
-    let only = if path == "/healthz" {
-        None
-    } else if let Some(name) = path.strip_prefix("/healthz/") {
-        Some(name)
-    } else {
+    // /livez and /readyz run the same checks (what kubeadm's probes of the scheduler
+    // ask for); each answers in its own name.
+    let Some((what, only)) = ["healthz", "livez", "readyz"].iter().find_map(|w| {
+        let rest = path.strip_prefix('/')?.strip_prefix(w)?;
+        match rest {
+            "" => Some((*w, None)),
+            r => Some((*w, Some(r.strip_prefix('/')?))),
+        }
+    }) else {
         return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
     };
     let mut out = String::new();
@@ -169,7 +173,6 @@ fn answer<B>(req: &Request<B>, checks: &[(String, Check)]) -> Response<Full<Byte
             }
         }
     }
-    let what = "healthz";
     if failed {
         out.push_str(&format!("{what} check failed\n"));
         return text(StatusCode::INTERNAL_SERVER_ERROR, out);

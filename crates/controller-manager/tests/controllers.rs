@@ -110,6 +110,22 @@ async fn namespaces_get_default_serviceaccount_and_root_ca() {
         assert!(body.contains(&format!("[+]{c} ok\n")), "{body}");
     }
     assert!(body.ends_with("healthz check passed\n"), "{body}");
+    // /readyz and /livez (kubeadm's scheduler probes) answer the same checks in their
+    // own names; anything else is not found.
+    for (path, want) in [
+        ("/readyz?verbose", "readyz check passed\n"),
+        ("/livez/leaderElection", "ok"),
+        ("/livez/nope", "404 page not found\n"),
+        ("/healthzz", "404 page not found\n"),
+    ] {
+        let out = tokio::process::Command::new("curl")
+            .args(["-sk", &format!("https://{addr}{path}")])
+            .output()
+            .await
+            .unwrap();
+        let body = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(body.ends_with(want), "{path}: {body}");
+    }
     cm.shutdown().await.unwrap();
 }
 

@@ -15,6 +15,7 @@ pub mod net;
 pub mod node;
 pub mod pods;
 pub mod portforward;
+pub mod prober;
 pub mod runtime;
 pub mod server;
 pub mod static_pods;

@@ -18,6 +18,7 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use crate::events::Record;
+use crate::prober::{self, Kind, Outcome, Prober};
 use crate::runtime::{Runtime, State};
 use crate::static_pods::{self, CONFIG_HASH, CONFIG_MIRROR};
 use crate::{KubeletConfig, Result};
@@ -80,6 +81,8 @@ struct Workers {
     pulled: std::collections::HashSet<String>,
     /// What each pod's environment refers to (see `env`), by pod uid.
     sources: HashMap<String, Value>,
+    /// The network probes' workers.
+    prober: Prober,
 }
 
 fn parse_cidr(c: &str) -> Option<(Ipv4Addr, u8)> {
@@ -115,8 +118,17 @@ pub async fn run(
             notify.notify_one();
         }
     });
+    let prober = Prober::new(
+        client.clone(),
+        cfg.node_name.clone(),
+        runtime.clone(),
+        cfg.dataplane.clone(),
+        cfg.node_ip.into_iter().collect(),
+        wake.clone(),
+    );
     let mut w = Workers {
         client,
+        prober,
         pod_cidr: parse_cidr(&cfg.pod_cidr),
         cfg,
         runtime,
@@ -438,6 +450,7 @@ impl Workers {
             return json!({});
         };
         let pulled = &mut self.pulled;
+        let prober = &self.prober;
         if w.sandbox.is_none() {
             w.sandbox = Some(runtime.run_pod_sandbox(&uid));
         }
@@ -501,6 +514,7 @@ impl Workers {
                         .or_insert_with(|| "0".into());
                     let done = step(
                         &*runtime,
+                        prober,
                         &sandbox,
                         w,
                         pod,
@@ -528,6 +542,7 @@ impl Workers {
                 for c in &mains {
                     step(
                         &*runtime,
+                        prober,
                         &sandbox,
                         w,
                         pod,
@@ -542,6 +557,7 @@ impl Workers {
                 for c in &ephemerals {
                     step(
                         &*runtime,
+                        prober,
                         &sandbox,
                         w,
                         pod,
@@ -559,6 +575,7 @@ impl Workers {
             pod,
             w,
             &*runtime,
+            prober,
             &inits,
             &mains,
             &ephemerals,
@@ -595,6 +612,7 @@ async fn delete_now(api: &Api<Pod>, name: &str, uid: &str) {
 #[allow(clippy::too_many_arguments)]
 fn step(
     runtime: &dyn Runtime,
+    prober: &Prober,
     sandbox: &str,
     w: &mut Worker,
     pod: &Value,
@@ -633,6 +651,22 @@ fn step(
                         c.restart_count,
                     );
                     runtime.refresh_volumes(&id, &config);
+                }
+                if !init {
+                    prober.ensure(&id, pod, spec, &pod_ip);
+                }
+                // A liveness or startup probe that failed (the prober recorded each
+                // failure) restarts the container.
+                for (kind, what) in [(Kind::Liveness, "liveness"), (Kind::Startup, "startup")] {
+                    if prober.result(&id, kind) == Some(Outcome::Failure) {
+                        events.push(ev(
+                            false,
+                            "Killing",
+                            format!("Container {name} failed {what} probe, will be restarted"),
+                        ));
+                        let _ = runtime.kill_container(&id);
+                        return false;
+                    }
                 }
                 // A liveness probe that keeps failing restarts the container.
                 if probe_failing(spec, annotations, "liveness", started_at)
@@ -895,6 +929,7 @@ fn pod_status(
     pod: &Value,
     w: &Worker,
     runtime: &dyn Runtime,
+    prober: &Prober,
     inits: &[Value],
     mains: &[Value],
     ephemerals: &[Value],
@@ -952,12 +987,19 @@ fn pod_status(
                         // Not started while a startup probe has not passed; not ready
                         // while the readiness probe does not pass (or before its delay).
                         let now = SystemTime::now();
+                        // A network probe's worker result (none yet: the initial one).
+                        let passed = |kind: Kind| {
+                            prober::network_probe(spec, kind).is_none()
+                                || prober.result(&st.id, kind) == Some(Outcome::Success)
+                        };
                         let started = !probe_pending(spec, &annotations, "startup", started_at)
-                            && !exec_probe_fails(runtime, &st.id, spec, "startup", now);
+                            && !exec_probe_fails(runtime, &st.id, spec, "startup", now)
+                            && passed(Kind::Startup);
                         let ready = !init
                             && started
                             && !probe_pending(spec, &annotations, "readiness", started_at)
-                            && !exec_probe_fails(runtime, &st.id, spec, "readiness", now);
+                            && !exec_probe_fails(runtime, &st.id, spec, "readiness", now)
+                            && passed(Kind::Readiness);
                         v["started"] = json!(started);
                         v["ready"] = json!(ready);
                         (v, true, ready, None)

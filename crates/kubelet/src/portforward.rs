@@ -796,6 +796,16 @@ pub enum Listener {
 /// The listener on `port` of `pod`: a running container that declares it (TCP), or an
 /// nginx image on 80.
 pub(crate) fn listener(pod: &Value, port: u16) -> Option<Listener> {
+    listener_of(pod, port, true)
+}
+
+/// The listener on `port` of `pod` as its spec declares it, whatever the containers'
+/// status says (the kubelet's prober asks about a container it knows runs).
+pub(crate) fn declared_listener(pod: &Value, port: u16) -> Option<Listener> {
+    listener_of(pod, port, false)
+}
+
+fn listener_of(pod: &Value, port: u16, running_only: bool) -> Option<Listener> {
     let statuses = pod
         .pointer("/status/containerStatuses")
         .and_then(Value::as_array)
@@ -810,7 +820,7 @@ pub(crate) fn listener(pod: &Value, port: u16) -> Option<Listener> {
         let running = statuses
             .iter()
             .any(|s| s["name"] == c["name"] && s.pointer("/state/running").is_some());
-        if !running {
+        if running_only && !running {
             continue;
         }
         let declared = c["ports"].as_array().is_some_and(|ps| {

@@ -20,7 +20,7 @@ async fn kubelet_runs_pods_and_static_pods() {
     std::fs::create_dir_all(&manifests).unwrap();
     std::fs::write(
         manifests.join("static-web.yaml"),
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\n  labels:\n    app: static\nspec:\n  containers:\n  - name: web\n    image: nginx:1.29\n",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\n  labels:\n    app: static\nspec:\n  containers:\n  - name: web\n    image: nginx:1.28\n",
     )
     .unwrap();
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "w1"), "w1");
@@ -326,7 +326,7 @@ async fn kubelet_runs_pods_and_static_pods() {
     // deletes the mirror pod.
     std::fs::write(
         manifests.join("static-web.yaml"),
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\n  labels:\n    app: static\n    version: two\nspec:\n  containers:\n  - name: web\n    image: nginx:1.29\n",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\n  labels:\n    app: static\n    version: two\nspec:\n  containers:\n  - name: web\n    image: nginx:1.28\n",
     )
     .unwrap();
     until(

@@ -11,6 +11,7 @@
 //! [`crate::hypervisor`]), and the cloud-controller-manager runs with its own identity in
 //! the cluster and its own access key in the cloud.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use kumo_apiserver::proxy::KubeletDialOverrides;
 use kumo_cloud::{InstanceFilter, InstanceState, RunInstanceRequest};
+use tokio::sync::watch;
 
 use crate::hypervisor::{KubeletHypervisor, NodeBootstrap};
 
@@ -204,12 +206,27 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     api_cfg.kubelet_dial_overrides = dial.clone();
     api_cfg.store = cfg.store.clone();
     let api = kumo_apiserver::ApiServer::start(api_cfg).await?;
+    let (cm_addr, mut cm_rx) = watch::channel(None);
     if cfg.controller_manager {
         let kubeconfig = cfg.data_dir.join("controller-manager.conf");
-        tokio::spawn(run_controller_manager(kubeconfig));
+        tokio::spawn(run_controller_manager(kubeconfig, cm_addr));
     }
+    let (sched_addr, mut sched_rx) = watch::channel(None);
     if cfg.scheduler {
-        tokio::spawn(run_scheduler(cfg.data_dir.join("scheduler.conf")));
+        tokio::spawn(run_scheduler(
+            cfg.data_dir.join("scheduler.conf"),
+            sched_addr,
+        ));
+    }
+    if cfg.kubelet || cfg.cloud.is_some() {
+        // The control-plane node's static pods stand for the components, probed where
+        // they serve (known once they listen).
+        let endpoints = crate::controlplane::Endpoints {
+            apiserver: api.local_addr.port(),
+            controller_manager: serving_port(cfg.controller_manager, &mut cm_rx).await,
+            scheduler: serving_port(cfg.scheduler, &mut sched_rx).await,
+        };
+        crate::controlplane::write_manifests(&cfg.static_pod_path(), &cfg.data_dir, &endpoints)?;
     }
     // kube-proxy as system:kube-proxy, programming the network every kubelet's pods share.
     let dataplane = kumo_kubelet::net::Dataplane::new();
@@ -473,10 +490,20 @@ async fn ccm_credentials(
         .with_context(|| format!("writing {}", path.display()))?;
     Ok((kumo_cloud::Client::new(cfg)?, id))
 }
+/// The port a component reports it serves on, once it does (10 s at most); `None` when
+/// it does not run (`on` false).
+async fn serving_port(on: bool, rx: &mut watch::Receiver<Option<SocketAddr>>) -> Option<u16> {
+    if !on {
+        return None;
+    }
+    let got = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(Option::is_some)).await;
+    got.ok()?.ok()?.map(|a| a.port())
+}
+
 /// The controller-manager, each controller acting as its own ServiceAccount (kubeadm's
 /// `--use-service-account-credentials`); started again if it stops (it stops when it
 /// loses the lease).
-async fn run_controller_manager(kubeconfig: PathBuf) {
+async fn run_controller_manager(kubeconfig: PathBuf, serving: watch::Sender<Option<SocketAddr>>) {
     loop {
         let mut cfg = kumo_controller_manager::Config::new(&kubeconfig);
         cfg.use_service_account_credentials = true;
@@ -494,6 +521,7 @@ async fn run_controller_manager(kubeconfig: PathBuf) {
         }
         match cm {
             Ok(cm) => {
+                serving.send_replace(cm.healthz_addr);
                 if let Err(e) = cm.wait().await {
                     tracing::warn!(error = %e, "controller-manager stopped; restarting");
                 }
@@ -543,7 +571,7 @@ async fn run_cloud_controller_manager(
 }
 
 /// The scheduler as system:kube-scheduler; started again if it stops.
-async fn run_scheduler(kubeconfig: PathBuf) {
+async fn run_scheduler(kubeconfig: PathBuf, serving: watch::Sender<Option<SocketAddr>>) {
     loop {
         let mut cfg = kumo_scheduler::Config::new(&kubeconfig);
         let mut s = kumo_scheduler::Scheduler::start(cfg.clone()).await;
@@ -554,6 +582,7 @@ async fn run_scheduler(kubeconfig: PathBuf) {
         }
         match s {
             Ok(s) => {
+                serving.send_replace(s.healthz_addr);
                 if let Err(e) = s.wait().await {
                     tracing::warn!(error = %e, "scheduler stopped; restarting");
                 }

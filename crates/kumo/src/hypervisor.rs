@@ -125,6 +125,11 @@ impl KubeletHypervisor {
         self.data_dir.join("manifests")
     }
 
+    /// The static pod directory of worker node `node`.
+    pub fn node_static_pod_path(&self, node: &str) -> PathBuf {
+        self.data_dir.join("nodes").join(node).join("manifests")
+    }
+
     /// Names of the nodes whose kubelets run now.
     pub fn running_nodes(&self) -> Vec<String> {
         let mut v: Vec<String> = self.lock().values().map(|r| r.node.clone()).collect();
@@ -162,12 +167,15 @@ impl KubeletHypervisor {
         // The machine's size is the instance type's.
         cfg.cpu = inst.cpu.to_string();
         cfg.memory = format!("{}Mi", inst.memory_mib);
-        if boot.control_plane {
-            let manifests = self.static_pod_path();
-            std::fs::create_dir_all(&manifests)
-                .map_err(|e| format!("{}: {e}", manifests.display()))?;
-            cfg.pod_manifest_path = Some(manifests);
-        }
+        // Every node's kubelet reads a static pod directory, as kubeadm's
+        // /etc/kubernetes/manifests: the control plane's holds its components.
+        let manifests = if boot.control_plane {
+            self.static_pod_path()
+        } else {
+            self.node_static_pod_path(&inst.name)
+        };
+        std::fs::create_dir_all(&manifests).map_err(|e| format!("{}: {e}", manifests.display()))?;
+        cfg.pod_manifest_path = Some(manifests);
         cfg.server = Some(kumo_kubelet::server::ServerConfig {
             address: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 0,

@@ -3,4 +3,5 @@
 //! nodes.
 
 pub mod cluster;
+pub mod controlplane;
 pub mod hypervisor;

@@ -299,16 +299,26 @@ async fn up(args: UpArgs) -> Result<()> {
     if let Err(e) = waited {
         println!("kumo: {e}");
     }
-    if let Some(cp) = cluster
-        .config
-        .cloud
-        .as_ref()
-        .map(|c| c.control_plane_name())
-    {
-        println!(
-            "kumo: static pods of {cp}: put manifests in {}",
-            cluster.config.static_pod_path().display()
-        );
+    if let Some(c) = &cluster.cloud {
+        for i in &c.instances {
+            let dir = if i.instance.name
+                == cluster
+                    .config
+                    .cloud
+                    .as_ref()
+                    .map(|s| s.control_plane_name())
+                    .unwrap_or_default()
+            {
+                cluster.config.static_pod_path()
+            } else {
+                c.hypervisor.node_static_pod_path(&i.instance.name)
+            };
+            println!(
+                "kumo: static pods of {}: put manifests in {}",
+                i.instance.name,
+                dir.display()
+            );
+        }
     }
     if args.kubeconfig_update {
         let merged = kumo::cluster::user_kubeconfig().and_then(|path| {

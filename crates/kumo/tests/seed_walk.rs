@@ -1,4 +1,4 @@
-//! The hands-on of seeds 000 and 001, command for command, as a user types them: the real
+//! The hands-on of seeds 000, 001 and 003, command for command, as a user types them: the real
 //! `kumo up -d` in the background, the real kubectl against the kubeconfig it prints, and
 //! `kumo cloud` against the same data directory.
 //!
@@ -409,5 +409,97 @@ fn cloud_instances_drive_the_nodes() {
             .flatten()
             .any(|t| t["key"] == "node.cloudprovider.kubernetes.io/shutdown");
         (ready && !tainted).then_some(())
+    });
+}
+
+#[test]
+fn seed_003_control_plane_static_pods_and_mirror_pods() {
+    let u = up(&["--nodes", "1"]);
+    wait_nodes(&u, 2);
+    let cp = "kumo-control-plane";
+
+    // kubectl -n kube-system get lease: the elected components, held from the node.
+    let leases = u.ok(&["-n", "kube-system", "get", "lease"]);
+    for l in ["kube-controller-manager", "kube-scheduler"] {
+        let row = leases
+            .lines()
+            .find(|r| r.starts_with(&format!("{l} ")))
+            .unwrap_or_else(|| panic!("{l} in {leases}"));
+        assert!(row.split_whitespace().nth(1).is_some(), "{row}");
+    }
+
+    // kubectl -n kube-system get pods -o wide: the control plane's static pods, named
+    // after the node, Ready once their probes of the real endpoints pass (kubeadm's
+    // startup probes wait 10 s first).
+    let wide = eventually(60, "control-plane pods Ready", || {
+        let out = u.ok(&["-n", "kube-system", "get", "pods", "-o", "wide"]);
+        let ready = [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ]
+        .iter()
+        .all(|c| {
+            out.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.first() == Some(&format!("{c}-{cp}").as_str())
+                    && f.get(1) == Some(&"1/1")
+                    && f.get(2) == Some(&"Running")
+                    && f.get(6) == Some(&cp)
+            })
+        });
+        ready.then_some(out)
+    });
+    eprintln!("{wide}");
+    // Their probes are kubeadm's, against where the components really serve.
+    let api = u.json(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pod",
+        &format!("kube-apiserver-{cp}"),
+    ]);
+    let c = &api["spec"]["containers"][0];
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{c}");
+    assert_eq!(c["startupProbe"]["httpGet"]["scheme"], "HTTPS", "{c}");
+    assert_eq!(api["metadata"]["labels"]["tier"], "control-plane");
+    assert_eq!(api["spec"]["priorityClassName"], "system-node-critical");
+    // kubectl get --raw='/readyz?verbose'
+    let readyz = u.ok(&["get", "--raw", "/readyz?verbose"]);
+    assert!(readyz.ends_with("readyz check passed\n"), "{readyz}");
+
+    // A static pod on the worker: its mirror pod is owned by the Node and comes back
+    // when deleted; removing the manifest removes the pod.
+    let manifests = u.dir.join("nodes").join("kumo-worker").join("manifests");
+    std::fs::write(
+        manifests.join("static-web.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\n  labels:\n    role: static\nspec:\n  containers:\n    - name: web\n      image: nginx:1.27\n",
+    )
+    .unwrap();
+    let mirror = "static-web-kumo-worker";
+    eventually(40, "the mirror pod Running", || {
+        let out = u.ok(&["get", "pod", "-o", "wide"]);
+        out.lines()
+            .any(|l| l.starts_with(mirror) && l.contains("Running") && l.contains("kumo-worker"))
+            .then_some(())
+    });
+    let owner = u.ok(&[
+        "get",
+        "pod",
+        mirror,
+        "-o",
+        "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
+    ]);
+    assert_eq!(owner, "Node/kumo-worker");
+    let uid = u.ok(&["get", "pod", mirror, "-o", "jsonpath={.metadata.uid}"]);
+    u.ok(&["delete", "pod", mirror]);
+    eventually(40, "the mirror pod recreated", || {
+        let (ok, new_uid, _) = u.k(&["get", "pod", mirror, "-o", "jsonpath={.metadata.uid}"]);
+        (ok && !new_uid.is_empty() && new_uid != uid).then_some(())
+    });
+    std::fs::remove_file(manifests.join("static-web.yaml")).unwrap();
+    eventually(40, "the pod gone with its manifest", || {
+        let (ok, _, err) = u.k(&["get", "pod", mirror]);
+        (!ok && err.contains("NotFound")).then_some(())
     });
 }

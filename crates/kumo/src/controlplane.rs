@@ -1,0 +1,241 @@
+//! The control plane as kubeadm lays it out: a static pod manifest per component in the
+//! control-plane node's manifest directory, so that its kubelet shows them as mirror pods
+//! (`kube-apiserver-<node>`, ...) in `kube-system`. The components themselves run in the
+//! `kumo up` process; the pods stand for them, and their health is the components' own:
+//! kubeadm's probes go to the real endpoints on loopback (the API server's `/livez` and
+//! `/readyz`, the controller-manager's `/healthz`, the scheduler's `/livez` and `/readyz`).
+//! The embedded store lives inside the API server, so there is no `etcd` pod (as with
+//! kubeadm's external etcd).
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+/// Where the control plane's components serve.
+#[derive(Clone, Debug)]
+pub struct Endpoints {
+    /// The API server's secure port.
+    pub apiserver: u16,
+    /// The controller-manager's and the scheduler's secure ports, when they run.
+    pub controller_manager: Option<u16>,
+    pub scheduler: Option<u16>,
+}
+
+/// The manifest file names this module owns.
+const FILES: &[&str] = &[
+    "kube-apiserver.yaml",
+    "kube-controller-manager.yaml",
+    "kube-scheduler.yaml",
+];
+
+/// kubeadm's probe of a component's health endpoint on loopback.
+fn probe(port: u16, path: &str, period: u64, failures: u64, initial_delay: u64) -> Value {
+    let mut p = json!({
+        "httpGet": {"host": "127.0.0.1", "path": path, "port": port, "scheme": "HTTPS"},
+        "periodSeconds": period,
+        "timeoutSeconds": 15,
+        "failureThreshold": failures,
+    });
+    if initial_delay > 0 {
+        p["initialDelaySeconds"] = json!(initial_delay);
+    }
+    p
+}
+
+fn host_path(name: &str, path: &Path, kind: &str) -> (Value, Value) {
+    let mount_path = path.display().to_string();
+    (
+        json!({"name": name, "hostPath": {"path": mount_path, "type": kind}}),
+        json!({"name": name, "mountPath": mount_path, "readOnly": true}),
+    )
+}
+
+/// A control-plane static pod (labels, priority and security as kubeadm writes them).
+fn pod(
+    component: &str,
+    command: Vec<String>,
+    cpu: &str,
+    probes: Value,
+    mounts: &[(Value, Value)],
+) -> Value {
+    let image = format!(
+        "registry.k8s.io/{component}:{}",
+        kumo_apiserver::KUBERNETES_VERSION
+    );
+    let mut container = json!({
+        "name": component,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "resources": {"requests": {"cpu": cpu}},
+        "volumeMounts": mounts.iter().map(|m| m.1.clone()).collect::<Vec<_>>(),
+    });
+    if let Some(m) = probes.as_object() {
+        for (k, v) in m {
+            container[k] = v.clone();
+        }
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": component,
+            "namespace": "kube-system",
+            "labels": {"component": component, "tier": "control-plane"},
+        },
+        "spec": {
+            "hostNetwork": true,
+            "priority": 2000001000,
+            "priorityClassName": "system-node-critical",
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [container],
+            "volumes": mounts.iter().map(|m| m.0.clone()).collect::<Vec<_>>(),
+        },
+    })
+}
+
+/// The manifests of the components in `ep`, for a cluster whose data directory is
+/// `data_dir`: (file name, pod).
+pub fn manifests(data_dir: &Path, ep: &Endpoints) -> Vec<(&'static str, Value)> {
+    let pki = data_dir.join("pki");
+    let certs = host_path("k8s-certs", &pki, "DirectoryOrCreate");
+    let mut out = Vec::new();
+    let port = ep.apiserver;
+    let mut api = pod(
+        "kube-apiserver",
+        vec![
+            "kube-apiserver".into(),
+            "--advertise-address=127.0.0.1".into(),
+            "--allow-privileged=true".into(),
+            "--authorization-mode=Node,RBAC".into(),
+            format!("--client-ca-file={}", pki.join("ca.crt").display()),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            "--enable-bootstrap-token-auth=true".into(),
+            format!("--secure-port={port}"),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            "--service-cluster-ip-range=10.96.0.0/12".into(),
+        ],
+        "250m",
+        json!({
+            "livenessProbe": probe(port, "/livez", 10, 8, 10),
+            "readinessProbe": probe(port, "/readyz", 1, 3, 0),
+            "startupProbe": probe(port, "/livez", 10, 24, 10),
+        }),
+        std::slice::from_ref(&certs),
+    );
+    api["metadata"]["annotations"] = json!({
+        "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint": format!("127.0.0.1:{port}"),
+    });
+    out.push(("kube-apiserver.yaml", api));
+    if let Some(p) = ep.controller_manager {
+        let conf = data_dir.join("controller-manager.conf");
+        out.push((
+            "kube-controller-manager.yaml",
+            pod(
+                "kube-controller-manager",
+                vec![
+                    "kube-controller-manager".into(),
+                    "--allocate-node-cidrs=true".into(),
+                    format!("--authentication-kubeconfig={}", conf.display()),
+                    format!("--authorization-kubeconfig={}", conf.display()),
+                    "--bind-address=127.0.0.1".into(),
+                    "--cluster-cidr=10.244.0.0/16".into(),
+                    format!("--kubeconfig={}", conf.display()),
+                    "--leader-elect=true".into(),
+                    format!("--secure-port={p}"),
+                    "--service-cluster-ip-range=10.96.0.0/12".into(),
+                    "--use-service-account-credentials=true".into(),
+                ],
+                "200m",
+                json!({
+                    "livenessProbe": probe(p, "/healthz", 10, 8, 10),
+                    "startupProbe": probe(p, "/healthz", 10, 24, 10),
+                }),
+                &[
+                    certs.clone(),
+                    host_path("kubeconfig", &conf, "FileOrCreate"),
+                ],
+            ),
+        ));
+    }
+    if let Some(p) = ep.scheduler {
+        let conf = data_dir.join("scheduler.conf");
+        out.push((
+            "kube-scheduler.yaml",
+            pod(
+                "kube-scheduler",
+                vec![
+                    "kube-scheduler".into(),
+                    format!("--authentication-kubeconfig={}", conf.display()),
+                    format!("--authorization-kubeconfig={}", conf.display()),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--kubeconfig={}", conf.display()),
+                    "--leader-elect=true".into(),
+                    format!("--secure-port={p}"),
+                ],
+                "100m",
+                json!({
+                    "livenessProbe": probe(p, "/livez", 10, 8, 10),
+                    "readinessProbe": probe(p, "/readyz", 1, 3, 0),
+                    "startupProbe": probe(p, "/livez", 10, 24, 10),
+                }),
+                &[host_path("kubeconfig", &conf, "FileOrCreate")],
+            ),
+        ));
+    }
+    out
+}
+
+/// Writes the manifests into `dir` (only those that changed, so the kubelet keeps the
+/// running pods) and removes those of components that no longer run.
+pub fn write_manifests(dir: &Path, data_dir: &Path, ep: &Endpoints) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let wanted = manifests(data_dir, ep);
+    for (file, pod) in &wanted {
+        let path = dir.join(file);
+        let text = serde_yaml::to_string(pod).context("encoding a static pod")?;
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    for file in FILES {
+        if !wanted.iter().any(|(f, _)| f == file) {
+            let _ = std::fs::remove_file(dir.join(file));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifests_are_kubeadms_with_the_real_ports() {
+        let ep = Endpoints {
+            apiserver: 6443,
+            controller_manager: Some(10257),
+            scheduler: None,
+        };
+        let m = manifests(Path::new("/d"), &ep);
+        let names: Vec<&str> = m.iter().map(|(f, _)| *f).collect();
+        assert_eq!(
+            names,
+            ["kube-apiserver.yaml", "kube-controller-manager.yaml"]
+        );
+        let api = &m[0].1;
+        assert_eq!(
+            api["spec"]["containers"][0]["image"],
+            "registry.k8s.io/kube-apiserver:v1.37.2"
+        );
+        assert_eq!(
+            api["spec"]["containers"][0]["readinessProbe"]["httpGet"],
+            json!({"host": "127.0.0.1", "path": "/readyz", "port": 6443, "scheme": "HTTPS"})
+        );
+        assert_eq!(api["metadata"]["labels"]["tier"], "control-plane");
+        let cm = &m[1].1["spec"]["containers"][0];
+        assert_eq!(cm["livenessProbe"]["httpGet"]["port"], 10257);
+        assert!(cm.get("readinessProbe").is_none());
+    }
+}
