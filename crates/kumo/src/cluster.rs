@@ -43,6 +43,8 @@ pub struct ClusterConfig {
     pub kubelet: bool,
     /// The cloud, its instances and the cloud-controller-manager; None: no cloud.
     pub cloud: Option<CloudSettings>,
+    /// kubeadm's addons (CoreDNS and the kube-proxy DaemonSet, see [`crate::addons`]).
+    pub addons: bool,
 }
 
 /// The cloud part of a cluster.
@@ -104,6 +106,7 @@ impl ClusterConfig {
             scheduler: true,
             kubelet: true,
             cloud: None,
+            addons: true,
         }
     }
 
@@ -206,6 +209,12 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     api_cfg.kubelet_dial_overrides = dial.clone();
     api_cfg.store = cfg.store.clone();
     let api = kumo_apiserver::ApiServer::start(api_cfg).await?;
+    if cfg.addons {
+        let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
+        crate::addons::ensure(&admin)
+            .await
+            .context("creating kubeadm's addons")?;
+    }
     let (cm_addr, mut cm_rx) = watch::channel(None);
     if cfg.controller_manager {
         let kubeconfig = cfg.data_dir.join("controller-manager.conf");

@@ -2,6 +2,7 @@
 //! `kumo up` runs in one process, and [`hypervisor`], what makes its cloud's instances
 //! nodes.
 
+pub mod addons;
 pub mod cluster;
 pub mod controlplane;
 pub mod hypervisor;

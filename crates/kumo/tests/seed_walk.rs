@@ -451,6 +451,33 @@ fn seed_003_control_plane_static_pods_and_mirror_pods() {
         ready.then_some(out)
     });
     eprintln!("{wide}");
+    // kubeadm's addons beside them: CoreDNS (a Deployment, behind kube-dns) and
+    // kube-proxy (a DaemonSet, one per node), with random suffixes.
+    let addons = eventually(60, "coredns and kube-proxy Running", || {
+        let out = u.ok(&["-n", "kube-system", "get", "pods", "-o", "wide"]);
+        let running = |prefix: &str| {
+            out.lines()
+                .filter(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.first().is_some_and(|n| n.starts_with(prefix))
+                        && f.get(1) == Some(&"1/1")
+                        && f.get(2) == Some(&"Running")
+                })
+                .count()
+        };
+        (running("coredns-") == 2 && running("kube-proxy-") == 2).then_some(out)
+    });
+    eprintln!("{addons}");
+    let dns = u.ok(&[
+        "-n",
+        "kube-system",
+        "get",
+        "svc",
+        "kube-dns",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    assert_eq!(dns, "10.96.0.10");
     // Their probes are kubeadm's, against where the components really serve.
     let api = u.json(&[
         "-n",

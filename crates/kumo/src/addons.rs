@@ -1,0 +1,261 @@
+//! kubeadm's addons, created once as `kubeadm init` creates them: CoreDNS (the `coredns`
+//! Deployment behind the `kube-dns` Service at 10.96.0.10, with its ServiceAccount,
+//! ClusterRole and Corefile) and kube-proxy (a DaemonSet on every node, with its
+//! ServiceAccount bound to `system:node-proxier`). Their pods run on the simulated
+//! runtime and stand for the work done in the `kumo up` process: name resolution and
+//! Service routing are the shared simulated network's, programmed by the one kube-proxy
+//! the process runs. Objects that exist are left as they are (a user's changes stay).
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, PostParams};
+use kube::Client;
+use serde_json::{json, Value};
+
+/// kubeadm's CoreDNS image for this Kubernetes version.
+pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.12.1";
+
+/// The cluster DNS Service's address (kubeadm's default, the kubelets' clusterDNS).
+pub const DNS_SERVICE_IP: &str = "10.96.0.10";
+
+const COREFILE: &str = ".:53 {
+    errors
+    health {
+       lameduck 5s
+    }
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30 {
+       disable success cluster.local
+       disable denial cluster.local
+    }
+    loop
+    reload
+    loadbalance
+}
+";
+
+const KUBE_PROXY_CONFIG: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 0.0.0.0
+clusterCIDR: 10.244.0.0/16
+mode: iptables
+";
+
+/// Creates `obj` unless an object of its name exists.
+async fn create<K>(api: Api<K>, obj: Value) -> Result<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+{
+    let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+    // Looked up first: creating an existing Service fails on its ClusterIP before its
+    // name (422, as upstream), not with AlreadyExists.
+    if api
+        .get_opt(&name)
+        .await
+        .with_context(|| format!("reading {name}"))?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let typed: K = serde_json::from_value(obj).with_context(|| format!("addon object {name}"))?;
+    match api.create(&PostParams::default(), &typed).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating {name}")),
+    }
+}
+
+/// Creates the addons that do not exist yet.
+pub async fn ensure(client: &Client) -> Result<()> {
+    let ns = "kube-system";
+    let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let cm: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cr: Api<ClusterRole> = Api::all(client.clone());
+    let crb: Api<ClusterRoleBinding> = Api::all(client.clone());
+
+    // CoreDNS.
+    create(
+        sa.clone(),
+        json!({"metadata": {"name": "coredns", "namespace": ns}}),
+    )
+    .await?;
+    create(
+        cr,
+        json!({
+            "metadata": {"name": "system:coredns"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+            ],
+        }),
+    )
+    .await?;
+    create(
+        crb.clone(),
+        json!({
+            "metadata": {"name": "system:coredns"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
+            "subjects": [{"kind": "ServiceAccount", "name": "coredns", "namespace": ns}],
+        }),
+    )
+    .await?;
+    create(
+        cm.clone(),
+        json!({"metadata": {"name": "coredns", "namespace": ns}, "data": {"Corefile": COREFILE}}),
+    )
+    .await?;
+    let dns_labels = json!({"k8s-app": "kube-dns"});
+    create(
+        Api::<Service>::namespaced(client.clone(), ns),
+        json!({
+            "metadata": {
+                "name": "kube-dns",
+                "namespace": ns,
+                "labels": {"k8s-app": "kube-dns", "kubernetes.io/cluster-service": "true", "kubernetes.io/name": "CoreDNS"},
+                "annotations": {"prometheus.io/port": "9153", "prometheus.io/scrape": "true"},
+            },
+            "spec": {
+                "clusterIP": DNS_SERVICE_IP,
+                "selector": dns_labels,
+                "ports": [
+                    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+                    {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53},
+                    {"name": "metrics", "port": 9153, "protocol": "TCP", "targetPort": 9153},
+                ],
+            },
+        }),
+    )
+    .await?;
+    create(
+        Api::<Deployment>::namespaced(client.clone(), ns),
+        json!({
+            "metadata": {"name": "coredns", "namespace": ns, "labels": dns_labels},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": dns_labels},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                "template": {
+                    "metadata": {"labels": dns_labels},
+                    "spec": {
+                        "priorityClassName": "system-cluster-critical",
+                        "serviceAccountName": "coredns",
+                        "dnsPolicy": "Default",
+                        "nodeSelector": {"kubernetes.io/os": "linux"},
+                        "tolerations": [
+                            {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                            {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
+                        ],
+                        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "labelSelector": {"matchExpressions": [{"key": "k8s-app", "operator": "In", "values": ["kube-dns"]}]},
+                                "topologyKey": "kubernetes.io/hostname",
+                            },
+                        }]}},
+                        "containers": [{
+                            "name": "coredns",
+                            "image": COREDNS_IMAGE,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": ["-conf", "/etc/coredns/Corefile"],
+                            "resources": {"limits": {"memory": "170Mi"}, "requests": {"cpu": "100m", "memory": "70Mi"}},
+                            "ports": [
+                                {"name": "dns", "containerPort": 53, "protocol": "UDP"},
+                                {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"},
+                                {"name": "metrics", "containerPort": 9153, "protocol": "TCP"},
+                                {"name": "liveness-probe", "containerPort": 8080, "protocol": "TCP"},
+                                {"name": "readiness-probe", "containerPort": 8181, "protocol": "TCP"},
+                            ],
+                            "livenessProbe": {
+                                "httpGet": {"path": "/health", "port": "liveness-probe", "scheme": "HTTP"},
+                                "initialDelaySeconds": 60, "timeoutSeconds": 5, "successThreshold": 1, "failureThreshold": 5,
+                            },
+                            "readinessProbe": {"httpGet": {"path": "/ready", "port": "readiness-probe", "scheme": "HTTP"}},
+                            "securityContext": {
+                                "allowPrivilegeEscalation": false,
+                                "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]},
+                                "readOnlyRootFilesystem": true,
+                            },
+                            "volumeMounts": [{"name": "config-volume", "mountPath": "/etc/coredns", "readOnly": true}],
+                        }],
+                        "volumes": [{"name": "config-volume", "configMap": {"name": "coredns", "items": [{"key": "Corefile", "path": "Corefile"}]}}],
+                    },
+                },
+            },
+        }),
+    )
+    .await?;
+
+    // kube-proxy.
+    create(
+        sa,
+        json!({"metadata": {"name": "kube-proxy", "namespace": ns}}),
+    )
+    .await?;
+    create(
+        crb,
+        json!({
+            "metadata": {"name": "kubeadm:node-proxier"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-proxier"},
+            "subjects": [{"kind": "ServiceAccount", "name": "kube-proxy", "namespace": ns}],
+        }),
+    )
+    .await?;
+    create(
+        cm,
+        json!({"metadata": {"name": "kube-proxy", "namespace": ns, "labels": {"app": "kube-proxy"}}, "data": {"config.conf": KUBE_PROXY_CONFIG}}),
+    )
+    .await?;
+    let proxy_labels = json!({"k8s-app": "kube-proxy"});
+    create(
+        Api::<DaemonSet>::namespaced(client.clone(), ns),
+        json!({
+            "metadata": {"name": "kube-proxy", "namespace": ns, "labels": proxy_labels},
+            "spec": {
+                "selector": {"matchLabels": proxy_labels},
+                "updateStrategy": {"type": "RollingUpdate"},
+                "template": {
+                    "metadata": {"labels": proxy_labels},
+                    "spec": {
+                        "priorityClassName": "system-node-critical",
+                        "hostNetwork": true,
+                        "serviceAccountName": "kube-proxy",
+                        "nodeSelector": {"kubernetes.io/os": "linux"},
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{
+                            "name": "kube-proxy",
+                            "image": format!("registry.k8s.io/kube-proxy:{}", kumo_apiserver::KUBERNETES_VERSION),
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": ["/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=$(NODE_NAME)"],
+                            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}}],
+                            "securityContext": {"privileged": true},
+                            "volumeMounts": [
+                                {"name": "kube-proxy", "mountPath": "/var/lib/kube-proxy"},
+                                {"name": "xtables-lock", "mountPath": "/run/xtables.lock"},
+                                {"name": "lib-modules", "mountPath": "/lib/modules", "readOnly": true},
+                            ],
+                        }],
+                        "volumes": [
+                            {"name": "kube-proxy", "configMap": {"name": "kube-proxy"}},
+                            {"name": "xtables-lock", "hostPath": {"path": "/run/xtables.lock", "type": "FileOrCreate"}},
+                            {"name": "lib-modules", "hostPath": {"path": "/lib/modules"}},
+                        ],
+                    },
+                },
+            },
+        }),
+    )
+    .await?;
+    Ok(())
+}
