@@ -30,19 +30,7 @@ async fn kubelet_runs_pods_and_static_pods() {
     common::spawn_kubelet(kcfg);
 
     // Registered and Ready, with upstream's labels and a lease.
-    until(
-        &admin,
-        &[
-            "get",
-            "node",
-            "w1",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-        ],
-        "node Ready",
-        |o| o == "True",
-    )
-    .await;
+    common::node_ready(&admin, "w1").await;
     let (_, labels, _) = k(
         &admin,
         &["get", "node", "w1", "-o", "jsonpath={.metadata.labels}"],

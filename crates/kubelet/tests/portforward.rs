@@ -11,8 +11,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{k, until_within, AnyServer};
+use common::{k, until_within};
 use kumo_apiserver::pki;
+use kumo_kubelet::prober::AnyServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;

@@ -135,19 +135,7 @@ async fn network_probes_follow_the_servers_they_probe() {
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "w1"), "w1");
     kcfg.status_update_frequency = Duration::from_secs(1);
     common::spawn_kubelet(kcfg);
-    until(
-        &admin,
-        &[
-            "get",
-            "node",
-            "w1",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-        ],
-        "node Ready",
-        |o| o == "True",
-    )
-    .await;
+    common::node_ready(&admin, "w1").await;
 
     // (No controller-manager here: the ServiceAccount pods are admitted with.)
     let (ok, _, err) = k(&admin, &["create", "sa", "default"]).await;

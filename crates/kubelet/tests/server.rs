@@ -10,8 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{k, until_within, AnyServer};
+use common::{k, until_within};
 use kumo_apiserver::pki;
+use kumo_kubelet::prober::AnyServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Who the test client is.

@@ -5,7 +5,6 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kumo_apiserver::{pki, ApiServer, ApiServerConfig};
@@ -68,6 +67,23 @@ pub async fn until(kc: &Path, args: &[&str], what: &str, ok: impl Fn(&str) -> bo
     until_within(20, kc, args, what, ok).await
 }
 
+/// Waits (20 s) until Node `node` reports Ready.
+pub async fn node_ready(kc: &Path, node: &str) {
+    until(
+        kc,
+        &[
+            "get",
+            "node",
+            node,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ],
+        "node Ready",
+        |o| o == "True",
+    )
+    .await;
+}
+
 /// Polls `kubectl args` every 200 ms until its stdout satisfies `ok`, failing with the
 /// last output after `secs`.
 pub async fn until_within(
@@ -88,42 +104,6 @@ pub async fn until_within(
             "{what}: last output {out:?} {err}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Accepts the kubelet's self-signed serving certificate.
-#[derive(Debug)]
-pub struct AnyServer(pub Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
