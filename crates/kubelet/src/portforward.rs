@@ -791,6 +791,66 @@ pub enum Listener {
     Nginx(Option<String>),
     /// Any other declared port: a plain HTTP answer naming the pod.
     Http(String),
+    /// agnhost's `liveness` server on 8080: `/healthz` answers 200 for the first 10 s
+    /// after the container started (`started`, when known), then 500.
+    AgnhostLiveness { started: Option<SystemTime> },
+}
+
+/// How long agnhost's `liveness` server stays healthy.
+const AGNHOST_LIVENESS_HEALTHY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The server a container's image and arguments run on `port`, when the sim knows it:
+/// agnhost's `liveness` (8080) and `test-webserver` (80, or `--port`), `netexec`
+/// (`--http-port`, 8080 by default).
+fn image_listener(
+    c: &Value,
+    pod_name: &str,
+    port: u16,
+    started: Option<SystemTime>,
+) -> Option<Listener> {
+    let image = c["image"].as_str().unwrap_or("");
+    let (repo, _) = split_image(image);
+    if repo.rsplit('/').next() != Some("agnhost") {
+        return None;
+    }
+    let args: Vec<&str> = c["command"]
+        .as_array()
+        .into_iter()
+        .chain(c["args"].as_array())
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let flag = |name: &str| {
+        args.iter().find_map(|a| {
+            a.strip_prefix(name)
+                .and_then(|r| r.strip_prefix('='))
+                .and_then(|v| v.parse::<u16>().ok())
+        })
+    };
+    match args.first().copied() {
+        Some("liveness") if port == 8080 => Some(Listener::AgnhostLiveness { started }),
+        Some("test-webserver") if port == flag("--port").unwrap_or(80) => {
+            Some(Listener::Http(pod_name.to_owned()))
+        }
+        Some("netexec") if port == flag("--http-port").unwrap_or(8080) => {
+            Some(Listener::Http(pod_name.to_owned()))
+        }
+        _ => None,
+    }
+}
+
+/// When container `name` of `pod` started running, as its status says.
+fn started_at(pod: &Value, name: &Value) -> Option<SystemTime> {
+    let statuses = pod.pointer("/status/containerStatuses")?.as_array()?;
+    let at = statuses
+        .iter()
+        .find(|s| &s["name"] == name)?
+        .pointer("/state/running/startedAt")?
+        .as_str()?;
+    let ts: k8s_openapi::jiff::Timestamp = at.parse().ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(
+        u64::try_from(ts.as_second()).ok()?,
+    ))
 }
 
 /// The listener on `port` of `pod`: a running container that declares it (TCP), or an
@@ -829,6 +889,13 @@ fn listener_of(pod: &Value, port: u16, running_only: bool) -> Option<Listener> {
                     && p["protocol"].as_str().unwrap_or("TCP") == "TCP"
             })
         });
+        let pod_name = pod
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if let Some(l) = image_listener(c, pod_name, port, started_at(pod, &c["name"])) {
+            return Some(l);
+        }
         let image = c["image"].as_str().unwrap_or("");
         let (repo, tag) = split_image(image);
         let name = repo.rsplit('/').next().unwrap_or(repo);
@@ -841,10 +908,6 @@ fn listener_of(pod: &Value, port: u16, running_only: bool) -> Option<Listener> {
             return Some(Listener::Nginx(version));
         }
         if declared {
-            let pod_name = pod
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or("");
             return Some(Listener::Http(pod_name.to_owned()));
         }
     }
@@ -1192,6 +1255,15 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
         (Listener::Nginx(_), "GET" | "HEAD", _) => (404, "Not Found"),
         (Listener::Nginx(_), _, _) => (405, "Not Allowed"),
         (Listener::Http(_), _, _) => (200, "OK"),
+        (Listener::AgnhostLiveness { started }, _, "/healthz") => {
+            let up = started.and_then(|s| s.elapsed().ok()).unwrap_or_default();
+            if up < AGNHOST_LIVENESS_HEALTHY {
+                (200, "OK")
+            } else {
+                (500, "Internal Server Error")
+            }
+        }
+        (Listener::AgnhostLiveness { .. }, _, _) => (404, "Not Found"),
     }
 }
 
@@ -1225,6 +1297,15 @@ pub(crate) fn response(
             (Some(server), "text/html", body)
         }
         Listener::Http(pod) => (None, "text/plain; charset=utf-8", format!("{pod}\n")),
+        Listener::AgnhostLiveness { started } => {
+            let up = started.and_then(|s| s.elapsed().ok()).unwrap_or_default();
+            let body = match code {
+                200 => "ok".to_owned(),
+                500 => format!("error: {:.6}", up.as_secs_f64()),
+                _ => "404 page not found\n".to_owned(),
+            };
+            (None, "text/plain; charset=utf-8", body)
+        }
     };
     let mut r = format!("HTTP/1.1 {code} {reason}\r\n");
     if let Some(s) = server {
@@ -1337,6 +1418,42 @@ mod tests {
         assert_eq!(listener(&pod, 8080), Some(Listener::Http("web".into())));
         assert_eq!(listener(&pod, 9090), None);
         assert_eq!(listener(&pod, 81), None);
+    }
+
+    #[test]
+    fn agnhost_servers_answer_as_agnhost() {
+        let agnhost = "registry.k8s.io/e2e-test-images/agnhost:2.56";
+        let pod = serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "live", "image": agnhost, "args": ["liveness"]},
+                {"name": "web", "image": agnhost, "args": ["test-webserver", "--port=8081"]},
+            ]},
+        });
+        let l = declared_listener(&pod, 8080).expect("liveness on 8080");
+        assert_eq!(l, Listener::AgnhostLiveness { started: None });
+        assert_eq!(
+            declared_listener(&pod, 8081),
+            Some(Listener::Http("p".into()))
+        );
+        assert_eq!(declared_listener(&pod, 80), None);
+        // Healthy for its first 10 s, then 500; other paths are not found.
+        let young = Listener::AgnhostLiveness {
+            started: Some(SystemTime::now()),
+        };
+        assert_eq!(status(&young, "GET", "/healthz", "HTTP/1.1").0, 200);
+        assert_eq!(status(&young, "GET", "/", "HTTP/1.1").0, 404);
+        let old = Listener::AgnhostLiveness {
+            started: SystemTime::now().checked_sub(std::time::Duration::from_secs(11)),
+        };
+        assert_eq!(status(&old, "GET", "/healthz", "HTTP/1.1").0, 500);
+        // The start time comes from the container's status when it is there.
+        let mut running = pod.clone();
+        running["status"] = serde_json::json!({"containerStatuses": [
+            {"name": "live", "state": {"running": {"startedAt": "2020-01-01T00:00:00Z"}}},
+        ]});
+        let l = listener(&running, 8080).expect("running");
+        assert_eq!(status(&l, "GET", "/healthz", "HTTP/1.1").0, 500);
     }
 
     #[tokio::test]

@@ -379,7 +379,7 @@ impl Worker {
                     .settings
                     .as_ref()
                     .map_or((1, 3), |s| (s.success_threshold, s.failure_threshold));
-                match self.probe().await {
+                match self.probe(started_at).await {
                     Ok(()) => {
                         failures = 0;
                         successes += 1;
@@ -423,14 +423,22 @@ impl Worker {
     }
 
     /// One probe: `Err` carries the message upstream's prober reports.
-    async fn probe(&self) -> Result<(), String> {
+    async fn probe(&self, started_at: std::time::SystemTime) -> Result<(), String> {
         let s = self.settings.as_ref().map_err(Clone::clone)?;
         let (host, port) = match &s.action {
             Action::Http { host, port, .. }
             | Action::Tcp { host, port }
             | Action::Grpc { host, port, .. } => (host.as_str(), *port),
         };
-        let route = self.route(host, port);
+        let route = match self.route(host, port) {
+            // The probed container's own server knows when it started.
+            Route::Sim(Listener::AgnhostLiveness { started: None }) => {
+                Route::Sim(Listener::AgnhostLiveness {
+                    started: Some(started_at),
+                })
+            }
+            r => r,
+        };
         match tokio::time::timeout(s.timeout, run(&s.action, route)).await {
             Ok(r) => r,
             Err(_) => Err(timeout_message(&s.action, s.timeout)),

@@ -187,6 +187,17 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
+metadata: {{name: agnhost}}
+spec:
+  nodeName: w1
+  containers:
+  - name: c
+    image: registry.k8s.io/e2e-test-images/agnhost:2.56
+    args: [liveness]
+    livenessProbe: {{httpGet: {{path: /healthz, port: 8080}}, initialDelaySeconds: 2, periodSeconds: 1, failureThreshold: 1}}
+---
+apiVersion: v1
+kind: Pod
 metadata: {{name: hosthttp}}
 spec:
   nodeName: w1
@@ -300,6 +311,27 @@ spec:
     );
     assert!(
         ev.contains("Normal Killing: Container c failed liveness probe, will be restarted"),
+        "{ev}"
+    );
+
+    // agnhost's liveness server turns unhealthy 10 s after its start: restarted.
+    until_within(
+        40,
+        &admin,
+        &[
+            "get",
+            "pod",
+            "agnhost",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ],
+        "agnhost liveness restarts",
+        |o| o.parse::<u32>().is_ok_and(|n| n >= 1),
+    )
+    .await;
+    let ev = events_of(&admin, "agnhost", "agnhost events", "Killing").await;
+    assert!(
+        ev.contains("Liveness probe failed: HTTP probe failed with statuscode: 500"),
         "{ev}"
     );
 
