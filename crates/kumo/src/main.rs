@@ -189,7 +189,8 @@ struct UpArgs {
     #[arg(long, conflicts_with_all = ["nodes", "cloud_controllers", "name"])]
     no_cloud: bool,
     /// The cloud-controller-manager's controllers ('*' all, 'name' or '-name'; e.g.
-    /// cloud-node,cloud-node-lifecycle runs it without the service controller).
+    /// cloud-node,cloud-node-lifecycle runs it without the service controller; empty: no
+    /// cloud-controller-manager, so nodes stay uninitialized).
     #[arg(long, value_delimiter = ',', default_value = "*")]
     cloud_controllers: Vec<String>,
     /// Also merge a kumo-<name> context into your kubeconfig ($KUBECONFIG or
@@ -224,7 +225,13 @@ async fn up(args: UpArgs) -> Result<()> {
         c.cloud = Some(kumo::cluster::CloudSettings {
             name: args.name.clone(),
             workers: args.nodes,
-            controllers: args.cloud_controllers.clone(),
+            // `--cloud-controllers=` (nothing): no cloud-controller-manager at all.
+            controllers: args
+                .cloud_controllers
+                .iter()
+                .filter(|c| !c.is_empty())
+                .cloned()
+                .collect(),
         });
         c
     };

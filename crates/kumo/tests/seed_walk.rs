@@ -530,3 +530,77 @@ fn seed_003_control_plane_static_pods_and_mirror_pods() {
         (!ok && err.contains("NotFound")).then_some(())
     });
 }
+
+#[test]
+fn without_a_ccm_nodes_stay_uninitialized_and_pods_pending() {
+    // `--cloud-controllers=`: the kubelets still run with --cloud-provider=external, but
+    // nobody initializes their nodes.
+    let u = up(&["--nodes", "1", "--cloud-controllers="]);
+    let nodes = eventually(30, "both nodes Ready", || {
+        let nodes = u.json(&["get", "nodes"]);
+        let items = nodes["items"].as_array()?;
+        let ready = items.len() == 2
+            && items.iter().all(|n| {
+                n["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+        ready.then_some(nodes)
+    });
+    for n in nodes["items"].as_array().unwrap() {
+        assert!(n["spec"]["providerID"].is_null(), "{n}");
+        let taints: Vec<String> = n["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                format!(
+                    "{}={}:{}",
+                    t["key"].as_str().unwrap(),
+                    t["value"].as_str().unwrap_or(""),
+                    t["effect"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert!(
+            taints.contains(
+                &"node.cloudprovider.kubernetes.io/uninitialized=true:NoSchedule".to_owned()
+            ),
+            "{taints:?}"
+        );
+    }
+    assert!(u
+        .ok(&["-n", "kube-system", "get", "lease"])
+        .lines()
+        .all(|l| !l.starts_with("cloud-controller-manager ")));
+
+    // kubectl create deployment web --image=nginx:1.29: its pod stays Pending, with the
+    // scheduler's own words.
+    u.ok(&["create", "deployment", "web", "--image=nginx:1.29"]);
+    let msg = eventually(30, "FailedScheduling", || {
+        let out = u.ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "reason=FailedScheduling",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ]);
+        (!out.is_empty()).then_some(out)
+    });
+    assert!(
+        msg.starts_with("0/2 nodes are available: 2 node(s) had untolerated taint(s). preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling."),
+        "{msg}"
+    );
+    let phase = u.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[0].status.phase}",
+    ]);
+    assert_eq!(phase, "Pending");
+}
