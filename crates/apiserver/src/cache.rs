@@ -8,6 +8,12 @@
 //! snapshot or from its event window and then follow its fan-out. Reads it cannot answer
 //! (an exact revision, a continue token, a revision older than the window) go to the store.
 //!
+//! A resource may name one field its cache is indexed by (upstream's watch-cache
+//! "triggers": pods by `spec.nodeName`). Each cached object carries its value, so lists and
+//! watches that pin that field with `=` skip the rest without decoding them, and such a
+//! watcher follows a fan-out of its own value only: a change wakes the kubelet of the pod's
+//! node, not every kubelet of the cluster.
+//!
 //! A cache starts on the first list or watch of its resource, so resources nobody reads cost
 //! nothing. If its store watch fails (history compacted under it, a broken connection), it
 //! lists again and tells its watchers to end; clients re-watch from their last revision.
@@ -25,6 +31,8 @@ use tokio::sync::{broadcast, mpsc, watch};
 const HISTORY: usize = 4096;
 /// Events a watcher may fall behind the fan-out before it is ended.
 const FANOUT: usize = 4096;
+/// Events a watcher of one index value may fall behind (one node's pods change rarely).
+const INDEXED_FANOUT: usize = 256;
 /// Objects read per store range while filling a cache.
 const FILL_PAGE: usize = 2000;
 /// How often a cache asks the store for a progress notification (watch bookmarks).
@@ -41,12 +49,29 @@ pub struct Cached {
     /// `"apiVersion":"…","kind":"…"`, the members the item lacks.
     head: Box<str>,
     pub labels: BTreeMap<String, String>,
+    /// The value of the cache's index field, when the resource has one.
+    pub index: Option<Box<str>>,
+}
+
+/// The field a resource's watch cache is indexed by, and how to read it from an object.
+#[derive(Clone, Copy)]
+pub struct WatchIndex {
+    /// The field selector's name for it (`spec.nodeName`).
+    pub field: &'static str,
+    pub value: fn(&Value) -> String,
+}
+
+impl std::fmt::Debug for WatchIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.field)
+    }
 }
 
 impl Cached {
     /// From the stored bytes of an object written at `rv`.
-    pub fn from_stored(bytes: &[u8], rv: Revision) -> Option<Cached> {
+    pub fn from_stored(bytes: &[u8], rv: Revision, index: Option<WatchIndex>) -> Option<Cached> {
         let mut obj: Value = serde_json::from_slice(bytes).ok()?;
+        let index = index.map(|i| (i.value)(&obj).into_boxed_str());
         let o = obj.as_object_mut()?;
         let api_version = o.remove("apiVersion").unwrap_or(Value::Null);
         let kind = o.remove("kind").unwrap_or(Value::Null);
@@ -65,6 +90,7 @@ impl Cached {
             item: Bytes::from(serde_json::to_vec(&obj).ok()?),
             head,
             labels,
+            index,
         })
     }
 
@@ -121,6 +147,23 @@ impl CacheEvent {
     }
 
     /// The key of a change.
+    /// The index values of the object before and after the change.
+    fn index_values(&self) -> [Option<&str>; 2] {
+        match self {
+            CacheEvent::Put { obj, prev, .. } => [
+                obj.index.as_deref(),
+                prev.as_ref().and_then(|p| p.index.as_deref()),
+            ],
+            CacheEvent::Delete { prev, .. } => [prev.index.as_deref(), None],
+            _ => [None, None],
+        }
+    }
+
+    /// Whether the change concerns an object whose index value is (or was) `value`.
+    pub fn touches(&self, value: &str) -> bool {
+        self.index_values().contains(&Some(value))
+    }
+
     pub fn key(&self) -> Option<&str> {
         match self {
             CacheEvent::Put { key, .. } | CacheEvent::Delete { key, .. } => Some(key),
@@ -148,6 +191,10 @@ pub struct WatchCache {
     history: usize,
     inner: RwLock<Inner>,
     fanout: broadcast::Sender<Arc<CacheEvent>>,
+    /// The resource's index field, if any.
+    index: Option<WatchIndex>,
+    /// One fan-out per index value that has watchers.
+    indexed: Mutex<HashMap<Box<str>, broadcast::Sender<Arc<CacheEvent>>>>,
     revision: watch::Sender<Revision>,
     progress: mpsc::Sender<()>,
 }
@@ -233,19 +280,43 @@ impl WatchCache {
         })
     }
 
+    /// The field the cache is indexed by, if any.
+    pub fn index(&self) -> Option<WatchIndex> {
+        self.index
+    }
+
     /// Starts a watch: with `initial`, from the current state (as a snapshot of
     /// `key_prefix`); otherwise from revision `from`. `None` when the window no longer holds
     /// the changes after `from`, or the cache is behind `from` (the store must serve it).
-    pub fn watch(&self, key_prefix: &str, from: Revision, initial: bool) -> Option<CachedWatch> {
+    /// With `by` (a value of the cache's index field the watcher requires), the watch gets
+    /// only the objects and changes with that value, and follows that value's fan-out.
+    pub fn watch(
+        &self,
+        key_prefix: &str,
+        from: Revision,
+        initial: bool,
+        by: Option<&str>,
+    ) -> Option<CachedWatch> {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         if inner.revision == 0 {
             return None;
         }
+        let by = by.filter(|_| self.index.is_some());
         // Subscribing under the read lock: the writer applies and fans out under the write
         // lock, so nothing falls between the snapshot (or the replay) and the live stream.
-        let live = self.fanout.subscribe();
+        let live = match by {
+            None => self.fanout.subscribe(),
+            Some(v) => {
+                let mut indexed = self.indexed.lock().unwrap_or_else(|e| e.into_inner());
+                indexed
+                    .entry(v.into())
+                    .or_insert_with(|| broadcast::channel(INDEXED_FANOUT).0)
+                    .subscribe()
+            }
+        };
         if initial {
             let objects = range(&inner.objects, key_prefix)
+                .filter(|(_, o)| by.is_none() || o.index.as_deref() == by)
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             return Some(CachedWatch {
@@ -265,6 +336,7 @@ impl WatchCache {
             .history
             .iter()
             .filter(|e| e.revision() > from && e.key().is_some_and(|k| k.starts_with(key_prefix)))
+            .filter(|e| by.is_none_or(|v| e.touches(v)))
             .cloned()
             .collect();
         Some(CachedWatch {
@@ -329,7 +401,7 @@ impl WatchCache {
             at = Some(page.revision);
             let last = page.kvs.last().map(|kv| kv.key.clone());
             for kv in page.kvs {
-                if let Some(obj) = Cached::from_stored(&kv.value, kv.mod_revision) {
+                if let Some(obj) = Cached::from_stored(&kv.value, kv.mod_revision, self.index) {
                     objects.insert(String::from_utf8_lossy(&kv.key).into_owned(), Arc::new(obj));
                 }
             }
@@ -352,7 +424,7 @@ impl WatchCache {
             last_change: at,
         };
         if refill {
-            let _ = self.fanout.send(Arc::new(CacheEvent::Reset));
+            self.send(Arc::new(CacheEvent::Reset));
         }
         self.revision.send_replace(at);
         drop(inner);
@@ -366,7 +438,8 @@ impl WatchCache {
         let event = match ev {
             WatchEvent::Put { kv, .. } => {
                 let key = String::from_utf8_lossy(&kv.key).into_owned();
-                let Some(obj) = Cached::from_stored(&kv.value, kv.mod_revision).map(Arc::new)
+                let Some(obj) =
+                    Cached::from_stored(&kv.value, kv.mod_revision, self.index).map(Arc::new)
                 else {
                     tracing::warn!(%key, "watch cache: undecodable object skipped");
                     inner.revision = inner.revision.max(kv.mod_revision);
@@ -411,8 +484,30 @@ impl WatchCache {
                 }
             }
         }
-        let _ = self.fanout.send(event);
+        self.send(event);
         self.revision.send_replace(inner.revision);
+    }
+
+    /// Fans an event out: to every unindexed watcher, and to the watchers of the index
+    /// values it touches (all of them for progress and reset). Called under the write lock.
+    fn send(&self, event: Arc<CacheEvent>) {
+        if self.index.is_some() {
+            let mut indexed = self.indexed.lock().unwrap_or_else(|e| e.into_inner());
+            // Values whose watchers are all gone are dropped as they come by.
+            match event.index_values() {
+                [None, None] => indexed.retain(|_, tx| tx.send(event.clone()).is_ok()),
+                [a, b] => {
+                    for v in [a, b.filter(|b| Some(*b) != a)].into_iter().flatten() {
+                        if let Some(tx) = indexed.get(v) {
+                            if tx.send(event.clone()).is_err() {
+                                indexed.remove(v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let _ = self.fanout.send(event);
     }
 }
 
@@ -452,6 +547,11 @@ impl WatchCaches {
 
     /// The cache of `prefix` (`/registry/<resource>/`), started on first use.
     pub fn get(&self, prefix: &str) -> Arc<WatchCache> {
+        self.get_indexed(prefix, None)
+    }
+
+    /// The cache of `prefix`, indexed by `index` when this call starts it.
+    pub fn get_indexed(&self, prefix: &str, index: Option<WatchIndex>) -> Arc<WatchCache> {
         let mut caches = self.caches.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = caches.get(prefix) {
             return c.clone();
@@ -468,6 +568,8 @@ impl WatchCaches {
                 last_change: 0,
             }),
             fanout: broadcast::channel(FANOUT).0,
+            index,
+            indexed: Mutex::new(HashMap::new()),
             revision: watch::channel(0).0,
             progress: progress_tx,
         });
@@ -530,7 +632,7 @@ mod tests {
         );
 
         // From r0: the create of b and the delete of a, in order.
-        let w = cache.watch("/registry/x/", r0, false).unwrap();
+        let w = cache.watch("/registry/x/", r0, false, None).unwrap();
         let kinds: Vec<String> = w
             .replay
             .iter()
@@ -542,10 +644,10 @@ mod tests {
             .collect();
         assert_eq!(kinds, ["put /registry/x/b", "delete /registry/x/a"]);
         // Before the window, the store must serve.
-        assert!(cache.watch("/registry/x/", r0 - 1, false).is_none());
+        assert!(cache.watch("/registry/x/", r0 - 1, false, None).is_none());
 
         // Live events follow.
-        let mut live = cache.watch("/registry/x/", now, false).unwrap().live;
+        let mut live = cache.watch("/registry/x/", now, false, None).unwrap().live;
         store.create(b"/registry/x/c", obj("c")).await.unwrap();
         let ev = tokio::time::timeout(Duration::from_secs(5), live.recv())
             .await
@@ -557,7 +659,7 @@ mod tests {
     #[test]
     fn cached_objects_splice_back_whole() {
         let stored = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a","labels":{"x":"1"}},"data":{"k":"v"}}"#;
-        let c = Cached::from_stored(stored, 7).unwrap();
+        let c = Cached::from_stored(stored, 7, None).unwrap();
         assert_eq!(
             std::str::from_utf8(&c.item).unwrap(),
             r#"{"data":{"k":"v"},"metadata":{"labels":{"x":"1"},"name":"a","resourceVersion":"7"}}"#
@@ -569,7 +671,7 @@ mod tests {
                    "metadata": {"labels": {"x": "1"}, "name": "a", "resourceVersion": "7"}})
         );
         // An object with nothing but kind and apiVersion.
-        let bare = Cached::from_stored(br#"{"apiVersion":"v1","kind":"X"}"#, 1).unwrap();
+        let bare = Cached::from_stored(br#"{"apiVersion":"v1","kind":"X"}"#, 1, None).unwrap();
         assert_eq!(bare.object(), json!({"apiVersion": "v1", "kind": "X"}));
     }
 
@@ -591,15 +693,17 @@ mod tests {
         let last = *revs.last().unwrap();
         cache.wait_for(last, Duration::from_secs(5)).await.unwrap();
         // The window holds the last three creates: from the revision of the second one on.
-        assert!(cache.watch("/registry/x/", revs[0], false).is_none());
-        let w = cache.watch("/registry/x/", revs[1], false).unwrap();
+        assert!(cache.watch("/registry/x/", revs[0], false, None).is_none());
+        let w = cache.watch("/registry/x/", revs[1], false, None).unwrap();
         assert_eq!(w.replay.len(), 3);
         assert_eq!(w.revision, last);
         // A namespace-like sub-prefix sees only its keys.
-        let w = cache.watch("/registry/x/4", revs[1], false).unwrap();
+        let w = cache.watch("/registry/x/4", revs[1], false, None).unwrap();
         assert_eq!(w.replay.len(), 1);
         // Ahead of the cache: the store serves.
-        assert!(cache.watch("/registry/x/", last + 100, false).is_none());
+        assert!(cache
+            .watch("/registry/x/", last + 100, false, None)
+            .is_none());
         // A list continued at the current revision is served from memory, from its key on;
         // at an older revision, with changes since, it is not.
         let snap = cache
@@ -609,5 +713,129 @@ mod tests {
         assert_eq!(keys, ["/registry/x/3", "/registry/x/4"]);
         assert_eq!(snap.revision, last);
         assert!(cache.snapshot_at("/registry/x/", "", revs[3]).is_none());
+    }
+
+    fn pod(name: &str, node: &str) -> Vec<u8> {
+        json!({"metadata": {"name": name}, "spec": {"nodeName": node}})
+            .to_string()
+            .into_bytes()
+    }
+
+    const BY_NODE: WatchIndex = WatchIndex {
+        field: "spec.nodeName",
+        value: |o| {
+            o.pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        },
+    };
+
+    /// The events received so far on `live` (progress only if `progress`).
+    fn drain(live: &mut broadcast::Receiver<Arc<CacheEvent>>, progress: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(e) = live.try_recv() {
+            match &*e {
+                CacheEvent::Put { key, .. } => out.push(format!("put {key}")),
+                CacheEvent::Delete { key, .. } => out.push(format!("delete {key}")),
+                CacheEvent::Progress(_) if progress => out.push("progress".into()),
+                CacheEvent::Progress(_) => {}
+                CacheEvent::Reset => out.push("reset".into()),
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn indexed_watchers_get_their_value_only() {
+        let (store, _dir) = store().await;
+        store
+            .create(b"/registry/pods/a", pod("a", "n1"))
+            .await
+            .unwrap();
+        store
+            .create(b"/registry/pods/b", pod("b", "n2"))
+            .await
+            .unwrap();
+        let caches = WatchCaches::new(store.clone());
+        let cache = caches.get_indexed("/registry/pods/", Some(BY_NODE));
+        let r0 = store.current_revision().await.unwrap();
+        assert!(cache.wait_for(r0, Duration::from_secs(5)).await.is_some());
+
+        // The initial state of an indexed watcher holds its value's objects only.
+        let w1 = cache.watch("/registry/pods/", 0, true, Some("n1")).unwrap();
+        let initial: Vec<String> = w1
+            .initial
+            .unwrap()
+            .objects
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(initial, ["/registry/pods/a"]);
+        let mut n1 = w1.live;
+        let mut n2 = cache
+            .watch("/registry/pods/", r0, false, Some("n2"))
+            .unwrap()
+            .live;
+        let mut all = cache
+            .watch("/registry/pods/", r0, false, None)
+            .unwrap()
+            .live;
+
+        // c lands on n2, then a moves from n1 to n2 (n1 hears of it: it stops matching),
+        // then b is deleted.
+        store
+            .create(b"/registry/pods/c", pod("c", "n2"))
+            .await
+            .unwrap();
+        store
+            .update(b"/registry/pods/a", pod("a", "n2"), None)
+            .await
+            .unwrap();
+        store.delete(b"/registry/pods/b", None).await.unwrap();
+        let now = store.current_revision().await.unwrap();
+        assert!(cache.wait_for(now, Duration::from_secs(5)).await.is_some());
+
+        assert_eq!(drain(&mut n1, false), ["put /registry/pods/a"]);
+        assert_eq!(
+            drain(&mut n2, false),
+            [
+                "put /registry/pods/c",
+                "put /registry/pods/a",
+                "delete /registry/pods/b"
+            ]
+        );
+        assert_eq!(drain(&mut all, false).len(), 3);
+
+        // A watch resumed from r0 replays what touched its value only.
+        let replay: Vec<String> = cache
+            .watch("/registry/pods/", r0, false, Some("n1"))
+            .unwrap()
+            .replay
+            .iter()
+            .filter_map(|e| e.key().map(str::to_owned))
+            .collect();
+        assert_eq!(replay, ["/registry/pods/a"]);
+
+        // Progress reaches every indexed watcher (their bookmarks keep them current).
+        store.create(b"/registry/other/z", obj("z")).await.unwrap();
+        let later = store.current_revision().await.unwrap();
+        assert!(cache
+            .wait_for(later, Duration::from_secs(5))
+            .await
+            .is_some());
+        assert!(drain(&mut n1, true).contains(&"progress".to_owned()));
+        assert!(drain(&mut n2, true).contains(&"progress".to_owned()));
+
+        // A value whose watchers are gone loses its fan-out.
+        drop(n1);
+        store
+            .create(b"/registry/pods/d", pod("d", "n1"))
+            .await
+            .unwrap();
+        let last = store.current_revision().await.unwrap();
+        assert!(cache.wait_for(last, Duration::from_secs(5)).await.is_some());
+        let values = cache.indexed.lock().unwrap().len();
+        assert_eq!(values, 1, "only n2's fan-out is left");
     }
 }

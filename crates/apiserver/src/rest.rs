@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use bytes::Bytes;
-use kumo_apimachinery::selector::{FieldSelector, LabelSelector};
+use kumo_apimachinery::selector::{FieldSelector, LabelSelector, Operator};
 use kumo_apimachinery::status::{success_status, ApiError, Cause};
 use kumo_apimachinery::validation::{self, FieldError, Path};
 use kumo_storage::{RangeRequest, Revision, StorageError, Store, WatchEvent};
@@ -529,6 +529,18 @@ impl Selectors {
             }
         }
         Ok(Selectors { labels, fields })
+    }
+
+    /// The value the field selector pins the cache's index field to (`field=value`), if any.
+    fn indexed_value(&self, index: Option<crate::cache::WatchIndex>) -> Option<&str> {
+        let field = index?.field;
+        self.fields
+            .requirements()
+            .iter()
+            .find(|r| {
+                r.field == field && matches!(r.operator, Operator::Equals | Operator::DoubleEquals)
+            })
+            .map(|r| r.value.as_str())
     }
 
     fn matches(&self, res: &Resource, obj: &Value) -> bool {
@@ -1211,7 +1223,10 @@ impl Rest {
         // for a consistent list, the client's for NotOlderThan, any for "0".
         // A continued (or exact) list is served from it too when nothing changed since the
         // revision it reads at.
-        let cache = self.caches.get(&res.key_prefix(None));
+        let cache = self
+            .caches
+            .get_indexed(&res.key_prefix(None), res.strategy.watch_index());
+        let by = selectors.indexed_value(cache.index());
         let snap = match revision {
             None => {
                 let need = match req.param("resourceVersion") {
@@ -1262,6 +1277,9 @@ impl Rest {
                         break;
                     }
                     if !selectors.labels.is_empty() && !selectors.labels.matches(&obj.labels) {
+                        continue;
+                    }
+                    if by.is_some() && obj.index.as_deref() != by {
                         continue;
                     }
                     if splice {
@@ -2382,9 +2400,13 @@ impl WatchRun {
             None => self.rest.store.current_revision().await.ok(),
         };
         if let Some(need) = need {
-            let cache = self.rest.caches.get(&self.res.key_prefix(None));
+            let cache = self
+                .rest
+                .caches
+                .get_indexed(&self.res.key_prefix(None), self.res.strategy.watch_index());
             if cache.wait_for(need, CACHE_WAIT).await.is_some() {
-                if let Some(w) = cache.watch(&prefix, from.unwrap_or(0), initial) {
+                let by = self.selectors.indexed_value(cache.index());
+                if let Some(w) = cache.watch(&prefix, from.unwrap_or(0), initial, by) {
                     return self
                         .run_cached(w, &prefix, initial_end_bookmark, bookmarks, deadline)
                         .await;

@@ -247,6 +247,11 @@ pub trait Strategy: Send + Sync {
     fn selectable_fields(&self, _obj: &Value) -> Vec<(&'static str, String)> {
         Vec::new()
     }
+    /// The selectable field the watch cache indexes (upstream's trigger function): lists
+    /// and watches that pin it with `=` read only the objects with that value.
+    fn watch_index(&self) -> Option<crate::cache::WatchIndex> {
+        None
+    }
     /// Where the object keeps what its `scale` subresource shows, for resources that
     /// serve one.
     fn scale(&self) -> Option<ScaleSpec> {

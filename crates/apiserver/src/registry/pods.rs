@@ -775,6 +775,14 @@ impl Strategy for Pods {
         ]
     }
 
+    fn watch_index(&self) -> Option<crate::cache::WatchIndex> {
+        // Every kubelet watches its node's pods: a pod's change goes to its node's only.
+        Some(crate::cache::WatchIndex {
+            field: "spec.nodeName",
+            value: |obj| str_at(obj, "/spec/nodeName").to_owned(),
+        })
+    }
+
     fn selectable_fields(&self, obj: &Value) -> Vec<(&'static str, String)> {
         let host_network = obj
             .pointer("/spec/hostNetwork")
