@@ -267,46 +267,82 @@ async fn try_csi_node(api: &Api<CSINode>, node_name: &str, node_uid: &str) -> Re
         .map_err(|e| e.to_string())
 }
 
-/// Renews the node's Lease every 10 s (created on first use, owned by the Node).
+/// Renews the node's Lease every 10 s (plus up to 4 % jitter), as upstream's lease
+/// controller does: the Lease is read once (created, owned by the Node, when missing), then
+/// each renewal is one update of the Lease last written. After a failure (a conflict, an
+/// error) the next try reads it again, a second later.
 pub async fn heartbeat(client: Client, cfg: Arc<KubeletConfig>, node_uid: String) {
     let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    let mut latest: Option<Lease> = None;
     loop {
-        let body = json!({
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": cfg.node_name,
-                "namespace": "kube-node-lease",
-                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": cfg.node_name, "uid": node_uid}],
-            },
-            "spec": {
-                "holderIdentity": cfg.node_name,
-                "leaseDurationSeconds": LEASE_DURATION_SECONDS,
-                "renewTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
-            },
-        });
-        let result = match serde_json::from_value::<Lease>(body.clone()) {
-            Ok(lease) => match leases.create(&PostParams::default(), &lease).await {
-                Err(kube::Error::Api(e)) if e.code == 409 => leases
-                    .patch(
-                        &cfg.node_name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"spec": body["spec"]})),
-                    )
-                    .await
-                    .map(|_| ()),
-                r => r.map(|_| ()),
-            },
+        let wait = match renew_lease(&leases, &cfg.node_name, &node_uid, latest.take()).await {
+            Ok(lease) => {
+                latest = Some(lease);
+                let jitter = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0 * 0.04;
+                LEASE_RENEW_INTERVAL.mul_f64(1.0 + jitter)
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "lease");
-                Ok(())
+                tracing::warn!(node = %cfg.node_name, error = %e, "failed to renew lease");
+                Duration::from_secs(1)
             }
         };
-        if let Err(e) = result {
-            tracing::warn!(node = %cfg.node_name, error = %e, "failed to renew lease");
-        }
-        tokio::time::sleep(LEASE_RENEW_INTERVAL).await;
+        tokio::time::sleep(wait).await;
     }
+}
+
+/// One renewal: `latest` (or the stored Lease, or a new one) with this node holding it now.
+async fn renew_lease(
+    leases: &Api<Lease>,
+    node: &str,
+    node_uid: &str,
+    latest: Option<Lease>,
+) -> std::result::Result<Lease, kube::Error> {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: node.to_owned(),
+        uid: node_uid.to_owned(),
+        ..Default::default()
+    };
+    let stored = match latest {
+        Some(l) => Some(l),
+        None => leases.get_opt(node).await?,
+    };
+    let Some(mut lease) = stored else {
+        let lease = Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(node.to_owned()),
+                namespace: Some("kube-node-lease".into()),
+                owner_references: Some(vec![owner]),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some(node.to_owned()),
+                lease_duration_seconds: Some(LEASE_DURATION_SECONDS),
+                renew_time: Some(now),
+                ..Default::default()
+            }),
+        };
+        return leases.create(&PostParams::default(), &lease).await;
+    };
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    spec.holder_identity = Some(node.to_owned());
+    spec.lease_duration_seconds = Some(LEASE_DURATION_SECONDS);
+    spec.renew_time = Some(now);
+    // A Lease left without its owner (made by someone else) gets the Node as owner.
+    if lease
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_none_or(Vec::is_empty)
+        && !node_uid.is_empty()
+    {
+        lease.metadata.owner_references = Some(vec![owner]);
+    }
+    leases.replace(node, &PostParams::default(), &lease).await
 }
 
 /// `Node <name> status is now: <reason>`, the kubelet's node status event.
@@ -404,7 +440,7 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
             new["addresses"] = old.get("addresses").cloned().unwrap_or(json!([]));
         }
         let strip = |v: &Value| {
-            let mut v = v.clone();
+            let mut v = crate::pods::without_nulls(v);
             if let Some(cs) = v.get_mut("conditions").and_then(Value::as_array_mut) {
                 for c in cs {
                     if let Some(c) = c.as_object_mut() {

@@ -77,6 +77,8 @@ struct Workers {
     workers: HashMap<String, Worker>,
     next_ip: u32,
     pod_cidr: Option<(Ipv4Addr, u8)>,
+    /// The node's spec.podCIDR, once read.
+    pod_cidr_known: Option<(Ipv4Addr, u8)>,
     /// Images pulled on this node (for "already present on machine").
     pulled: std::collections::HashSet<String>,
     /// What each pod's environment refers to (see `env`), by pod uid.
@@ -130,6 +132,7 @@ pub async fn run(
         client,
         prober,
         pod_cidr: parse_cidr(&cfg.pod_cidr),
+        pod_cidr_known: None,
         cfg,
         runtime,
         node_uid,
@@ -139,21 +142,46 @@ pub async fn run(
         sources: HashMap::new(),
     };
     let mut last_node_read = None::<Instant>;
+    let mut as_json: HashMap<String, (String, Arc<Value>)> = HashMap::new();
     loop {
         tokio::select! {
             _ = wake.notified() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
-        if last_node_read.is_none_or(|t: Instant| t.elapsed() > Duration::from_secs(10)) {
+        // The pod range is read until the node has one (spec.podCIDR never changes once set).
+        if w.pod_cidr_known.is_none()
+            && last_node_read.is_none_or(|t: Instant| t.elapsed() > Duration::from_secs(10))
+        {
             last_node_read = Some(Instant::now());
             w.read_pod_cidr().await;
         }
         statics.rescan(false);
-        let api_pods: Vec<Value> = reader
-            .state()
-            .iter()
-            .filter_map(|p| serde_json::to_value(p.as_ref()).ok())
-            .collect();
+        // Each pod is turned into JSON once per resourceVersion, not on every pass.
+        let state = reader.state();
+        let mut api_pods: Vec<Arc<Value>> = Vec::with_capacity(state.len());
+        let mut seen = std::collections::HashSet::with_capacity(state.len());
+        for p in &state {
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            let rv = p.metadata.resource_version.as_deref().unwrap_or("");
+            let cached = match as_json.get(&uid) {
+                Some((v, json)) if v == rv => Some(json.clone()),
+                _ => None,
+            };
+            let json = match cached {
+                Some(j) => j,
+                None => match serde_json::to_value(p.as_ref()) {
+                    Ok(j) => {
+                        let j = Arc::new(j);
+                        as_json.insert(uid.clone(), (rv.to_owned(), j.clone()));
+                        j
+                    }
+                    Err(_) => continue,
+                },
+            };
+            seen.insert(uid);
+            api_pods.push(json);
+        }
+        as_json.retain(|uid, _| seen.contains(uid));
         w.sync(&api_pods, &statics.pods()).await;
     }
 }
@@ -164,6 +192,7 @@ impl Workers {
         if let Ok(n) = nodes.get(&self.cfg.node_name).await {
             if let Some(c) = n.spec.and_then(|s| s.pod_cidr).and_then(|c| parse_cidr(&c)) {
                 self.pod_cidr = Some(c);
+                self.pod_cidr_known = Some(c);
             }
         }
     }
@@ -183,7 +212,7 @@ impl Workers {
         Ipv4Addr::from(ip).to_string()
     }
 
-    async fn sync(&mut self, api_pods: &[Value], statics: &[Value]) {
+    async fn sync(&mut self, api_pods: &[Arc<Value>], statics: &[Value]) {
         let pods_api: Api<Pod> = Api::all(self.client.clone());
         // Mirror pods are not run; they stand for static pods.
         let mirrors: HashMap<(String, String), &Value> = api_pods
@@ -199,22 +228,22 @@ impl Workers {
                         s(p, "/metadata/namespace").to_owned(),
                         s(p, "/metadata/name").to_owned(),
                     ),
-                    p,
+                    &**p,
                 )
             })
             .collect();
-        let mut desired: Vec<(Value, bool)> = api_pods
+        let mut desired: Vec<(&Value, bool)> = api_pods
             .iter()
             .filter(|p| {
                 p.pointer("/metadata/annotations")
                     .and_then(|a| a.get(CONFIG_MIRROR))
                     .is_none()
             })
-            .map(|p| (p.clone(), false))
+            .map(|p| (&**p, false))
             .collect();
-        desired.extend(statics.iter().map(|p| (p.clone(), true)));
+        desired.extend(statics.iter().map(|p| (p, true)));
         let mut keep = std::collections::HashSet::new();
-        for (pod, is_static) in &desired {
+        for &(pod, is_static) in &desired {
             let uid = s(pod, "/metadata/uid").to_owned();
             let ns = s(pod, "/metadata/namespace").to_owned();
             let name = s(pod, "/metadata/name").to_owned();
@@ -280,7 +309,7 @@ impl Workers {
                 crate::env::with_sources(pod, self.sources.get(&uid).unwrap_or(&Value::Null));
             let status = self.run_pod(&prepared);
             // A static pod reports through its mirror pod.
-            let (target_ns, target_name, current) = if *is_static {
+            let (target_ns, target_name, current) = if is_static {
                 let hash = pod
                     .pointer("/metadata/annotations")
                     .and_then(|a| a.get(CONFIG_HASH))
@@ -1214,8 +1243,73 @@ fn merge_conditions(current: Option<&Value>, mut new: Value) -> Value {
     new
 }
 
-/// Whether the stored status already says what `new` says.
+/// Whether the stored status already says what `new` says. A null or empty-string field is
+/// an absent one (the pod read through the typed client has none of the nulls written,
+/// such as a condition's `lastProbeTime`, and a Node has required strings that are "").
 fn same_status(stored: &Value, new: &Value) -> bool {
-    new.as_object()
-        .is_some_and(|o| o.iter().all(|(k, v)| stored.get(k) == Some(v)))
+    new.as_object().is_some_and(|o| {
+        o.iter()
+            .all(|(k, v)| same_ignoring_empty(stored.get(k).unwrap_or(&Value::Null), v))
+    })
+}
+
+/// `a == b` where null and empty-string object fields count as absent (as
+/// [`without_nulls`] would make them), without copying either.
+fn same_ignoring_empty(a: &Value, b: &Value) -> bool {
+    let empty = |v: &Value| v.is_null() || v.as_str() == Some("");
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let present =
+                |m: &'_ serde_json::Map<String, Value>| m.values().filter(|v| !empty(v)).count();
+            present(x) == present(y)
+                && y.iter()
+                    .filter(|(_, v)| !empty(v))
+                    .all(|(k, v)| x.get(k).is_some_and(|w| same_ignoring_empty(w, v)))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(v, w)| same_ignoring_empty(v, w))
+        }
+        _ => a == b,
+    }
+}
+
+/// `v` without its null and empty-string object fields, at every depth.
+pub(crate) fn without_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .filter(|(_, v)| !v.is_null() && v.as_str() != Some(""))
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_read_back_typed_is_the_same() {
+        // What the kubelet writes: conditions with a null lastProbeTime.
+        let new = json!({
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True", "lastProbeTime": null,
+                            "lastTransitionTime": "2026-12-03T14:26:21Z"}],
+        });
+        // What the typed client reads back: no nulls, plus its own empty strings.
+        let stored = json!({
+            "phase": "Running",
+            "message": "",
+            "conditions": [{"type": "Ready", "status": "True",
+                            "lastTransitionTime": "2026-12-03T14:26:21Z"}],
+        });
+        assert!(same_status(&stored, &new));
+        let mut changed = new.clone();
+        changed["conditions"][0]["status"] = json!("False");
+        assert!(!same_status(&stored, &changed));
+        assert!(!same_status(&json!({}), &new));
+    }
 }
