@@ -53,6 +53,11 @@ pub struct Args {
     #[arg(long, default_value = "8Gi")]
     pub sim_memory: String,
     /// The address the kubelet API listens on.
+    /// Run this many simulated nodes in this process (`<name>-0` ... `<name>-<N-1>`), one
+    /// connection pool shared: each node's requests impersonate `system:node:<node>`, so the
+    /// kubeconfig's identity must be allowed to impersonate nodes. They serve no kubelet API.
+    #[arg(long, default_value_t = 0)]
+    pub sim_nodes: usize,
     #[arg(long, default_value = "0.0.0.0")]
     pub address: std::net::IpAddr,
     /// The kubelet API's port (0 picks a free one, reported in daemonEndpoints).
@@ -217,6 +222,10 @@ impl Args {
 
 /// Runs `kumo kubelet`.
 pub async fn run(args: Args) -> crate::Result<()> {
+    let nodes = args.sim_nodes;
+    if nodes > 0 {
+        return crate::fleet::run(args.config()?, nodes).await;
+    }
     crate::run(args.config()?).await
 }
 

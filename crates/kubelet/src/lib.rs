@@ -6,11 +6,12 @@
 //!
 //! Layout: [`node`] registration, status and lease; [`pods`] the pod workers and their
 //! status; [`static_pods`] the manifest directory and mirror pods; [`runtime`] the runtime
-//! interface and the `sim` runtime.
+//! interface and the `sim` runtime; [`fleet`] many simulated nodes in one process.
 
 pub mod cli;
 pub mod env;
 pub mod events;
+pub mod fleet;
 pub mod net;
 pub mod node;
 pub mod pods;
@@ -165,8 +166,18 @@ impl Drop for AbortOnDrop {
 }
 
 /// Runs the kubelet until the process ends.
-pub async fn run(mut cfg: KubeletConfig) -> Result<()> {
+pub async fn run(cfg: KubeletConfig) -> Result<()> {
     let client = client(&cfg.kubeconfig).await?;
+    run_with(cfg, client, None).await
+}
+
+/// Runs the kubelet on `client`; with `gate`, registers the Node holding one of its permits
+/// (many nodes of one process do not all register at once).
+async fn run_with(
+    mut cfg: KubeletConfig,
+    client: Client,
+    gate: Option<&tokio::sync::Semaphore>,
+) -> Result<()> {
     let runtime: Arc<dyn runtime::Runtime> =
         Arc::new(runtime::Sim::with_dataplane(cfg.dataplane.clone()));
     let _net = cfg.dataplane.clone().map(|dp| {
@@ -203,7 +214,12 @@ pub async fn run(mut cfg: KubeletConfig) -> Result<()> {
         )));
     }
     let cfg = Arc::new(cfg);
+    let permit = match gate {
+        Some(g) => g.acquire().await.ok(),
+        None => None,
+    };
     let (node, created) = node::register(&client, &cfg, &*runtime).await?;
+    drop(permit);
     tracing::info!(node = %cfg.node_name, "node registered");
     let node_uid = node.metadata.uid.clone().unwrap_or_default();
     // What upstream's kubelet announces when it starts; its node events carry the Node's
