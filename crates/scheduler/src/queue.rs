@@ -112,6 +112,9 @@ struct Inner {
     /// Events seen while pods were in flight, with the cycle counter at the time: a pod
     /// that fails afterwards is retried if one of them may help it (queueing hints).
     in_flight_events: Vec<(u64, ClusterEvent)>,
+    /// Pending pods nominated to a node by preemption (upstream's nominator): pod key →
+    /// node. Pods of no higher priority are filtered as if these ran there already.
+    nominated: HashMap<String, String>,
 }
 
 impl Inner {
@@ -210,6 +213,16 @@ impl SchedulingQueue {
     pub fn add_or_update(&self, pod: Arc<Pod>) {
         let key = pod_key(&pod);
         let mut q = self.inner.lock();
+        // A copy without nominatedNodeName (read before the scheduler's status write) keeps
+        // the nomination made meanwhile.
+        if let Some(node) = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.nominated_node_name.as_deref())
+            .filter(|n| !n.is_empty())
+        {
+            q.nominated.insert(key.clone(), node.to_owned());
+        }
         match q.entries.get_mut(&key) {
             Some(e) => {
                 let old_priority = priority(&e.pod);
@@ -263,6 +276,27 @@ impl SchedulingQueue {
         let mut q = self.inner.lock();
         q.unlink(key);
         q.entries.remove(key);
+        q.nominated.remove(key);
+    }
+
+    /// Preemption nominated `node` for the pod `key` (its victims are on their way out).
+    pub fn nominate(&self, key: &str, node: &str) {
+        let mut q = self.inner.lock();
+        if q.entries.contains_key(key) {
+            q.nominated.insert(key.to_owned(), node.to_owned());
+        }
+    }
+
+    /// The pending pods nominated to each node.
+    pub fn nominated_pods(&self) -> HashMap<String, Vec<Arc<Pod>>> {
+        let q = self.inner.lock();
+        let mut out: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
+        for (key, node) in &q.nominated {
+            if let Some(e) = q.entries.get(key) {
+                out.entry(node.clone()).or_default().push(e.pod.clone());
+            }
+        }
+        out
     }
 
     /// The pod was scheduled (assumed); it leaves the queue.
@@ -273,6 +307,7 @@ impl SchedulingQueue {
             .is_some_and(|e| e.place == Place::InFlight)
         {
             q.entries.remove(key);
+            q.nominated.remove(key);
         }
     }
 
@@ -426,6 +461,41 @@ mod tests {
             }))
             .expect("pod"),
         )
+    }
+
+    #[tokio::test]
+    async fn nominations_last_until_the_pod_leaves() {
+        let q = SchedulingQueue::default();
+        q.add_or_update(pod("hi", 1000));
+        q.add_or_update(pod("low", 100));
+        let names = |q: &SchedulingQueue, node: &str| -> Vec<String> {
+            let mut v: Vec<String> = q
+                .nominated_pods()
+                .get(node)
+                .map(|ps| ps.iter().filter_map(|p| p.metadata.name.clone()).collect())
+                .unwrap_or_default();
+            v.sort();
+            v
+        };
+        assert!(q.nominated_pods().is_empty());
+        q.nominate("default/hi", "w1");
+        assert_eq!(names(&q, "w1"), ["hi"]);
+        // A copy read before the status write (no nominatedNodeName) keeps the nomination.
+        q.add_or_update(pod("hi", 1000));
+        assert_eq!(names(&q, "w1"), ["hi"]);
+        // The status carries one too: it counts.
+        let mut low = (*pod("low", 100)).clone();
+        low.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            nominated_node_name: Some("w2".into()),
+            ..Default::default()
+        });
+        q.add_or_update(Arc::new(low));
+        assert_eq!(names(&q, "w2"), ["low"]);
+        // Bound or gone: no longer nominated. Unknown pods are not nominated.
+        q.delete("default/hi");
+        assert!(names(&q, "w1").is_empty());
+        q.nominate("default/nobody", "w1");
+        assert!(names(&q, "w1").is_empty());
     }
 
     #[tokio::test]

@@ -152,10 +152,33 @@ fn find_node(s: &Sched, pod: Arc<Pod>) -> Option<Outcome> {
     let mut feasible: Vec<Arc<NodeInfo>> = Vec::new();
     let mut statuses = Vec::new();
     let mut processed = 0;
+    // Pods that preemption nominated, of at least this pod's priority, count on their node
+    // (upstream's RunFilterPluginsWithNominatedPods): a victim's room is not taken by a
+    // less important pod. As upstream, such a node must pass with and without them.
+    let own_key = pod_key(&state.pod.pod);
+    let own_priority = crate::helpers::priority(&state.pod.pod);
+    let nominated = s.queue.nominated_pods();
     for i in 0..n {
         let node = &snap.nodes[(start + i) % n];
         processed += 1;
-        match plugins::filter(&state, node, &nsl) {
+        let with_nominated = nominated.get(node.name()).and_then(|pods| {
+            let mut added = (**node).clone();
+            let mut any = false;
+            for p in pods {
+                if pod_key(p) != own_key && crate::helpers::priority(p) >= own_priority {
+                    added.add_pod(Arc::new(PodInfo::new(p.clone())));
+                    any = true;
+                }
+            }
+            any.then_some(added)
+        });
+        let verdict = match &with_nominated {
+            Some(added) => {
+                plugins::filter(&state, added, &nsl).or_else(|| plugins::filter(&state, node, &nsl))
+            }
+            None => plugins::filter(&state, node, &nsl),
+        };
+        match verdict {
             Some(st) => statuses.push((node.name().to_owned(), st)),
             None => {
                 feasible.push(node.clone());
@@ -393,6 +416,9 @@ pub(crate) async fn schedule_one(s: &Arc<Sched>, qp: QueuedPod) {
                 .collect();
             plugins.sort();
             let nominated = nominate.as_ref().map(|(n, _)| n.clone());
+            if let Some(n) = &nominated {
+                s.queue.nominate(&pod_key(&pod), n);
+            }
             if let Some((node, victims)) = nominate {
                 let s = s.clone();
                 let preemptor = pod.clone();
