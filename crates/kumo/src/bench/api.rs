@@ -171,7 +171,7 @@ struct Proc {
 }
 
 /// Resident memory of a process: (VmRSS, VmHWM) in KiB.
-fn proc_memory(pid: u32) -> Option<(u64, u64)> {
+pub(super) fn proc_memory(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |key: &str| {
         status
@@ -184,7 +184,7 @@ fn proc_memory(pid: u32) -> Option<(u64, u64)> {
 }
 
 /// User + system CPU time of a process in seconds (`pid` None: this process).
-fn proc_cpu_seconds(pid: Option<u32>) -> Option<f64> {
+pub(super) fn proc_cpu_seconds(pid: Option<u32>) -> Option<f64> {
     let path = match pid {
         Some(p) => format!("/proc/{p}/stat"),
         None => "/proc/self/stat".to_owned(),

@@ -2,6 +2,7 @@
 
 mod api;
 mod lb;
+mod nodes;
 mod storage;
 
 use anyhow::Result;
@@ -16,6 +17,9 @@ pub enum Bench {
     /// The cloud-controller-manager's service controller: Service create to EXTERNAL-IP,
     /// and the fan-out of a node joining many load balancers.
     Lb(lb::Args),
+    /// Many simulated nodes (one `kumo kubelet --sim-nodes`) under a stream of pods: pod
+    /// startup latency, API latency, each component's CPU and memory.
+    Nodes(nodes::Args),
 }
 
 pub async fn run(what: Bench) -> Result<()> {
@@ -23,6 +27,7 @@ pub async fn run(what: Bench) -> Result<()> {
         Bench::Storage(args) => storage::run(args).await,
         Bench::Api(args) => api::run(*args).await,
         Bench::Lb(args) => lb::run(args).await,
+        Bench::Nodes(args) => nodes::run(args).await,
     }
 }
 
