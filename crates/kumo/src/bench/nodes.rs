@@ -47,6 +47,11 @@ pub struct Args {
     /// Each node's --max-pods.
     #[arg(long, default_value_t = 110)]
     max_pods: u32,
+    /// Run the controller-manager and scheduler with leader election (`--leader-elect`);
+    /// each exits when it loses its lease, as upstream's do, and the benchmark with it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    leader_elect: bool,
     /// Keep the cluster's data here (default: a temporary directory, removed at the end).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -118,6 +123,7 @@ pub async fn run(args: Args) -> Result<()> {
         &["apiserver", "--data-dir", &data_arg, "--secure-port", "0"],
     )?];
     let client = wait_for_apiserver(&data, &mut components[0]).await?;
+    let leader_elect = format!("--leader-elect={}", args.leader_elect);
     components.push(Component::spawn(
         "controller-manager",
         &dir,
@@ -131,6 +137,7 @@ pub async fn run(args: Args) -> Result<()> {
             "--cluster-cidr",
             "100.64.0.0/10",
             "--use-service-account-credentials",
+            &leader_elect,
         ],
     )?);
     components.push(Component::spawn(
@@ -142,6 +149,7 @@ pub async fn run(args: Args) -> Result<()> {
             &d("scheduler.conf"),
             "--secure-port",
             "0",
+            &leader_elect,
         ],
     )?);
     let started = Instant::now();
