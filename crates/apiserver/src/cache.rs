@@ -4,9 +4,11 @@
 //! Like kube-apiserver's cacher, a cache holds the decoded objects of one storage prefix
 //! (`/registry/pods/`), the revision they reflect, and a window of recent events. Lists with
 //! `resourceVersion` unset (a consistent read), `0` or a `NotOlderThan` revision are served
-//! from it once it has caught up with the revision they need; watches start from its
-//! snapshot or from its event window and then follow its fan-out. Reads it cannot answer
-//! (an exact revision, a continue token, a revision older than the window) go to the store.
+//! from it once it has caught up with the revision they need, and so are continued lists
+//! whose revision the window still reaches (the changes since are undone page by page);
+//! watches start from its snapshot or from its event window and then follow its fan-out.
+//! Reads it cannot answer (an exact revision, a revision older than the window) go to the
+//! store.
 //!
 //! A resource may name one field its cache is indexed by (upstream's watch-cache
 //! "triggers": pods by `spec.nodeName`). Each cached object carries its value, so lists and
@@ -18,17 +20,23 @@
 //! nothing. If its store watch fails (history compacted under it, a broken connection), it
 //! lists again and tells its watchers to end; clients re-watch from their last revision.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kumo_storage::{RangeRequest, Revision, Store, WatchEvent};
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc, watch};
 
-/// Events kept for watchers that start from a recent revision.
+/// Events the window always keeps, however old (watchers of quiet resources resume).
 const HISTORY: usize = 4096;
+/// Events younger than this stay in the window (upstream's eventFreshDuration), so that a
+/// watcher that got a bookmark a minute ago can resume from it under any write rate...
+const FRESH: Duration = Duration::from_secs(75);
+/// ...up to this many (upstream's largest watch-cache capacity).
+const HISTORY_MAX: usize = 100 * 1024;
 /// Events a watcher may fall behind the fan-out before it is ended.
 const FANOUT: usize = 4096;
 /// Events a watcher of one index value may fall behind (one node's pods change rarely).
@@ -174,21 +182,43 @@ impl CacheEvent {
 
 struct Inner {
     objects: BTreeMap<String, Arc<Cached>>,
+    /// The keys of the objects by their index value (when the cache has an index).
+    by_index: HashMap<Box<str>, BTreeSet<String>>,
     /// The revision the objects reflect (0 until the first fill).
     revision: Revision,
-    /// Recent changes, oldest first.
-    history: VecDeque<Arc<CacheEvent>>,
+    /// Recent changes and when they arrived, oldest first.
+    history: VecDeque<(Instant, Arc<CacheEvent>)>,
     /// Every change after this revision is in `history`.
     floor: Revision,
     /// The revision of the newest change applied (the fill's revision before any).
     last_change: Revision,
 }
 
+/// How many events a cache's window keeps.
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    /// Kept whatever their age.
+    pub min: usize,
+    /// Never more than this.
+    pub max: usize,
+    /// Events younger than this are kept (up to `max`).
+    pub fresh: Duration,
+}
+
+impl Default for Window {
+    fn default() -> Window {
+        Window {
+            min: HISTORY,
+            max: HISTORY_MAX,
+            fresh: FRESH,
+        }
+    }
+}
+
 /// The cache of one storage prefix.
 pub struct WatchCache {
     prefix: String,
-    /// Most events kept in the window.
-    history: usize,
+    window: Window,
     inner: RwLock<Inner>,
     fanout: broadcast::Sender<Arc<CacheEvent>>,
     /// The resource's index field, if any.
@@ -197,6 +227,35 @@ pub struct WatchCache {
     indexed: Mutex<HashMap<Box<str>, broadcast::Sender<Arc<CacheEvent>>>>,
     revision: watch::Sender<Revision>,
     progress: mpsc::Sender<()>,
+}
+
+/// What a list reads from the cache: a key range, at a revision, selected cheaply.
+pub struct PageQuery<'a> {
+    /// The key prefix listed (the cache's prefix, or a namespace's within it).
+    pub key_prefix: &'a str,
+    /// The first key to hand out (a continued list), if any.
+    pub start: Option<&'a str>,
+    /// The revision to read at (a continued list); `None` for the current state.
+    pub at: Option<Revision>,
+    /// The value of the cache's index field the objects must have.
+    pub by: Option<&'a str>,
+    /// Any further selection on the cached form (label selectors).
+    pub keep: &'a dyn Fn(&Cached) -> bool,
+    /// At most this many objects (0: all).
+    pub limit: usize,
+    /// Count the objects in the range after the page (for `remainingItemCount`).
+    pub count_rest: bool,
+}
+
+/// One page of a list.
+pub struct Page {
+    pub revision: Revision,
+    /// (key, object) in key order.
+    pub objects: Vec<(String, Arc<Cached>)>,
+    /// Whether selected objects follow the page.
+    pub more: bool,
+    /// How many objects of the range follow the page, when counted.
+    pub rest: Option<usize>,
 }
 
 /// A consistent view of the objects under a key prefix.
@@ -256,28 +315,90 @@ impl WatchCache {
         }
     }
 
-    /// The objects under `key_prefix` from key `start` on, as they were at revision `at`:
-    /// only when nothing under the cache's prefix changed between `at` and now (so that a
-    /// list continued at `at` can be served from memory). `None` otherwise.
-    pub fn snapshot_at(&self, key_prefix: &str, start: &str, at: Revision) -> Option<Snapshot> {
+    /// A page of a list, read under one lock without decoding: the objects of the query's
+    /// range as they are, or as they were at its revision (the changes since, undone from
+    /// the window). `None` when the cache is empty or its window does not reach back to
+    /// that revision (the store must serve).
+    pub fn page(&self, q: &PageQuery<'_>) -> Option<Page> {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        if inner.revision == 0 || inner.revision < at || inner.last_change > at {
+        if inner.revision == 0 {
             return None;
         }
-        let from = if start > key_prefix {
-            start
-        } else {
-            key_prefix
+        let at = q.at.unwrap_or(inner.revision);
+        if at > inner.revision || (at < inner.last_change && at < inner.floor) {
+            return None;
+        }
+        let from = match q.start {
+            Some(s) if s > q.key_prefix => s,
+            _ => q.key_prefix,
         };
-        Some(Snapshot {
+        // The keys changed after `at` and their state at `at` (None: absent), from the
+        // oldest change after it.
+        let mut undo: BTreeMap<&String, Option<&Arc<Cached>>> = BTreeMap::new();
+        if at < inner.last_change {
+            let first = inner.history.partition_point(|(_, e)| e.revision() <= at);
+            for (_, e) in inner.history.range(first..) {
+                let (key, before) = match &**e {
+                    CacheEvent::Put { key, prev, .. } => (key, prev.as_ref()),
+                    CacheEvent::Delete { key, prev, .. } => (key, Some(prev)),
+                    _ => continue,
+                };
+                if key.as_str() >= from && key.starts_with(q.key_prefix) {
+                    undo.entry(key).or_insert(before);
+                }
+            }
+        }
+        let by = q.by.filter(|_| self.index.is_some());
+        let mut view: Box<dyn Iterator<Item = (&String, &Arc<Cached>)>> = match by {
+            // The index serves the current state; the undone keys join it in order.
+            Some(v) => {
+                let keys = inner.by_index.get(v);
+                let current = keys
+                    .into_iter()
+                    .flat_map(move |ks| {
+                        ks.range::<str, _>((Bound::Included(from), Bound::Unbounded))
+                    })
+                    .take_while(|k| k.starts_with(q.key_prefix))
+                    .filter_map(|k| inner.objects.get_key_value(k.as_str()));
+                Box::new(
+                    Merge::new(current, undo.into_iter())
+                        .filter(move |(_, o)| o.index.as_deref() == Some(v)),
+                )
+            }
+            None => Box::new(Merge::new(
+                inner
+                    .objects
+                    .range::<str, _>((Bound::Included(from), Bound::Unbounded))
+                    .take_while(|(k, _)| k.starts_with(q.key_prefix)),
+                undo.into_iter(),
+            )),
+        };
+        let mut objects = Vec::new();
+        let mut more = false;
+        for (k, o) in view.by_ref() {
+            if !(q.keep)(o) {
+                continue;
+            }
+            if q.limit > 0 && objects.len() >= q.limit {
+                more = true;
+                break;
+            }
+            objects.push((k.clone(), o.clone()));
+        }
+        let rest = (q.count_rest && more).then(|| 1 + view.count());
+        Some(Page {
             revision: at,
-            objects: inner
-                .objects
-                .range::<str, _>((std::ops::Bound::Included(from), std::ops::Bound::Unbounded))
-                .take_while(|(k, _)| k.starts_with(key_prefix))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            objects,
+            more,
+            rest,
         })
+    }
+
+    /// The object at `key` as the cache holds it: `None` until the cache is filled,
+    /// `Some(None)` when there is no such object.
+    pub fn get(&self, key: &str) -> Option<Option<Arc<Cached>>> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        (inner.revision != 0).then(|| inner.objects.get(key).cloned())
     }
 
     /// The field the cache is indexed by, if any.
@@ -315,10 +436,22 @@ impl WatchCache {
             }
         };
         if initial {
-            let objects = range(&inner.objects, key_prefix)
-                .filter(|(_, o)| by.is_none() || o.index.as_deref() == by)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let objects = match by {
+                Some(v) => inner
+                    .by_index
+                    .get(v)
+                    .into_iter()
+                    .flat_map(|ks| {
+                        ks.range::<str, _>((Bound::Included(key_prefix), Bound::Unbounded))
+                    })
+                    .take_while(|k| k.starts_with(key_prefix))
+                    .filter_map(|k| inner.objects.get_key_value(k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                None => range(&inner.objects, key_prefix)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            };
             return Some(CachedWatch {
                 initial: Some(Snapshot {
                     revision: inner.revision,
@@ -334,8 +467,9 @@ impl WatchCache {
         }
         let replay = inner
             .history
-            .iter()
-            .filter(|e| e.revision() > from && e.key().is_some_and(|k| k.starts_with(key_prefix)))
+            .range(inner.history.partition_point(|(_, e)| e.revision() <= from)..)
+            .map(|(_, e)| e)
+            .filter(|e| e.key().is_some_and(|k| k.starts_with(key_prefix)))
             .filter(|e| by.is_none_or(|v| e.touches(v)))
             .cloned()
             .collect();
@@ -414,10 +548,19 @@ impl WatchCache {
             }
         }
         let at = at?;
+        let mut by_index: HashMap<Box<str>, BTreeSet<String>> = HashMap::new();
+        if self.index.is_some() {
+            for (k, o) in &objects {
+                if let Some(v) = &o.index {
+                    by_index.entry(v.clone()).or_default().insert(k.clone());
+                }
+            }
+        }
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let refill = inner.revision != 0;
         *inner = Inner {
             objects,
+            by_index,
             revision: at,
             history: VecDeque::new(),
             floor: at,
@@ -447,6 +590,7 @@ impl WatchCache {
                     return;
                 };
                 let prev = inner.objects.insert(key.clone(), obj.clone());
+                inner.reindex(&key, prev.as_deref(), Some(&obj));
                 CacheEvent::Put {
                     key,
                     revision: kv.mod_revision,
@@ -457,11 +601,14 @@ impl WatchCache {
             WatchEvent::Delete { key, revision, .. } => {
                 let key = String::from_utf8_lossy(&key).into_owned();
                 match inner.objects.remove(&key) {
-                    Some(prev) => CacheEvent::Delete {
-                        key,
-                        revision,
-                        prev,
-                    },
+                    Some(prev) => {
+                        inner.reindex(&key, Some(&prev), None);
+                        CacheEvent::Delete {
+                            key,
+                            revision,
+                            prev,
+                        }
+                    }
                     None => {
                         inner.revision = inner.revision.max(revision);
                         self.revision.send_replace(inner.revision);
@@ -477,11 +624,16 @@ impl WatchCache {
             inner.last_change = event.revision();
         }
         if !matches!(*event, CacheEvent::Progress(_)) {
-            inner.history.push_back(event.clone());
-            while inner.history.len() > self.history {
-                if let Some(old) = inner.history.pop_front() {
-                    inner.floor = old.revision();
+            let now = Instant::now();
+            inner.history.push_back((now, event.clone()));
+            let w = self.window;
+            while let Some((when, old)) = inner.history.front() {
+                let n = inner.history.len();
+                if n <= w.min || (n <= w.max && now.duration_since(*when) < w.fresh) {
+                    break;
                 }
+                inner.floor = old.revision();
+                inner.history.pop_front();
             }
         }
         self.send(event);
@@ -511,6 +663,83 @@ impl WatchCache {
     }
 }
 
+impl Inner {
+    /// Moves `key` in the index from the value of `before` to that of `after`.
+    fn reindex(&mut self, key: &str, before: Option<&Cached>, after: Option<&Cached>) {
+        let (old, new) = (
+            before.and_then(|o| o.index.as_deref()),
+            after.and_then(|o| o.index.as_deref()),
+        );
+        if old == new {
+            return;
+        }
+        if let Some(v) = old {
+            if let Some(keys) = self.by_index.get_mut(v) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.by_index.remove(v);
+                }
+            }
+        }
+        if let Some(v) = new {
+            self.by_index
+                .entry(v.into())
+                .or_default()
+                .insert(key.to_owned());
+        }
+    }
+}
+
+/// The current entries of a range merged with the state, at an earlier revision, of the
+/// keys changed since (which replaces theirs; `None`: the key did not exist then).
+struct Merge<'a, C: Iterator<Item = (&'a String, &'a Arc<Cached>)>, U: Iterator> {
+    current: std::iter::Peekable<C>,
+    undo: std::iter::Peekable<U>,
+}
+
+impl<'a, C, U> Merge<'a, C, U>
+where
+    C: Iterator<Item = (&'a String, &'a Arc<Cached>)>,
+    U: Iterator<Item = (&'a String, Option<&'a Arc<Cached>>)>,
+{
+    fn new(current: C, undo: U) -> Self {
+        Merge {
+            current: current.peekable(),
+            undo: undo.peekable(),
+        }
+    }
+}
+
+impl<'a, C, U> Iterator for Merge<'a, C, U>
+where
+    C: Iterator<Item = (&'a String, &'a Arc<Cached>)>,
+    U: Iterator<Item = (&'a String, Option<&'a Arc<Cached>>)>,
+{
+    type Item = (&'a String, &'a Arc<Cached>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let order = match (self.current.peek(), self.undo.peek()) {
+                (None, None) => return None,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some((c, _)), Some((u, _))) => c.cmp(u),
+            };
+            match order {
+                std::cmp::Ordering::Less => return self.current.next(),
+                ord => {
+                    if ord == std::cmp::Ordering::Equal {
+                        self.current.next();
+                    }
+                    if let Some((key, Some(before))) = self.undo.next() {
+                        return Some((key, before));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Entries of `objects` whose key starts with `prefix`.
 fn range<'a>(
     objects: &'a BTreeMap<String, Arc<Cached>>,
@@ -527,20 +756,32 @@ fn range<'a>(
 /// Every cache of a server, by storage prefix.
 pub struct WatchCaches {
     store: Arc<dyn Store>,
-    history: usize,
+    window: Window,
     caches: Mutex<HashMap<String, Arc<WatchCache>>>,
 }
 
 impl WatchCaches {
     pub fn new(store: Arc<dyn Store>) -> WatchCaches {
-        Self::with_history(store, HISTORY)
+        Self::with_window(store, Window::default())
     }
 
-    /// Caches whose windows keep `history` events.
+    /// Caches whose windows keep exactly `history` events.
     pub fn with_history(store: Arc<dyn Store>, history: usize) -> WatchCaches {
+        Self::with_window(
+            store,
+            Window {
+                min: history,
+                max: history,
+                fresh: Duration::ZERO,
+            },
+        )
+    }
+
+    /// Caches whose windows keep what `window` says.
+    pub fn with_window(store: Arc<dyn Store>, window: Window) -> WatchCaches {
         WatchCaches {
             store,
-            history,
+            window,
             caches: Mutex::new(HashMap::new()),
         }
     }
@@ -559,9 +800,10 @@ impl WatchCaches {
         let (progress_tx, mut progress_rx) = mpsc::channel(1);
         let cache = Arc::new(WatchCache {
             prefix: prefix.to_owned(),
-            history: self.history,
+            window: self.window,
             inner: RwLock::new(Inner {
                 objects: BTreeMap::new(),
+                by_index: HashMap::new(),
                 revision: 0,
                 history: VecDeque::new(),
                 floor: 0,
@@ -705,14 +947,79 @@ mod tests {
             .watch("/registry/x/", last + 100, false, None)
             .is_none());
         // A list continued at the current revision is served from memory, from its key on;
-        // at an older revision, with changes since, it is not.
-        let snap = cache
-            .snapshot_at("/registry/x/", "/registry/x/3", last)
+        // at a revision before the window, with changes since, it is not.
+        let page = cache.page(&query("/registry/x/3", Some(last), 0)).unwrap();
+        assert_eq!(keys(&page), ["/registry/x/3", "/registry/x/4"]);
+        assert_eq!(page.revision, last);
+        assert!(cache.page(&query("", Some(revs[0]), 0)).is_none());
+    }
+
+    fn query(start: &str, at: Option<Revision>, limit: usize) -> PageQuery<'_> {
+        PageQuery {
+            key_prefix: "/registry/x/",
+            start: Some(start),
+            at,
+            by: None,
+            keep: &|_| true,
+            limit,
+            count_rest: true,
+        }
+    }
+
+    fn keys(page: &Page) -> Vec<&str> {
+        page.objects.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn continued_pages_read_their_revision_across_changes() {
+        let (store, _dir) = store().await;
+        for k in ["a", "b", "c", "d"] {
+            store
+                .create(format!("/registry/x/{k}").as_bytes(), obj(k))
+                .await
+                .unwrap();
+        }
+        let caches = WatchCaches::new(store.clone());
+        let cache = caches.get("/registry/x/");
+        let r0 = store.current_revision().await.unwrap();
+        cache.wait_for(r0, Duration::from_secs(5)).await.unwrap();
+        let first = cache.page(&query("", None, 2)).unwrap();
+        assert_eq!(keys(&first), ["/registry/x/a", "/registry/x/b"]);
+        assert!(first.more);
+        assert_eq!(first.rest, Some(2));
+        let at = first.revision;
+
+        // After the first page: c is updated twice, d deleted, e and bb created.
+        store
+            .update(b"/registry/x/c", obj("c2"), None)
+            .await
             .unwrap();
-        let keys: Vec<&str> = snap.objects.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(keys, ["/registry/x/3", "/registry/x/4"]);
-        assert_eq!(snap.revision, last);
-        assert!(cache.snapshot_at("/registry/x/", "", revs[3]).is_none());
+        store
+            .update(b"/registry/x/c", obj("c3"), None)
+            .await
+            .unwrap();
+        store.delete(b"/registry/x/d", None).await.unwrap();
+        store.create(b"/registry/x/bb", obj("bb")).await.unwrap();
+        store.create(b"/registry/x/e", obj("e")).await.unwrap();
+        let now = store.current_revision().await.unwrap();
+        cache.wait_for(now, Duration::from_secs(5)).await.unwrap();
+
+        // The next page still reads the list's revision: c as it was, d, no bb or e.
+        let next = cache.page(&query("/registry/x/b\0", Some(at), 0)).unwrap();
+        assert_eq!(keys(&next), ["/registry/x/c", "/registry/x/d"]);
+        assert_eq!(next.objects[0].1.object()["metadata"]["name"], json!("c"));
+        assert_eq!(next.revision, at);
+        assert!(!next.more);
+        // The current state has all of it.
+        let current = cache.page(&query("/registry/x/b\0", None, 0)).unwrap();
+        assert_eq!(
+            keys(&current),
+            ["/registry/x/bb", "/registry/x/c", "/registry/x/e"]
+        );
+        assert_eq!(
+            current.objects[1].1.object()["metadata"]["name"],
+            json!("c3")
+        );
     }
 
     fn pod(name: &str, node: &str) -> Vec<u8> {
@@ -772,6 +1079,17 @@ mod tests {
             .map(|(k, _)| k)
             .collect();
         assert_eq!(initial, ["/registry/pods/a"]);
+        let on = |node, limit| PageQuery {
+            key_prefix: "/registry/pods/",
+            start: None,
+            at: None,
+            by: Some(node),
+            keep: &|_| true,
+            limit,
+            count_rest: false,
+        };
+        let page = cache.page(&on("n2", 0)).unwrap();
+        assert_eq!(keys(&page), ["/registry/pods/b"]);
         let mut n1 = w1.live;
         let mut n2 = cache
             .watch("/registry/pods/", r0, false, Some("n2"))
@@ -816,6 +1134,12 @@ mod tests {
             .filter_map(|e| e.key().map(str::to_owned))
             .collect();
         assert_eq!(replay, ["/registry/pods/a"]);
+        // Lists by value read the index, which followed the move.
+        let page = cache.page(&on("n2", 1)).unwrap();
+        assert_eq!(keys(&page), ["/registry/pods/a"]);
+        assert!(page.more);
+        assert!(cache.page(&on("n1", 0)).unwrap().objects.is_empty());
+        assert!(!cache.inner.read().unwrap().by_index.contains_key("n1"));
 
         // Progress reaches every indexed watcher (their bookmarks keep them current).
         store.create(b"/registry/other/z", obj("z")).await.unwrap();

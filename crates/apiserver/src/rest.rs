@@ -17,7 +17,7 @@ use kumo_storage::{RangeRequest, Revision, StorageError, Store, WatchEvent};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use crate::cache::{CacheEvent, Cached, WatchCaches};
+use crate::cache::{CacheEvent, Cached, PageQuery, WatchCaches};
 use crate::negotiate::{Accept, Output};
 use crate::registry::{json_path_pointer, Resource, SelectorForm};
 
@@ -1126,6 +1126,25 @@ impl Rest {
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
         let key = res.key(ns, name);
+        if req.param("resourceVersion") == Some("0") {
+            // Any revision will do: the watch cache answers, as upstream's does.
+            let cache = self
+                .caches
+                .get_indexed(&res.key_prefix(None), res.strategy.watch_index());
+            if let Some(found) = cache.get(&key) {
+                let obj = found.ok_or_else(|| ApiError::not_found(&res.group_resource(), name))?;
+                if req.accept.output == Output::Object
+                    && !req.accept.yaml
+                    && !res.strategy.converts()
+                {
+                    let mut out = obj.object_json();
+                    out.push(b'\n');
+                    return Ok(Reply::Raw(200, Bytes::from(out)));
+                }
+                let obj = res.strategy.served_form(obj.object());
+                return Ok(Reply::Json(200, render_one(res, req, obj)));
+            }
+        }
         let revision = match req.param("resourceVersion") {
             None | Some("") | Some("0") => None,
             Some(rv) => Some(parse_rv(rv)?),
@@ -1227,7 +1246,14 @@ impl Rest {
             .caches
             .get_indexed(&res.key_prefix(None), res.strategy.watch_index());
         let by = selectors.indexed_value(cache.index());
-        let snap = match revision {
+        // Selected by labels and the index alone: the cache applies the limit itself.
+        let cheap = selectors.fields.requirements().iter().all(|r| {
+            by == Some(r.value.as_str())
+                && cache.index().is_some_and(|i| i.field == r.field)
+                && matches!(r.operator, Operator::Equals | Operator::DoubleEquals)
+        });
+        let unselective = selectors.labels.is_empty() && selectors.fields.is_empty();
+        let ready = match revision {
             None => {
                 let need = match req.param("resourceVersion") {
                     None | Some("") => self
@@ -1237,82 +1263,86 @@ impl Rest {
                         .map_err(ApiError::internal)?,
                     Some(rv) => parse_rv(rv)?.max(1),
                 };
-                cache
-                    .wait_for(need, CACHE_WAIT)
-                    .await
-                    .map(|_| cache.snapshot(&prefix))
+                cache.wait_for(need, CACHE_WAIT).await.is_some()
             }
-            Some(at) => {
-                let from = start
-                    .as_deref()
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .unwrap_or_default();
-                cache.snapshot_at(&prefix, &from, at)
-            }
+            Some(_) => true,
         };
-        {
-            if let Some(snap) = snap {
-                // Plain JSON lists of objects served as stored, selected by labels only, are
-                // spliced from the cached bytes.
-                let splice = raw_ok
-                    && req.accept.output == Output::Object
-                    && !req.accept.yaml
-                    && selectors.fields.is_empty()
-                    && !res.strategy.converts();
-                let mut items = Vec::new();
-                let keep_type = res.strategy.list_items_keep_type();
-                let mut raw: Vec<Bytes> = Vec::new();
-                let (mut next_start, mut remaining) = (None, None);
-                let unselective = selectors.labels.is_empty() && selectors.fields.is_empty();
-                for (i, (_, obj)) in snap.objects.iter().enumerate() {
-                    if limit > 0 && items.len() + raw.len() >= limit {
-                        // Continue after the last key handed out, as the store path does.
-                        if let Some((last, _)) = i.checked_sub(1).and_then(|j| snap.objects.get(j))
-                        {
-                            next_start = Some(format!("{}\0", &last[prefix.len()..]));
-                        }
-                        if unselective {
-                            remaining = Some(snap.objects.len() - i);
-                        }
-                        break;
-                    }
-                    if !selectors.labels.is_empty() && !selectors.labels.matches(&obj.labels) {
-                        continue;
-                    }
-                    if by.is_some() && obj.index.as_deref() != by {
-                        continue;
-                    }
-                    if splice {
-                        raw.push(if keep_type {
-                            Bytes::from(obj.object_json())
-                        } else {
-                            obj.item.clone()
-                        });
-                        continue;
-                    }
-                    let served = res.strategy.served_form(obj.object());
-                    if selectors.matches(res, &served) {
-                        items.push(served);
-                    }
+        let from = start
+            .as_deref()
+            .map(|s| String::from_utf8_lossy(s).into_owned());
+        let keep = |o: &Cached| selectors.labels.is_empty() || selectors.labels.matches(&o.labels);
+        let page = ready
+            .then(|| {
+                cache.page(&PageQuery {
+                    key_prefix: &prefix,
+                    start: from.as_deref(),
+                    at: revision,
+                    by,
+                    keep: &keep,
+                    limit: if cheap { limit } else { 0 },
+                    count_rest: cheap && unselective,
+                })
+            })
+            .flatten();
+        if let Some(page) = page {
+            // Plain JSON lists of objects served as stored, selected by labels and the
+            // index only, are spliced from the cached bytes.
+            let splice = raw_ok
+                && cheap
+                && req.accept.output == Output::Object
+                && !req.accept.yaml
+                && !res.strategy.converts();
+            let keep_type = res.strategy.list_items_keep_type();
+            let (mut next_start, mut remaining) = (None, None);
+            let continue_after = |key: &str| format!("{}\0", &key[prefix.len()..]);
+            if cheap {
+                if page.more {
+                    next_start = page.objects.last().map(|(k, _)| continue_after(k));
+                    remaining = page.rest;
                 }
                 if splice {
+                    let raw: Vec<Bytes> = page
+                        .objects
+                        .iter()
+                        .map(|(_, obj)| {
+                            if keep_type {
+                                Bytes::from(obj.object_json())
+                            } else {
+                                obj.item.clone()
+                            }
+                        })
+                        .collect();
                     return Ok(spliced_list(
                         res,
                         &raw,
-                        snap.revision,
+                        page.revision,
                         next_start,
                         remaining,
                     ));
                 }
-                return Ok(list_reply(
-                    res,
-                    req,
-                    items,
-                    snap.revision,
-                    next_start,
-                    remaining,
-                ));
             }
+            let mut items = Vec::new();
+            for (i, (_, obj)) in page.objects.iter().enumerate() {
+                if !cheap && limit > 0 && items.len() >= limit {
+                    // Continue after the last key handed out, as the store path does.
+                    if let Some((last, _)) = i.checked_sub(1).and_then(|j| page.objects.get(j)) {
+                        next_start = Some(continue_after(last));
+                    }
+                    break;
+                }
+                let served = res.strategy.served_form(obj.object());
+                if cheap || selectors.matches(res, &served) {
+                    items.push(served);
+                }
+            }
+            return Ok(list_reply(
+                res,
+                req,
+                items,
+                page.revision,
+                next_start,
+                remaining,
+            ));
         }
         // Read pages from the store until `limit` objects matched or the range ended.
         let mut items = Vec::new();

@@ -83,6 +83,37 @@ async fn lists_read_their_writes() {
         .await,
     );
     assert_eq!(all["items"].as_array().unwrap().len(), 11);
+    // So is a GET with resourceVersion=0: the object whole, or upstream's NotFound.
+    let one = out_json(
+        &k(
+            &kc,
+            &[
+                "get",
+                "--raw",
+                "/api/v1/namespaces/default/configmaps/c4?resourceVersion=0",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(one["kind"], "ConfigMap");
+    assert_eq!(one["apiVersion"], "v1");
+    assert_eq!(one["metadata"]["labels"]["round"], "4");
+    assert_eq!(one["data"]["k"], "v");
+    let gone = k(
+        &kc,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/configmaps/c3?resourceVersion=0",
+        ],
+    )
+    .await;
+    assert!(!gone.ok);
+    assert!(
+        gone.stderr.contains("configmaps \"c3\" not found"),
+        "{}",
+        gone.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
