@@ -124,9 +124,12 @@ pub async fn sources(
         lists.insert(0, (ns.clone(), false));
     }
     for (list_ns, master_only) in lists {
-        let Ok(req) =
-            http::Request::get(format!("/api/v1/namespaces/{list_ns}/services")).body(Vec::new())
-        else {
+        // From the API server's watch cache (`resourceVersion=0`): upstream's kubelet reads
+        // Services from an informer, which is no more current than that.
+        let Ok(req) = http::Request::get(format!(
+            "/api/v1/namespaces/{list_ns}/services?resourceVersion=0"
+        ))
+        .body(Vec::new()) else {
             continue;
         };
         if let Ok(list) = client.request::<Value>(req).await {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::CSINode;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, GetParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
@@ -408,7 +408,9 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
     let mut was_unschedulable = false;
     loop {
         tokio::time::sleep(cfg.status_update_frequency).await;
-        let current = match nodes.get(&cfg.node_name).await {
+        // From the API server's cache, as upstream's kubelet reads it first; a stale copy
+        // only costs a conflict, and the status patch carries no precondition anyway.
+        let current = match nodes.get_with(&cfg.node_name, &GetParams::any()).await {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(node = %cfg.node_name, error = %e, "error getting node");
@@ -436,8 +438,11 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
         }
         crate::events::emit(&client, &cfg.node_name, records);
         if cfg.cloud_provider_external {
-            // The cloud node controller owns the addresses.
-            new["addresses"] = old.get("addresses").cloned().unwrap_or(json!([]));
+            // The cloud node controller owns the addresses: the patch leaves them alone
+            // (the node read may be a cached copy from before the controller set them).
+            if let Some(o) = new.as_object_mut() {
+                o.remove("addresses");
+            }
         }
         let strip = |v: &Value| {
             let mut v = crate::pods::without_nulls(v);
@@ -459,6 +464,7 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
             "declaredFeatures",
         ]
         .iter()
+        .filter(|k| !(cfg.cloud_provider_external && **k == "addresses"))
         .any(|k| strip(&old).get(k) != strip(&new).get(k));
         if !changed && last_report.elapsed() < Duration::from_secs(300) {
             continue;

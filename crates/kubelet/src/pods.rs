@@ -66,7 +66,21 @@ struct Worker {
     init_done: bool,
     /// The status last written, to write only changes.
     written: Option<Value>,
+    /// Set when a pass found nothing to do for the pod: until the pod or one of its
+    /// containers changes, or the resync period ends, passes skip it (upstream's pod
+    /// workers sync on pod updates, PLEG events and every syncFrequency, not on a timer).
+    steady: Option<Steady>,
 }
+
+/// What a pod with nothing to do looked like.
+struct Steady {
+    resource_version: String,
+    states: Vec<State>,
+    until: Instant,
+}
+
+/// How long a steady pod goes without a sync (upstream's syncFrequency).
+const RESYNC: Duration = Duration::from_secs(60);
 
 /// The pod workers of a node.
 struct Workers {
@@ -104,9 +118,12 @@ pub async fn run(
     let (reader, writer) = reflector::store();
     let selector = format!("spec.nodeName={}", cfg.node_name);
     let wake = Arc::new(tokio::sync::Notify::new());
+    // The pods are kept without managedFields, which the kubelet never reads and which
+    // as JSON trees are most of a pod's memory.
     let stream = reflector(
         writer,
-        watcher(api, watcher::Config::default().fields(&selector)),
+        watcher(api, watcher::Config::default().fields(&selector))
+            .modify(|p| p.metadata.managed_fields = None),
     )
     .default_backoff()
     .touched_objects();
@@ -286,6 +303,9 @@ impl Workers {
                 continue;
             }
             keep.insert(uid.clone());
+            if !is_static && self.is_steady(&uid, pod) {
+                continue;
+            }
             // What the containers' environment refers to (ConfigMaps, Secrets), read once
             // per pod.
             // (again every few seconds for pods with ConfigMap, Secret or downward API
@@ -337,6 +357,16 @@ impl Workers {
                     .and_then(|c| c.get("status"))
                     .is_some_and(|st| same_status(st, &merged));
             if unchanged {
+                if !is_static {
+                    let steady = self.steady_states(&uid, pod).map(|states| Steady {
+                        resource_version: s(pod, "/metadata/resourceVersion").to_owned(),
+                        states,
+                        until: Instant::now() + RESYNC,
+                    });
+                    if let Some(w) = self.workers.get_mut(&uid) {
+                        w.steady = steady;
+                    }
+                }
                 continue;
             }
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &target_ns);
@@ -368,6 +398,62 @@ impl Workers {
             self.kill(&uid);
         }
         self.sync_mirrors(&pods_api, &mirrors, statics).await;
+    }
+
+    /// The states of the pod's containers, when the pod cannot change by itself: every
+    /// container started and running (or, with restartPolicy Never, exited), no probes,
+    /// deadline, termination or sources that follow their objects. `None` otherwise.
+    fn steady_states(&self, uid: &str, pod: &Value) -> Option<Vec<State>> {
+        let w = self.workers.get(uid)?;
+        let spec = pod.get("spec")?;
+        let never = spec.get("restartPolicy").and_then(Value::as_str) == Some("Never");
+        let probed = spec
+            .get("containers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                ["readinessProbe", "livenessProbe", "startupProbe"]
+                    .iter()
+                    .any(|p| c.get(p).is_some_and(|v| !v.is_null()))
+            });
+        if probed
+            || spec
+                .get("activeDeadlineSeconds")
+                .is_some_and(|v| !v.is_null())
+            || pod
+                .pointer("/metadata/deletionTimestamp")
+                .is_some_and(|v| !v.is_null())
+            || !w.init_done
+            || w.containers.is_empty()
+            || self
+                .sources
+                .get(uid)
+                .is_none_or(|src| crate::env::sources_stale(pod, src))
+        {
+            return None;
+        }
+        w.containers
+            .values()
+            .map(|c| {
+                let state = self.runtime.container_status(c.id.as_deref()?).ok()?.state;
+                match state {
+                    State::Running { .. } => Some(state),
+                    State::Exited { .. } if never => Some(state),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the pod is as a pass last left it with nothing to do.
+    fn is_steady(&self, uid: &str, pod: &Value) -> bool {
+        let Some(steady) = self.workers.get(uid).and_then(|w| w.steady.as_ref()) else {
+            return false;
+        };
+        Instant::now() < steady.until
+            && steady.resource_version == s(pod, "/metadata/resourceVersion")
+            && self.steady_states(uid, pod).as_ref() == Some(&steady.states)
     }
 
     /// Creates missing mirror pods, replaces outdated or deleted ones, deletes orphans.
@@ -455,6 +541,7 @@ impl Workers {
                     containers: BTreeMap::new(),
                     init_done: false,
                     written: None,
+                    steady: None,
                 },
             );
         }

@@ -182,6 +182,22 @@ async fn kubelet_runs_pods_and_static_pods() {
     )
     .await;
 
+    // A pod that ran steady for a while (passes skip it) is synced when its container
+    // exits on its own.
+    let f = dir.path().join("later.yaml");
+    std::fs::write(&f, "apiVersion: v1\nkind: Pod\nmetadata:\n  name: later\n  annotations:\n    sim.kumo.io/exit-after-seconds: \"4\"\nspec:\n  nodeName: w1\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: busybox\n").unwrap();
+    let (ok, _, err) = k(&admin, &["create", "-f", f.to_str().unwrap()]).await;
+    assert!(ok, "{err}");
+    let phase = [
+        "get",
+        "pod",
+        "later",
+        "-o",
+        "jsonpath={.status.phase} {.status.containerStatuses[0].state.terminated.reason}",
+    ];
+    until(&admin, &phase, "running", |o| o.starts_with("Running")).await;
+    until(&admin, &phase, "exited", |o| o == "Succeeded Completed").await;
+
     // activeDeadlineSeconds: the pod fails once it ran that long.
     let f = dir.path().join("deadline.yaml");
     std::fs::write(&f, "apiVersion: v1\nkind: Pod\nmetadata:\n  name: deadline\nspec:\n  nodeName: w1\n  activeDeadlineSeconds: 1\n  containers:\n  - name: c\n    image: nginx:1.29\n").unwrap();
