@@ -154,7 +154,12 @@ impl<K: Watchable> Informer<K> {
                 ev = stream.next() => ev,
                 _ = stop.wait_for(|s| *s) => return,
             };
-            let Some(ev) = ev else { return };
+            let Some(mut ev) = ev else { return };
+            // Like upstream's controller-manager and scheduler informers, the cache drops
+            // managedFields: no controller reads them, and they are often half an object.
+            if let Ok(Event::InitApply(obj) | Event::Apply(obj) | Event::Delete(obj)) = &mut ev {
+                obj.meta_mut().managed_fields = None;
+            }
             match ev {
                 Ok(Event::Init) => buffer = Some(BTreeMap::new()),
                 Ok(Event::InitApply(obj)) => {
