@@ -334,6 +334,9 @@ async fn serve(
             // Headers as large as Go's default limit (1 MiB): bearer tokens can be long.
             builder.http1().max_buf_size(1 << 20);
             builder.http2().max_header_list_size(1 << 20);
+            // kube-apiserver's --http2-max-streams-per-connection default (hyper's is 200):
+            // a client's watches each hold a stream for as long as they run.
+            builder.http2().max_concurrent_streams(1000);
             if let Err(e) = builder
                 .serve_connection_with_upgrades(TokioIo::new(tls), service)
                 .await

@@ -1,7 +1,7 @@
 //! Many simulated nodes in one process (`kumo kubelet --sim-nodes N`), for scale tests.
 //!
 //! Each node is a whole kubelet (registration, lease, status, pod workers on its own `sim`
-//! runtime), as `kumo kubelet` runs one. They share one connection pool: every request of
+//! runtime), as `kumo kubelet` runs one. They share a few HTTP/2 connections: every request of
 //! node X goes through the same client, with `Impersonate-User: system:node:X` and
 //! `Impersonate-Group: system:nodes`, so the API server authorizes and admits it as that
 //! kubelet (Node authorizer, NodeRestriction) while the process holds one set of
@@ -20,8 +20,35 @@ use crate::{KubeletConfig, Result};
 /// Nodes that may register at the same time.
 const CONCURRENT_REGISTRATIONS: usize = 64;
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Nodes that share one HTTP/2 connection: a pod watch each plus their requests, well
+/// under the streams a server allows per connection (kube-apiserver: 1000; Go: 250).
+const NODES_PER_CONNECTION: usize = 100;
+
 /// The group of every node identity.
 const NODES_GROUP: &str = "system:nodes";
+
+/// A client over one HTTP/2 connection (kube's own client speaks HTTP/1.1, one connection
+/// per watch: thousands of simulated kubelets would each hold a TLS connection for their
+/// pod watch, on both sides).
+pub fn h2_client(config: &kube::Config) -> Result<Client> {
+    use kube::client::ConfigExt;
+    let mut tls = config.rustls_client_config().map_err(crate::Error::Api)?;
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    let https = hyper_rustls::HttpsConnector::from((http, Arc::new(tls)));
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build::<_, Body>(https);
+    let svc = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer().map_err(crate::Error::Api)?)
+        .map_err(|e: hyper_util::client::legacy::Error| -> BoxError { Box::new(e) })
+        .service(hyper);
+    Ok(Client::new(svc, config.default_namespace.clone()))
+}
 
 /// A client that speaks as `system:node:<node>` through `base`'s connections.
 pub fn node_client(base: &Client, node: &str) -> Result<Client> {
@@ -68,11 +95,14 @@ pub fn node_names(base: &str, count: usize) -> Vec<String> {
 /// kubelet API, static pods or pod network) until the process ends. A node whose kubelet
 /// stops is started again, as `kumo up` does with its kubelets.
 pub async fn run(cfg: KubeletConfig, count: usize) -> Result<()> {
-    let base = crate::client(&cfg.kubeconfig).await?;
+    let config = crate::config(&cfg.kubeconfig).await?;
+    let bases = (0..count.div_ceil(NODES_PER_CONNECTION).max(1))
+        .map(|_| h2_client(&config))
+        .collect::<Result<Vec<_>>>()?;
     let gate = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_REGISTRATIONS));
     let mut tasks = tokio::task::JoinSet::new();
-    for name in node_names(&cfg.node_name, count) {
-        let client = node_client(&base, &name)?;
+    for (i, name) in node_names(&cfg.node_name, count).into_iter().enumerate() {
+        let client = node_client(&bases[i / NODES_PER_CONNECTION], &name)?;
         let mut node = cfg.clone();
         node.node_name = name;
         node.server = None;

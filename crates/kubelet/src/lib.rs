@@ -145,15 +145,19 @@ pub const KUBELET_VERSION: &str = "v1.37.2-kumo";
 
 /// A client for `path`.
 pub async fn client(path: &std::path::Path) -> Result<Client> {
+    Client::try_from(config(path).await?).map_err(Error::Api)
+}
+
+/// The client configuration a kubeconfig file describes.
+pub async fn config(path: &std::path::Path) -> Result<kube::Config> {
     let bad = |message: String| Error::Kubeconfig {
         path: path.to_owned(),
         message,
     };
     let kc = Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+    kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
-        .map_err(|e| bad(e.to_string()))?;
-    Client::try_from(cfg).map_err(Error::Api)
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// Stops a task when dropped (the API server goes with the kubelet that runs it).
