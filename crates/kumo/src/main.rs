@@ -8,6 +8,12 @@ mod doctor;
 mod status;
 
 use anyhow::Result;
+
+/// mimalloc rather than the system allocator: the components allocate many small,
+/// short-lived JSON values across threads, where glibc's malloc spent a quarter of the API
+/// server's CPU (perf, `kumo bench nodes`) and fragmented its memory.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
