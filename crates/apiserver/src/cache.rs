@@ -352,14 +352,7 @@ impl WatchCache {
         let mut view: Box<dyn Iterator<Item = (&String, &Arc<Cached>)>> = match by {
             // The index serves the current state; the undone keys join it in order.
             Some(v) => {
-                let keys = inner.by_index.get(v);
-                let current = keys
-                    .into_iter()
-                    .flat_map(move |ks| {
-                        ks.range::<str, _>((Bound::Included(from), Bound::Unbounded))
-                    })
-                    .take_while(|k| k.starts_with(q.key_prefix))
-                    .filter_map(|k| inner.objects.get_key_value(k.as_str()));
+                let current = inner.indexed(v, q.key_prefix, from);
                 Box::new(
                     Merge::new(current, undo.into_iter())
                         .filter(move |(_, o)| o.index.as_deref() == Some(v)),
@@ -438,14 +431,7 @@ impl WatchCache {
         if initial {
             let objects = match by {
                 Some(v) => inner
-                    .by_index
-                    .get(v)
-                    .into_iter()
-                    .flat_map(|ks| {
-                        ks.range::<str, _>((Bound::Included(key_prefix), Bound::Unbounded))
-                    })
-                    .take_while(|k| k.starts_with(key_prefix))
-                    .filter_map(|k| inner.objects.get_key_value(k.as_str()))
+                    .indexed(v, key_prefix, key_prefix)
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 None => range(&inner.objects, key_prefix)
@@ -664,6 +650,22 @@ impl WatchCache {
 }
 
 impl Inner {
+    /// The objects whose index value is `value`, under `prefix`, from key `from` on, in
+    /// key order.
+    fn indexed<'a>(
+        &'a self,
+        value: &str,
+        prefix: &'a str,
+        from: &'a str,
+    ) -> impl Iterator<Item = (&'a String, &'a Arc<Cached>)> + 'a {
+        self.by_index
+            .get(value)
+            .into_iter()
+            .flat_map(move |ks| ks.range::<str, _>((Bound::Included(from), Bound::Unbounded)))
+            .take_while(move |k| k.starts_with(prefix))
+            .filter_map(|k| self.objects.get_key_value(k.as_str()))
+    }
+
     /// Moves `key` in the index from the value of `before` to that of `after`.
     fn reindex(&mut self, key: &str, before: Option<&Cached>, after: Option<&Cached>) {
         let (old, new) = (
