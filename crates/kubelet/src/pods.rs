@@ -5,15 +5,18 @@
 //! deleted (containers stopped, then the pod deleted with grace period 0). Static pods get
 //! a mirror pod, recreated when deleted and replaced when the manifest changes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+};
+use kube::core::TypeMeta;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use serde_json::{json, Value};
 
@@ -54,6 +57,39 @@ struct Container {
     waiting: Option<(String, String)>,
 }
 
+/// A pod bound to this node as the watch last delivered it: passes read its uid and
+/// resourceVersion, and parse the JSON only to sync it. (A simulated fleet holds a hundred
+/// thousand pods; as typed structs or JSON trees each would take ten times its text.)
+struct Bound {
+    resource_version: String,
+    /// A mirror pod (it stands for a static pod; it is not run).
+    mirror: bool,
+    json: Arc<str>,
+}
+
+impl Bound {
+    /// The uid and the kept form of a watched pod, without its managedFields (which the
+    /// kubelet never reads).
+    fn new(mut pod: DynamicObject) -> Option<(String, Bound)> {
+        let uid = pod.metadata.uid.clone()?;
+        pod.metadata.managed_fields = None;
+        pod.types = Some(TypeMeta {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+        });
+        let json = serde_json::to_string(&pod).ok()?;
+        let bound = Bound {
+            resource_version: pod.metadata.resource_version.unwrap_or_default(),
+            mirror: pod
+                .metadata
+                .annotations
+                .is_some_and(|a| a.contains_key(CONFIG_MIRROR)),
+            json: json.into(),
+        };
+        Some((uid, bound))
+    }
+}
+
 /// What the kubelet keeps of one pod.
 struct Worker {
     sandbox: Option<String>,
@@ -64,8 +100,8 @@ struct Worker {
     deadline_exceeded: bool,
     containers: BTreeMap<String, Container>,
     init_done: bool,
-    /// The status last written, to write only changes.
-    written: Option<Value>,
+    /// The status last written (as JSON text, a tenth of its tree), to write only changes.
+    written: Option<String>,
     /// Set when a pass found nothing to do for the pod: until the pod or one of its
     /// containers changes, or the resync period ends, passes skip it (upstream's pod
     /// workers sync on pod updates, PLEG events and every syncFrequency, not on a timer).
@@ -75,6 +111,8 @@ struct Worker {
 /// What a pod with nothing to do looked like.
 struct Steady {
     resource_version: String,
+    /// restartPolicy Never: an exited container is final.
+    never: bool,
     states: Vec<State>,
     until: Instant,
 }
@@ -114,25 +152,42 @@ pub async fn run(
     node_uid: String,
     mut statics: static_pods::Source,
 ) -> Result<()> {
-    let api: Api<Pod> = Api::all(client.clone());
-    let (reader, writer) = reflector::store();
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<Pod>(&()));
     let selector = format!("spec.nodeName={}", cfg.node_name);
     let wake = Arc::new(tokio::sync::Notify::new());
-    // The pods are kept without managedFields, which the kubelet never reads and which
-    // as JSON trees are most of a pod's memory.
-    let stream = reflector(
-        writer,
-        watcher(api, watcher::Config::default().fields(&selector))
-            .modify(|p| p.metadata.managed_fields = None),
-    )
-    .default_backoff()
-    .touched_objects();
-    let notify = wake.clone();
+    let bound: Arc<Mutex<HashMap<String, Bound>>> = Arc::default();
+    // Lists read the watch cache (`resourceVersion=0`), as client-go's reflectors do.
+    let config = watcher::Config::default().fields(&selector).any_semantic();
+    let stream = watcher(api, config).default_backoff();
+    let (notify, pods) = (wake.clone(), bound.clone());
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        let mut listing: Option<HashMap<String, Bound>> = None;
         while let Some(ev) = stream.next().await {
-            if let Err(e) = ev {
-                tracing::debug!(error = %e, "pod watch");
+            match ev {
+                Ok(watcher::Event::Init) => listing = Some(HashMap::new()),
+                Ok(watcher::Event::InitApply(p)) => {
+                    if let Some((uid, b)) = Bound::new(p) {
+                        listing.get_or_insert_with(HashMap::new).insert(uid, b);
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    *pods.lock().unwrap_or_else(|e| e.into_inner()) =
+                        listing.take().unwrap_or_default();
+                }
+                Ok(watcher::Event::Apply(p)) => {
+                    if let Some((uid, b)) = Bound::new(p) {
+                        pods.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(uid, b);
+                    }
+                }
+                Ok(watcher::Event::Delete(p)) => {
+                    if let Some(uid) = p.metadata.uid {
+                        pods.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid);
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "pod watch"),
             }
             notify.notify_one();
         }
@@ -159,7 +214,6 @@ pub async fn run(
         sources: HashMap::new(),
     };
     let mut last_node_read = None::<Instant>;
-    let mut as_json: HashMap<String, (String, Arc<Value>)> = HashMap::new();
     loop {
         tokio::select! {
             _ = wake.notified() => {}
@@ -173,33 +227,26 @@ pub async fn run(
             w.read_pod_cidr().await;
         }
         statics.rescan(false);
-        // Each pod is turned into JSON once per resourceVersion, not on every pass.
-        let state = reader.state();
-        let mut api_pods: Vec<Arc<Value>> = Vec::with_capacity(state.len());
-        let mut seen = std::collections::HashSet::with_capacity(state.len());
-        for p in &state {
-            let uid = p.metadata.uid.clone().unwrap_or_default();
-            let rv = p.metadata.resource_version.as_deref().unwrap_or("");
-            let cached = match as_json.get(&uid) {
-                Some((v, json)) if v == rv => Some(json.clone()),
-                _ => None,
-            };
-            let json = match cached {
-                Some(j) => j,
-                None => match serde_json::to_value(p.as_ref()) {
-                    Ok(j) => {
-                        let j = Arc::new(j);
-                        as_json.insert(uid.clone(), (rv.to_owned(), j.clone()));
-                        j
+        // Steady pods are passed over by uid and resourceVersion; the others are parsed.
+        let mut steady = HashSet::new();
+        let texts: Vec<Arc<str>> = {
+            let pods = bound.lock().unwrap_or_else(|e| e.into_inner());
+            pods.iter()
+                .filter(|(uid, b)| {
+                    let skip = !b.mirror && w.is_steady(uid, &b.resource_version);
+                    if skip {
+                        steady.insert((*uid).clone());
                     }
-                    Err(_) => continue,
-                },
-            };
-            seen.insert(uid);
-            api_pods.push(json);
-        }
-        as_json.retain(|uid, _| seen.contains(uid));
-        w.sync(&api_pods, &statics.pods()).await;
+                    !skip
+                })
+                .map(|(_, b)| b.json.clone())
+                .collect()
+        };
+        let api_pods: Vec<Value> = texts
+            .iter()
+            .filter_map(|t| serde_json::from_str(t).ok())
+            .collect();
+        w.sync(&api_pods, &steady, &statics.pods()).await;
     }
 }
 
@@ -229,7 +276,8 @@ impl Workers {
         Ipv4Addr::from(ip).to_string()
     }
 
-    async fn sync(&mut self, api_pods: &[Arc<Value>], statics: &[Value]) {
+    /// One pass over the node's pods: `api_pods` to sync, `steady` (uids) to keep as they are.
+    async fn sync(&mut self, api_pods: &[Value], steady: &HashSet<String>, statics: &[Value]) {
         let pods_api: Api<Pod> = Api::all(self.client.clone());
         // Mirror pods are not run; they stand for static pods.
         let mirrors: HashMap<(String, String), &Value> = api_pods
@@ -245,7 +293,7 @@ impl Workers {
                         s(p, "/metadata/namespace").to_owned(),
                         s(p, "/metadata/name").to_owned(),
                     ),
-                    &**p,
+                    p,
                 )
             })
             .collect();
@@ -256,10 +304,10 @@ impl Workers {
                     .and_then(|a| a.get(CONFIG_MIRROR))
                     .is_none()
             })
-            .map(|p| (&**p, false))
+            .map(|p| (p, false))
             .collect();
         desired.extend(statics.iter().map(|p| (p, true)));
-        let mut keep = std::collections::HashSet::new();
+        let mut keep = steady.clone();
         for &(pod, is_static) in &desired {
             let uid = s(pod, "/metadata/uid").to_owned();
             let ns = s(pod, "/metadata/namespace").to_owned();
@@ -303,9 +351,6 @@ impl Workers {
                 continue;
             }
             keep.insert(uid.clone());
-            if !is_static && self.is_steady(&uid, pod) {
-                continue;
-            }
             // What the containers' environment refers to (ConfigMaps, Secrets), read once
             // per pod.
             // (again every few seconds for pods with ConfigMap, Secret or downward API
@@ -351,15 +396,17 @@ impl Workers {
                 (ns.clone(), name.clone(), Some(pod))
             };
             let merged = merge_conditions(current.and_then(|c| c.get("status")), status);
-            let worker = self.workers.get_mut(&uid);
-            let unchanged = worker.as_ref().and_then(|w| w.written.as_ref()) == Some(&merged)
+            let text = serde_json::to_string(&merged).unwrap_or_default();
+            let worker = self.workers.get(&uid);
+            let unchanged = worker.and_then(|w| w.written.as_ref()) == Some(&text)
                 && current
                     .and_then(|c| c.get("status"))
                     .is_some_and(|st| same_status(st, &merged));
             if unchanged {
                 if !is_static {
-                    let steady = self.steady_states(&uid, pod).map(|states| Steady {
+                    let steady = self.steady_states(&uid, pod).map(|(never, states)| Steady {
                         resource_version: s(pod, "/metadata/resourceVersion").to_owned(),
+                        never,
                         states,
                         until: Instant::now() + RESYNC,
                     });
@@ -380,7 +427,7 @@ impl Workers {
             {
                 Ok(_) => {
                     if let Some(w) = self.workers.get_mut(&uid) {
-                        w.written = Some(merged);
+                        w.written = Some(text);
                     }
                 }
                 Err(e) => {
@@ -400,10 +447,11 @@ impl Workers {
         self.sync_mirrors(&pods_api, &mirrors, statics).await;
     }
 
-    /// The states of the pod's containers, when the pod cannot change by itself: every
-    /// container started and running (or, with restartPolicy Never, exited), no probes,
-    /// deadline, termination or sources that follow their objects. `None` otherwise.
-    fn steady_states(&self, uid: &str, pod: &Value) -> Option<Vec<State>> {
+    /// Whether restartPolicy is Never, and the states of the pod's containers, when the pod
+    /// cannot change by itself: every container started and running (or, with restartPolicy
+    /// Never, exited), no probes, deadline, termination, or projected volumes (whose files
+    /// follow their sources). `None` otherwise.
+    fn steady_states(&self, uid: &str, pod: &Value) -> Option<(bool, Vec<State>)> {
         let w = self.workers.get(uid)?;
         let spec = pod.get("spec")?;
         let never = spec.get("restartPolicy").and_then(Value::as_str) == Some("Never");
@@ -425,12 +473,18 @@ impl Workers {
                 .pointer("/metadata/deletionTimestamp")
                 .is_some_and(|v| !v.is_null())
             || !w.init_done
-            || w.containers.is_empty()
-            || self
-                .sources
-                .get(uid)
-                .is_none_or(|src| crate::env::sources_stale(pod, src))
+            || !self.sources.contains_key(uid)
+            || crate::env::has_projected_volumes(pod)
         {
+            return None;
+        }
+        Some((never, self.container_states(w, never)?))
+    }
+
+    /// The runtime states of a worker's containers, while each is running (or, with `never`,
+    /// exited).
+    fn container_states(&self, w: &Worker, never: bool) -> Option<Vec<State>> {
+        if w.containers.is_empty() {
             return None;
         }
         w.containers
@@ -446,14 +500,17 @@ impl Workers {
             .collect()
     }
 
-    /// Whether the pod is as a pass last left it with nothing to do.
-    fn is_steady(&self, uid: &str, pod: &Value) -> bool {
-        let Some(steady) = self.workers.get(uid).and_then(|w| w.steady.as_ref()) else {
+    /// Whether the pod, at `resource_version`, is as a pass last left it with nothing to do.
+    fn is_steady(&self, uid: &str, resource_version: &str) -> bool {
+        let Some(w) = self.workers.get(uid) else {
+            return false;
+        };
+        let Some(steady) = w.steady.as_ref() else {
             return false;
         };
         Instant::now() < steady.until
-            && steady.resource_version == s(pod, "/metadata/resourceVersion")
-            && self.steady_states(uid, pod).as_ref() == Some(&steady.states)
+            && steady.resource_version == resource_version
+            && self.container_states(w, steady.never).as_ref() == Some(&steady.states)
     }
 
     /// Creates missing mirror pods, replaces outdated or deleted ones, deletes orphans.
