@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use kumo_controller_manager::healthz;
-use kumo_controller_manager::informer::{Change, InformerFactory};
+use kumo_controller_manager::informer::{key_of, Change, InformerFactory};
 use kumo_controller_manager::leader::{self, LeaderElectionConfig, LeaderElector};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -229,14 +229,20 @@ async fn scheduling(client: Client, mut stop: watch::Receiver<bool>) {
     );
     let s = Arc::new(Sched::new(client, pods.clone(), namespaces, recorder));
 
-    let h = s.clone();
+    let (h, cached) = (s.clone(), nodes.clone());
+    // The informer's own copy of a node, shared rather than cloned.
+    let shared_node = move |n: &Node| {
+        cached
+            .get(&key_of(n))
+            .unwrap_or_else(|| Arc::new(n.clone()))
+    };
     nodes.add_handler(move |c| match c {
         Change::Added(n) => {
-            h.cache.lock().set_node(Arc::new(n.clone()));
+            h.cache.lock().set_node(shared_node(n));
             h.queue.on_event(ClusterEvent::NodeAdd);
         }
         Change::Updated { old, new } => {
-            h.cache.lock().set_node(Arc::new(new.clone()));
+            h.cache.lock().set_node(shared_node(new));
             if node_changed(old, new) {
                 h.queue.on_event(ClusterEvent::NodeUpdate);
             }
@@ -254,6 +260,13 @@ async fn scheduling(client: Client, mut stop: watch::Receiver<bool>) {
                 .and_then(|s| s.node_name.as_deref())
                 .is_some_and(|n| !n.is_empty())
         };
+        // The informer's own copy, shared rather than cloned: the cache holds every
+        // assigned pod of the cluster.
+        let shared = |p: &Pod| {
+            h.pods
+                .get(&key_of(p))
+                .unwrap_or_else(|| Arc::new(p.clone()))
+        };
         match c {
             Change::Added(p) | Change::Updated { new: p, .. } if assigned(p) => {
                 let was = match &c {
@@ -261,25 +274,22 @@ async fn scheduling(client: Client, mut stop: watch::Receiver<bool>) {
                     _ => None,
                 };
                 h.queue.delete(&pod_key(p));
-                h.cache.lock().set_pod(Arc::new(p.clone()));
+                let pod = shared(p);
+                h.cache.lock().set_pod(pod.clone());
                 match was {
                     Some(o) if assigned(o) => {
                         if counts(o) && !counts(p) {
-                            h.queue
-                                .on_event(ClusterEvent::AssignedPodDelete(Arc::new(p.clone())));
+                            h.queue.on_event(ClusterEvent::AssignedPodDelete(pod));
                         } else if o.metadata.labels != p.metadata.labels {
-                            h.queue
-                                .on_event(ClusterEvent::AssignedPodUpdate(Arc::new(p.clone())));
+                            h.queue.on_event(ClusterEvent::AssignedPodUpdate(pod));
                         }
                     }
-                    _ => h
-                        .queue
-                        .on_event(ClusterEvent::AssignedPodAdd(Arc::new(p.clone()))),
+                    _ => h.queue.on_event(ClusterEvent::AssignedPodAdd(pod)),
                 }
             }
             Change::Added(p) | Change::Updated { new: p, .. } => {
                 if responsible(p) {
-                    h.queue.add_or_update(Arc::new(p.clone()));
+                    h.queue.add_or_update(shared(p));
                 } else {
                     h.queue.delete(&pod_key(p));
                 }
