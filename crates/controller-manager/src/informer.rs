@@ -145,8 +145,9 @@ impl<K: Watchable> Informer<K> {
 
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let kind = K::kind(&());
-        let stream =
-            watcher::watcher(self.api.clone(), watcher::Config::default()).default_backoff();
+        // Lists read the watch cache (`resourceVersion=0`), as client-go's reflectors do.
+        let cfg = watcher::Config::default().any_semantic();
+        let stream = watcher::watcher(self.api.clone(), cfg).default_backoff();
         futures::pin_mut!(stream);
         let mut buffer: Option<BTreeMap<String, K>> = None;
         loop {
