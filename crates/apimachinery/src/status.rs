@@ -243,6 +243,24 @@ impl ApiError {
         Self::new(504, "Timeout", message)
     }
 
+    /// 504 for a read at a resourceVersion the server has not reached in time (the watch
+    /// cache's or the store's `current`); clients retry after a second.
+    pub fn too_large_resource_version(requested: i64, current: i64) -> Self {
+        let mut e = Self::timeout(format!(
+            "Timeout: Too large resource version: {requested}, current: {current}"
+        ));
+        e.details = Some(Box::new(Details {
+            causes: vec![Cause {
+                reason: "ResourceVersionTooLarge".into(),
+                message: "Too large resource version".into(),
+                field: String::new(),
+            }],
+            retry_after_seconds: Some(1),
+            ..Details::default()
+        }));
+        e
+    }
+
     /// 401.
     pub fn unauthorized() -> Self {
         Self::new(401, "Unauthorized", "Unauthorized")

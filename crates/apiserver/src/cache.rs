@@ -265,6 +265,18 @@ pub struct Snapshot {
     pub objects: Vec<(String, Arc<Cached>)>,
 }
 
+/// Why the cache cannot serve a watch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoWatch {
+    /// Not filled from the store yet.
+    Unfilled,
+    /// The window starts after the watch's revision: `oldest` is the newest revision whose
+    /// changes are gone.
+    TooOld { oldest: Revision },
+    /// The cache has not reached the watch's revision; it stands at `current`.
+    Ahead { current: Revision },
+}
+
 /// Where a cached watch starts.
 pub struct CachedWatch {
     /// The state to send first (as ADDED), when asked for.
@@ -302,6 +314,11 @@ impl WatchCache {
         })
         .await;
         reached.ok().flatten()
+    }
+
+    /// The revision the cache reflects (0 until filled).
+    pub fn current(&self) -> Revision {
+        *self.revision.borrow()
     }
 
     /// The objects under `key_prefix` (which starts with the cache's prefix).
@@ -400,8 +417,9 @@ impl WatchCache {
     }
 
     /// Starts a watch: with `initial`, from the current state (as a snapshot of
-    /// `key_prefix`); otherwise from revision `from`. `None` when the window no longer holds
-    /// the changes after `from`, or the cache is behind `from` (the store must serve it).
+    /// `key_prefix`); otherwise from revision `from`. Refused when the cache is not filled
+    /// yet, when its window no longer holds the changes after `from`, or when it is behind
+    /// `from`.
     /// With `by` (a value of the cache's index field the watcher requires), the watch gets
     /// only the objects and changes with that value, and follows that value's fan-out.
     pub fn watch(
@@ -410,10 +428,10 @@ impl WatchCache {
         from: Revision,
         initial: bool,
         by: Option<&str>,
-    ) -> Option<CachedWatch> {
+    ) -> Result<CachedWatch, NoWatch> {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         if inner.revision == 0 {
-            return None;
+            return Err(NoWatch::Unfilled);
         }
         let by = by.filter(|_| self.index.is_some());
         // Subscribing under the read lock: the writer applies and fans out under the write
@@ -438,7 +456,7 @@ impl WatchCache {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
             };
-            return Some(CachedWatch {
+            return Ok(CachedWatch {
                 initial: Some(Snapshot {
                     revision: inner.revision,
                     objects,
@@ -448,8 +466,15 @@ impl WatchCache {
                 live,
             });
         }
-        if from < inner.floor || from > inner.revision {
-            return None;
+        if from < inner.floor {
+            return Err(NoWatch::TooOld {
+                oldest: inner.floor,
+            });
+        }
+        if from > inner.revision {
+            return Err(NoWatch::Ahead {
+                current: inner.revision,
+            });
         }
         let replay = inner
             .history
@@ -459,7 +484,7 @@ impl WatchCache {
             .filter(|e| by.is_none_or(|v| e.touches(v)))
             .cloned()
             .collect();
-        Some(CachedWatch {
+        Ok(CachedWatch {
             initial: None,
             replay,
             revision: inner.revision,
@@ -563,13 +588,18 @@ impl WatchCache {
 
     /// Applies one store event and fans it out.
     fn apply(&self, ev: WatchEvent) {
+        // Decoded before the lock: readers wait only for the insert.
+        let decoded = match &ev {
+            WatchEvent::Put { kv, .. } => {
+                Cached::from_stored(&kv.value, kv.mod_revision, self.index).map(Arc::new)
+            }
+            _ => None,
+        };
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let event = match ev {
             WatchEvent::Put { kv, .. } => {
                 let key = String::from_utf8_lossy(&kv.key).into_owned();
-                let Some(obj) =
-                    Cached::from_stored(&kv.value, kv.mod_revision, self.index).map(Arc::new)
-                else {
+                let Some(obj) = decoded else {
                     tracing::warn!(%key, "watch cache: undecodable object skipped");
                     inner.revision = inner.revision.max(kv.mod_revision);
                     self.revision.send_replace(inner.revision);
@@ -887,8 +917,15 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, ["put /registry/x/b", "delete /registry/x/a"]);
-        // Before the window, the store must serve.
-        assert!(cache.watch("/registry/x/", r0 - 1, false, None).is_none());
+        // Before the window: too old (the client lists again); after the cache: ahead.
+        assert_eq!(
+            cache.watch("/registry/x/", r0 - 1, false, None).err(),
+            Some(NoWatch::TooOld { oldest: r0 })
+        );
+        assert_eq!(
+            cache.watch("/registry/x/", now + 10, false, None).err(),
+            Some(NoWatch::Ahead { current: now })
+        );
 
         // Live events follow.
         let mut live = cache.watch("/registry/x/", now, false, None).unwrap().live;
@@ -937,17 +974,21 @@ mod tests {
         let last = *revs.last().unwrap();
         cache.wait_for(last, Duration::from_secs(5)).await.unwrap();
         // The window holds the last three creates: from the revision of the second one on.
-        assert!(cache.watch("/registry/x/", revs[0], false, None).is_none());
+        assert!(matches!(
+            cache.watch("/registry/x/", revs[0], false, None),
+            Err(NoWatch::TooOld { .. })
+        ));
         let w = cache.watch("/registry/x/", revs[1], false, None).unwrap();
         assert_eq!(w.replay.len(), 3);
         assert_eq!(w.revision, last);
         // A namespace-like sub-prefix sees only its keys.
         let w = cache.watch("/registry/x/4", revs[1], false, None).unwrap();
         assert_eq!(w.replay.len(), 1);
-        // Ahead of the cache: the store serves.
-        assert!(cache
-            .watch("/registry/x/", last + 100, false, None)
-            .is_none());
+        // Ahead of the cache: refused with where the cache stands.
+        assert_eq!(
+            cache.watch("/registry/x/", last + 100, false, None).err(),
+            Some(NoWatch::Ahead { current: last })
+        );
         // A list continued at the current revision is served from memory, from its key on;
         // at a revision before the window, with changes since, it is not.
         let page = cache.page(&query("/registry/x/3", Some(last), 0)).unwrap();

@@ -17,7 +17,7 @@ use kumo_storage::{RangeRequest, Revision, StorageError, Store, WatchEvent};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use crate::cache::{CacheEvent, Cached, PageQuery, WatchCaches};
+use crate::cache::{CacheEvent, Cached, NoWatch, PageQuery, WatchCaches};
 use crate::negotiate::{Accept, Output};
 use crate::registry::{json_path_pointer, Resource, SelectorForm};
 
@@ -112,9 +112,9 @@ fn storage_error(res: &Resource, name: &str, e: StorageError) -> ApiError {
         } => ApiError::resource_expired(format!(
             "too old resource version: {requested} ({compacted})"
         )),
-        StorageError::FutureRevision { requested, current } => ApiError::timeout(format!(
-            "Too large resource version: {requested}, current: {current}"
-        )),
+        StorageError::FutureRevision { requested, current } => {
+            ApiError::too_large_resource_version(requested, current)
+        }
         StorageError::ValueTooLarge { .. } => {
             ApiError::request_entity_too_large(kumo_storage::Limits::default().max_value_bytes)
         }
@@ -1230,9 +1230,7 @@ impl Rest {
                     let want = parse_rv(rv)?;
                     let current = self.store.current_revision().await.map_err(ApiError::internal)?;
                     if want > current {
-                        return Err(ApiError::timeout(format!(
-                            "Too large resource version: {want}, current: {current}"
-                        )));
+                        return Err(ApiError::too_large_resource_version(want, current));
                     }
                 }
             }
@@ -1345,6 +1343,18 @@ impl Rest {
             ));
         }
         // Read pages from the store until `limit` objects matched or the range ended.
+        // (Each object is decoded: on a busy server this is the expensive path, so it says
+        // who took it.)
+        tracing::info!(
+            resource = res.plural,
+            namespace = ns.unwrap_or(""),
+            query = ?req.query,
+            user_agent = crate::fieldmanager::USER_AGENT
+                .try_with(|ua| ua.clone())
+                .unwrap_or_default(),
+            cache_ready = ready,
+            "list served from the store"
+        );
         let mut items = Vec::new();
         let mut next_start: Option<String> = None;
         let mut remaining: Option<usize> = None;
@@ -1466,6 +1476,7 @@ impl Rest {
         let include = req.param("includeObject").unwrap_or("Metadata").to_owned();
         let this = self.clone();
         let initial_end = send_initial == Some(true);
+        let rv = rv.map(str::to_owned);
         tokio::spawn(async move {
             let run = WatchRun {
                 rest: this,
@@ -1476,8 +1487,17 @@ impl Rest {
                 tx,
                 columns_sent: false,
             };
-            run.run(prefix, from, initial, initial_end, bookmarks, timeout)
-                .await;
+            let consistent = rv.is_none();
+            run.run(
+                prefix,
+                from,
+                consistent,
+                initial,
+                initial_end,
+                bookmarks,
+                timeout,
+            )
+            .await;
         });
         Ok(Reply::Stream(rx))
     }
@@ -2413,34 +2433,59 @@ struct WatchRun {
 }
 
 impl WatchRun {
+    /// Serves the watch. `from`: the revision it starts after, if any; `consistent`: no
+    /// revision was given, so the state it starts from must be the store's current one.
+    #[allow(clippy::too_many_arguments)]
     async fn run(
         mut self,
         prefix: String,
         from: Option<Revision>,
+        consistent: bool,
         initial: bool,
         initial_end_bookmark: bool,
         bookmarks: bool,
         timeout: Duration,
     ) {
         let deadline = tokio::time::Instant::now() + timeout;
-        // The watch cache serves the watch when it has caught up with where the watch
-        // starts and still holds the changes after it.
+        // The watch cache serves every watch once filled, as upstream's cacher: one that
+        // starts before its window is told it is too old (the client lists again), one that
+        // starts past what the cache reaches in time is told to retry. (Serving either
+        // from the store instead is what turns a busy server into a stalled one: each such
+        // watch reads and decodes the store's history.)
         let need = match from {
             Some(r) => Some(r),
-            None => self.rest.store.current_revision().await.ok(),
+            None if consistent => self.rest.store.current_revision().await.ok(),
+            None => Some(0),
         };
         if let Some(need) = need {
             let cache = self
                 .rest
                 .caches
                 .get_indexed(&self.res.key_prefix(None), self.res.strategy.watch_index());
-            if cache.wait_for(need, CACHE_WAIT).await.is_some() {
-                let by = self.selectors.indexed_value(cache.index());
-                if let Some(w) = cache.watch(&prefix, from.unwrap_or(0), initial, by) {
+            let reached = need == 0 || cache.wait_for(need, CACHE_WAIT).await.is_some();
+            let by = self.selectors.indexed_value(cache.index());
+            match cache.watch(&prefix, from.unwrap_or(0), initial, by) {
+                Ok(w) if reached || from.is_some() => {
                     return self
                         .run_cached(w, &prefix, initial_end_bookmark, bookmarks, deadline)
                         .await;
                 }
+                Ok(_) => {
+                    // The current state, which the cache did not reach in time.
+                    let err = ApiError::too_large_resource_version(need, cache.current());
+                    return self.send_error(err).await;
+                }
+                Err(NoWatch::TooOld { oldest }) => {
+                    let err = ApiError::resource_expired(format!(
+                        "too old resource version: {need} ({oldest})"
+                    ));
+                    return self.send_error(err).await;
+                }
+                Err(NoWatch::Ahead { current }) => {
+                    let err = ApiError::too_large_resource_version(need, current);
+                    return self.send_error(err).await;
+                }
+                Err(NoWatch::Unfilled) => {}
             }
         }
         // Where the change stream starts: after the initial state, or the client's revision.

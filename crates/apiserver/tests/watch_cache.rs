@@ -216,6 +216,55 @@ async fn watches_replay_the_window_with_selector_transitions() {
     );
 }
 
+/// A watch from a revision the server has not reached gets one ERROR event, upstream's
+/// "Too large resource version" Timeout, after the cache's wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_ahead_of_the_server_is_told_to_retry() {
+    let (_server, dir) = start().await;
+    let kc = dir.path().join("admin.conf");
+    let list = out_json(
+        &k(
+            &kc,
+            &["get", "--raw", "/api/v1/namespaces/default/configmaps"],
+        )
+        .await,
+    );
+    let now: i64 = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ahead = now + 1000;
+    let evs = events(
+        &k(
+            &kc,
+            &[
+                "get",
+                "--raw",
+                &format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={ahead}&timeoutSeconds=10"),
+            ],
+        )
+        .await,
+    );
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert_eq!(evs[0]["type"], "ERROR");
+    let status = &evs[0]["object"];
+    assert_eq!(status["code"], 504);
+    assert_eq!(status["reason"], "Timeout");
+    let msg = status["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(&format!(
+            "Timeout: Too large resource version: {ahead}, current: "
+        )),
+        "{msg}"
+    );
+    assert_eq!(
+        status["details"]["causes"][0]["reason"],
+        "ResourceVersionTooLarge"
+    );
+    assert_eq!(status["details"]["retryAfterSeconds"], 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_initial_events_ends_with_the_bookmark() {
     let (_server, dir) = start().await;
