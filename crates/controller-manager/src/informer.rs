@@ -146,7 +146,10 @@ impl<K: Watchable> Informer<K> {
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let kind = K::kind(&());
         // Lists read the watch cache (`resourceVersion=0`), as client-go's reflectors do.
-        let cfg = watcher::Config::default().any_semantic();
+        // Not paged: kube-rs leaves `resourceVersion=0` out of a list with a limit, which
+        // makes it a consistent read (and the cache answers `0` whole anyway).
+        let mut cfg = watcher::Config::default().any_semantic();
+        cfg.page_size = None;
         let stream = watcher::watcher(self.api.clone(), cfg).default_backoff();
         futures::pin_mut!(stream);
         let mut buffer: Option<BTreeMap<String, K>> = None;

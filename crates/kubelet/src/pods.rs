@@ -156,8 +156,11 @@ pub async fn run(
     let selector = format!("spec.nodeName={}", cfg.node_name);
     let wake = Arc::new(tokio::sync::Notify::new());
     let bound: Arc<Mutex<HashMap<String, Bound>>> = Arc::default();
-    // Lists read the watch cache (`resourceVersion=0`), as client-go's reflectors do.
-    let config = watcher::Config::default().fields(&selector).any_semantic();
+    // Lists read the watch cache (`resourceVersion=0`), as client-go's reflectors do. Not
+    // paged: kube-rs leaves `resourceVersion=0` out of a list with a limit, which makes it a
+    // consistent read (and the cache answers `0` whole anyway).
+    let mut config = watcher::Config::default().fields(&selector).any_semantic();
+    config.page_size = None;
     let stream = watcher(api, config).default_backoff();
     let (notify, pods) = (wake.clone(), bound.clone());
     tokio::spawn(async move {

@@ -79,7 +79,9 @@ impl EmbeddedConfig {
             compaction: CompactionConfig::default(),
             cache_bytes: 64 * 1024 * 1024,
             max_batch: 512,
-            fanout_capacity: 1024,
+            // A batch is a few writes: at thousands of writes a second, 1024 batches were a
+            // second or two of slack before a busy watcher fell back to reading from disk.
+            fanout_capacity: 8192,
             wal_bytes: 64 * 1024 * 1024,
             checkpoint_interval: Duration::from_secs(5),
         }
