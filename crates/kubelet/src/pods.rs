@@ -100,8 +100,9 @@ struct Worker {
     deadline_exceeded: bool,
     containers: BTreeMap<String, Container>,
     init_done: bool,
-    /// The status last written (as JSON text, a tenth of its tree), to write only changes.
-    written: Option<String>,
+    /// The status last written (as JSON text, a tenth of its tree) and when, to write only
+    /// changes.
+    written: Option<(String, Instant)>,
     /// Set when a pass found nothing to do for the pod: until the pod or one of its
     /// containers changes, or the resync period ends, passes skip it (upstream's pod
     /// workers sync on pod updates, PLEG events and every syncFrequency, not on a timer).
@@ -116,6 +117,10 @@ struct Steady {
     states: Vec<State>,
     until: Instant,
 }
+
+/// How long a status written but not yet seen back through the watch goes before it is
+/// written again (upstream's status manager reconciles every 10 s).
+const STATUS_RECONCILE: Duration = Duration::from_secs(10);
 
 /// How long a steady pod goes without a sync (upstream's syncFrequency).
 const RESYNC: Duration = Duration::from_secs(60);
@@ -401,10 +406,21 @@ impl Workers {
             let merged = merge_conditions(current.and_then(|c| c.get("status")), status);
             let text = serde_json::to_string(&merged).unwrap_or_default();
             let worker = self.workers.get(&uid);
-            let unchanged = worker.and_then(|w| w.written.as_ref()) == Some(&text)
+            let written = worker
+                .and_then(|w| w.written.as_ref())
+                .filter(|(t, _)| *t == text)
+                .map(|(_, at)| *at);
+            let unchanged = written.is_some()
                 && current
                     .and_then(|c| c.get("status"))
                     .is_some_and(|st| same_status(st, &merged));
+            // Written already, and the watch has not brought it back yet: not again until
+            // the reconcile period passes (upstream's status manager compares with what it
+            // sent, and reconciles with the API's copy every 10 s). Writing on every pass
+            // instead multiplied the patches by the watch's delay under load.
+            if !unchanged && written.is_some_and(|at| at.elapsed() < STATUS_RECONCILE) {
+                continue;
+            }
             if unchanged {
                 if !is_static {
                     let steady = self.steady_states(&uid, pod).map(|(never, states)| Steady {
@@ -430,7 +446,7 @@ impl Workers {
             {
                 Ok(_) => {
                     if let Some(w) = self.workers.get_mut(&uid) {
-                        w.written = Some(text);
+                        w.written = Some((text, Instant::now()));
                     }
                 }
                 Err(e) => {
