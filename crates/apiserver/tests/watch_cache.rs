@@ -18,6 +18,22 @@ fn events(out: &Out) -> Vec<Value> {
         .collect()
 }
 
+/// The resourceVersion of a list of the default namespace's ConfigMaps.
+async fn configmaps_revision(kc: &std::path::Path) -> i64 {
+    let list = out_json(
+        &k(
+            kc,
+            &["get", "--raw", "/api/v1/namespaces/default/configmaps"],
+        )
+        .await,
+    );
+    list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 fn summary(evs: &[Value]) -> Vec<String> {
     evs.iter()
         .map(|e| {
@@ -120,17 +136,7 @@ async fn lists_read_their_writes() {
 async fn watches_replay_the_window_with_selector_transitions() {
     let (_server, dir) = start().await;
     let kc = dir.path().join("admin.conf");
-    let list = out_json(
-        &k(
-            &kc,
-            &["get", "--raw", "/api/v1/namespaces/default/configmaps"],
-        )
-        .await,
-    );
-    let from = list["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let from = configmaps_revision(&kc).await.to_string();
     for args in [
         vec!["create", "configmap", "a", "--from-literal=k=v"],
         vec!["label", "configmap", "a", "team=x"],
@@ -222,19 +228,7 @@ async fn watches_replay_the_window_with_selector_transitions() {
 async fn watch_ahead_of_the_server_is_told_to_retry() {
     let (_server, dir) = start().await;
     let kc = dir.path().join("admin.conf");
-    let list = out_json(
-        &k(
-            &kc,
-            &["get", "--raw", "/api/v1/namespaces/default/configmaps"],
-        )
-        .await,
-    );
-    let now: i64 = list["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let ahead = now + 1000;
+    let ahead = configmaps_revision(&kc).await + 1000;
     let evs = events(
         &k(
             &kc,
