@@ -1476,7 +1476,7 @@ impl Rest {
         let include = req.param("includeObject").unwrap_or("Metadata").to_owned();
         let this = self.clone();
         let initial_end = send_initial == Some(true);
-        let rv = rv.map(str::to_owned);
+        let consistent = rv.is_none();
         tokio::spawn(async move {
             let run = WatchRun {
                 rest: this,
@@ -1487,7 +1487,6 @@ impl Rest {
                 tx,
                 columns_sent: false,
             };
-            let consistent = rv.is_none();
             run.run(
                 prefix,
                 from,
@@ -2455,17 +2454,18 @@ impl WatchRun {
         let need = match from {
             Some(r) => Some(r),
             None if consistent => self.rest.store.current_revision().await.ok(),
-            None => Some(0),
+            // Any revision: once the cache is filled.
+            None => Some(1),
         };
         if let Some(need) = need {
             let cache = self
                 .rest
                 .caches
                 .get_indexed(&self.res.key_prefix(None), self.res.strategy.watch_index());
-            let reached = need == 0 || cache.wait_for(need, CACHE_WAIT).await.is_some();
+            let reached = cache.wait_for(need, CACHE_WAIT).await.is_some();
             let by = self.selectors.indexed_value(cache.index());
             match cache.watch(&prefix, from.unwrap_or(0), initial, by) {
-                Ok(w) if reached || from.is_some() => {
+                Ok(w) if reached || !consistent || from.is_some() => {
                     return self
                         .run_cached(w, &prefix, initial_end_bookmark, bookmarks, deadline)
                         .await;
