@@ -203,7 +203,7 @@ pub async fn run(args: Args) -> Result<()> {
         let not_ready = not_ready.clone();
         let api = node_api.clone();
         tokio::spawn(async move {
-            let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+            let mut s = watcher::watcher(api, any_unpaged()).boxed();
             while let Some(ev) = s.next().await {
                 if let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev {
                     if !is_ready(&n) {
@@ -242,7 +242,7 @@ pub async fn run(args: Args) -> Result<()> {
     let pod_watch = {
         let (sent, running, api) = (sent.clone(), running.clone(), pod_api.clone());
         tokio::spawn(async move {
-            let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+            let mut s = watcher::watcher(api, any_unpaged()).boxed();
             while let Some(ev) = s.next().await {
                 let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev else {
                     continue;
@@ -584,6 +584,14 @@ fn histogram_deltas(before: &str, after: &str) -> BTreeMap<(String, String), His
             Some((k, Histogram { buckets, count }))
         })
         .collect()
+}
+
+/// Watcher config that lists from the watch cache (`resourceVersion=0`), unpaged: kube-rs drops
+/// `resourceVersion=0` from a list with a limit, which would make every relist a consistent read.
+fn any_unpaged() -> watcher::Config {
+    let mut cfg = watcher::Config::default().any_semantic();
+    cfg.page_size = None;
+    cfg
 }
 
 #[cfg(test)]
