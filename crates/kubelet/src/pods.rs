@@ -149,6 +149,25 @@ fn parse_cidr(c: &str) -> Option<(Ipv4Addr, u8)> {
     Some((ip.parse().ok()?, len.parse().ok()?))
 }
 
+/// A Warning on the Node for a manifest in the static pod path that was skipped. Upstream
+/// only logs it; an event lets `kubectl describe node` show why a static pod is missing.
+/// The reason is the one upstream's pod config gives pods it ignores.
+fn rejected_manifest_event(node: &str, uid: &str, r: static_pods::Rejected) -> Record {
+    Record {
+        kind: "Node",
+        namespace: String::new(),
+        name: node.to_owned(),
+        uid: uid.to_owned(),
+        field_path: None,
+        warning: true,
+        reason: "FailedValidation",
+        message: format!(
+            "Could not process manifest file {:?}: {}, ignoring",
+            r.path, r.error
+        ),
+    }
+}
+
 /// Runs the pod workers until the process ends.
 pub async fn run(
     client: Client,
@@ -160,6 +179,7 @@ pub async fn run(
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<Pod>(&()));
     let selector = format!("spec.nodeName={}", cfg.node_name);
     let wake = Arc::new(tokio::sync::Notify::new());
+    statics.watch_files(wake.clone());
     let bound: Arc<Mutex<HashMap<String, Bound>>> = Arc::default();
     // Lists read the watch cache (`resourceVersion=0`), as client-go's reflectors do. Not
     // paged: kube-rs leaves `resourceVersion=0` out of a list with a limit, which makes it a
@@ -234,7 +254,14 @@ pub async fn run(
             last_node_read = Some(Instant::now());
             w.read_pod_cidr().await;
         }
-        statics.rescan(false);
+        let rejected = statics.rescan(false);
+        if !rejected.is_empty() {
+            let records = rejected
+                .into_iter()
+                .map(|r| rejected_manifest_event(&w.cfg.node_name, &w.node_uid, r))
+                .collect();
+            crate::events::emit(&w.client, &w.cfg.node_name, records);
+        }
         // Steady pods are passed over by uid and resourceVersion; the others are parsed.
         let mut steady = HashSet::new();
         let texts: Vec<Arc<str>> = {

@@ -1,12 +1,17 @@
-//! Static pods: manifests in the pod manifest path (staticPodPath), read at start and
-//! rescanned every 20 s, defaulted as upstream's kubelet does (name `<name>-<node>`,
+//! Static pods: manifests in the pod manifest path (staticPodPath), read at start,
+//! rescanned every 20 s and on the directory's file events (inotify), defaulted as upstream's kubelet does (name `<name>-<node>`,
 //! namespace `default`, the config hash/source/seen annotations, a NoExecute toleration),
 //! each with a mirror pod in the API so `kubectl get pods` shows it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use inotify::{EventMask, Inotify, WatchMask};
+use tokio::sync::Notify;
 
 use serde_json::{json, Value};
 
@@ -20,6 +25,8 @@ pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 
 /// How often the directory is read again.
 pub const RESCAN: Duration = Duration::from_secs(20);
+/// How long the directory must be quiet after a file event before it is read.
+const SETTLE: Duration = Duration::from_millis(100);
 
 /// The static pods of the manifest directory.
 pub struct Source {
@@ -29,6 +36,17 @@ pub struct Source {
     /// When each pod (by hash) was first seen.
     seen: BTreeMap<String, String>,
     last_scan: Option<Instant>,
+    /// Set by the file watcher: the directory changed since the last scan.
+    dirty: Arc<AtomicBool>,
+    /// By file path: the error last reported, so a bad file is reported once, not every scan.
+    reported: BTreeMap<String, String>,
+}
+
+/// A manifest that could not be turned into a static pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    pub path: String,
+    pub error: String,
 }
 
 impl Source {
@@ -38,29 +56,55 @@ impl Source {
             pods: BTreeMap::new(),
             seen: BTreeMap::new(),
             last_scan: None,
+            dirty: Arc::default(),
+            reported: BTreeMap::new(),
         }
     }
 
-    /// Reads the directory again when it is due (or `force`).
-    pub fn rescan(&mut self, force: bool) {
+    /// Watches the manifest directory for file events, which make the next
+    /// [`rescan`](Self::rescan) read it and wake `wake`, so that a new, changed or removed
+    /// manifest takes effect at once rather than at the next 20 s rescan.
+    pub fn watch_files(&self, wake: Arc<Notify>) {
         let Some(dir) = self.cfg.pod_manifest_path.clone() else {
             return;
         };
+        let (dirty, retry) = (self.dirty.clone(), self.cfg.static_pod_rescan);
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = watch_dir(&dir, &dirty, &wake).await {
+                    tracing::debug!(dir = %dir.display(), error = %e, "watching the static pod path");
+                }
+                // The directory is missing, was removed or moved: the periodic rescan covers
+                // it meanwhile; the watch is set up again later.
+                tokio::time::sleep(retry).await;
+            }
+        });
+    }
+
+    /// Reads the directory again when it is due, when a file event came, or on `force`.
+    /// Returns the manifests rejected for a new reason since they were last reported.
+    pub fn rescan(&mut self, force: bool) -> Vec<Rejected> {
+        let Some(dir) = self.cfg.pod_manifest_path.clone() else {
+            return Vec::new();
+        };
+        let changed = self.dirty.swap(false, Ordering::AcqRel);
         if !force
+            && !changed
             && self
                 .last_scan
                 .is_some_and(|t| t.elapsed() < self.cfg.static_pod_rescan)
         {
-            return;
+            return Vec::new();
         }
         self.last_scan = Some(Instant::now());
         let mut pods = BTreeMap::new();
+        let mut rejected = Vec::new();
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) => {
                 tracing::debug!(dir = %dir.display(), error = %e, "reading the static pod path");
                 self.pods.clear();
-                return;
+                return Vec::new();
             }
         };
         for entry in entries.flatten() {
@@ -74,12 +118,25 @@ impl Source {
                 Ok(pod) => {
                     pods.insert(name, pod);
                 }
-                Err(why) => {
-                    tracing::warn!(file = %path.display(), error = %why, "could not process manifest file")
-                }
+                Err(why) => rejected.push(Rejected {
+                    path: path.display().to_string(),
+                    error: why,
+                }),
             }
         }
         self.pods = pods;
+        let mut fresh = Vec::new();
+        let mut reported = BTreeMap::new();
+        for r in rejected {
+            if self.reported.get(&r.path) != Some(&r.error) {
+                tracing::warn!(file = %r.path, error = %r.error, "could not process manifest file");
+                fresh.push(r.clone());
+            }
+            reported.insert(r.path, r.error);
+        }
+        // A file fixed or removed is reported again if it breaks again.
+        self.reported = reported;
+        fresh
     }
 
     fn load(&mut self, path: &Path) -> Result<Value, String> {
@@ -210,6 +267,61 @@ impl Source {
     }
 }
 
+/// Marks `dirty` and wakes `wake` on each event in `dir` until the watch ends (the directory
+/// was removed or moved away) or fails.
+async fn watch_dir(dir: &Path, dirty: &AtomicBool, wake: &Notify) -> std::io::Result<()> {
+    let inotify = Inotify::init()?;
+    inotify.watches().add(
+        dir,
+        WatchMask::CREATE
+            | WatchMask::CLOSE_WRITE
+            | WatchMask::MODIFY
+            | WatchMask::ATTRIB
+            | WatchMask::DELETE
+            | WatchMask::MOVED_FROM
+            | WatchMask::MOVED_TO
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF,
+    )?;
+    // A scan after the watch is set up sees what changed before it.
+    dirty.store(true, Ordering::Release);
+    wake.notify_one();
+    let mut events = inotify.into_event_stream([0u8; 4096])?;
+    let gone = EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::IGNORED;
+    let mut pending = false;
+    loop {
+        // Events are gathered until the directory is quiet for a moment, so that a file
+        // being written is read whole, not when it was just created empty.
+        let next = if pending {
+            match tokio::time::timeout(SETTLE, events.next()).await {
+                Ok(ev) => ev,
+                Err(_) => {
+                    pending = false;
+                    dirty.store(true, Ordering::Release);
+                    wake.notify_one();
+                    continue;
+                }
+            }
+        } else {
+            events.next().await
+        };
+        let Some(ev) = next else { break };
+        let ev = ev?;
+        if ev.mask.intersects(gone) {
+            break;
+        }
+        // Editors' swap and temporary files are hidden; upstream skips them too.
+        let hidden = ev
+            .name
+            .as_ref()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+        pending |= !hidden;
+    }
+    dirty.store(true, Ordering::Release);
+    wake.notify_one();
+    Ok(())
+}
+
 /// The mirror pod of a static pod: the same pod in the API, marked with the config.mirror
 /// annotation and owned by the Node (as the Node authorizer and NodeRestriction require).
 pub fn mirror_of(pod: &Value, node_name: &str, node_uid: &str) -> Value {
@@ -259,7 +371,19 @@ mod tests {
         let mut cfg = KubeletConfig::new("/dev/null", "W1");
         cfg.pod_manifest_path = Some(dir.path().to_owned());
         let mut s = Source::new(Arc::new(cfg));
-        s.rescan(true);
+        let rejected = s.rescan(true);
+        assert_eq!(rejected.len(), 1, "{rejected:?}");
+        assert!(rejected[0].path.ends_with("bad.yaml"));
+        assert_eq!(
+            rejected[0].error,
+            "a static pod may not use a service account"
+        );
+        // Reported once, not on every scan; again when its error changes.
+        assert_eq!(s.rescan(true), vec![]);
+        std::fs::write(dir.path().join("bad.yaml"), "kind: Pod\nspec: [").expect("write");
+        let again = s.rescan(true);
+        assert_eq!(again.len(), 1);
+        assert!(again[0].error.contains("while parsing"), "{again:?}");
         let pods = s.pods();
         assert_eq!(pods.len(), 1);
         let p = &pods[0];
@@ -279,5 +403,41 @@ mod tests {
         );
         assert_eq!(m["metadata"]["ownerReferences"][0]["kind"], "Node");
         assert!(m["metadata"].get("uid").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_file_event_makes_the_next_rescan_read_the_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = KubeletConfig::new("/dev/null", "w1");
+        cfg.pod_manifest_path = Some(dir.path().to_owned());
+        cfg.static_pod_rescan = Duration::from_secs(3600);
+        let mut s = Source::new(Arc::new(cfg));
+        s.rescan(true);
+        assert!(s.pods().is_empty());
+        let wake = Arc::new(Notify::new());
+        s.watch_files(wake.clone());
+        // The watch being set up wakes once; a rescan then finds the directory unchanged.
+        tokio::time::timeout(Duration::from_secs(10), wake.notified())
+            .await
+            .expect("the watch is set up");
+        s.rescan(false);
+        // Not due for an hour: only file events make the rescan read the directory again.
+        std::fs::write(
+            dir.path().join("web.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: web\n    image: nginx\n",
+        )
+        .expect("write");
+        tokio::time::timeout(Duration::from_secs(10), wake.notified())
+            .await
+            .expect("a file event");
+        assert_eq!(s.rescan(false), vec![], "the file is read whole");
+        assert_eq!(s.pods().len(), 1);
+        assert_eq!(s.pods()[0]["metadata"]["name"], "web-w1");
+        std::fs::remove_file(dir.path().join("web.yaml")).expect("remove");
+        tokio::time::timeout(Duration::from_secs(10), wake.notified())
+            .await
+            .expect("a file event");
+        s.rescan(false);
+        assert!(s.pods().is_empty());
     }
 }

@@ -25,7 +25,9 @@ async fn kubelet_runs_pods_and_static_pods() {
     .unwrap();
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "w1"), "w1");
     kcfg.pod_manifest_path = Some(manifests.clone());
-    kcfg.static_pod_rescan = Duration::from_millis(500);
+    // Not rescanned during the test: the manifest changes below take effect through the
+    // directory's file events.
+    kcfg.static_pod_rescan = Duration::from_secs(3600);
     kcfg.status_update_frequency = Duration::from_secs(1);
     common::spawn_kubelet(kcfg);
 
@@ -326,6 +328,43 @@ async fn kubelet_runs_pods_and_static_pods() {
     )
     .await;
     assert!(!ok && err.contains("can only create mirror pods"), "{err}");
+    // A manifest that cannot be used is reported on the Node and skipped; the static pod
+    // keeps running.
+    std::fs::write(
+        manifests.join("broken.yaml"),
+        "apiVersion: v1\nkind: Pod\nspec: [\n",
+    )
+    .unwrap();
+    let events = until(
+        &admin,
+        &[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.kind=Node,involvedObject.name=w1,reason=FailedValidation",
+            "-o",
+            "jsonpath={.items[*].type}: {.items[*].message}",
+        ],
+        "the broken manifest reported",
+        |o| o.contains("broken.yaml"),
+    )
+    .await;
+    assert!(
+        events.starts_with("Warning: Could not process manifest file"),
+        "{events}"
+    );
+    let (_, phase, _) = k(
+        &admin,
+        &[
+            "get",
+            "pod",
+            mirror,
+            "-o",
+            "jsonpath={.metadata.uid} {.status.phase}",
+        ],
+    )
+    .await;
+    assert!(phase.ends_with(" Running"), "{phase}");
     // Changing the manifest replaces the mirror pod with the new hash; removing it
     // deletes the mirror pod.
     std::fs::write(
