@@ -455,6 +455,7 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
             }
             v
         };
+        let (old_cmp, new_cmp) = (strip(&old), strip(&new));
         let changed = [
             "conditions",
             "capacity",
@@ -465,7 +466,7 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
         ]
         .iter()
         .filter(|k| !(cfg.cloud_provider_external && **k == "addresses"))
-        .any(|k| strip(&old).get(k) != strip(&new).get(k));
+        .any(|k| old_cmp.get(k) != new_cmp.get(k));
         if !changed && last_report.elapsed() < Duration::from_secs(300) {
             continue;
         }

@@ -70,7 +70,7 @@ struct Bound {
 impl Bound {
     /// The uid and the kept form of a watched pod, without its managedFields (which the
     /// kubelet never reads).
-    fn new(mut pod: DynamicObject) -> Option<(String, Bound)> {
+    fn new(mut pod: DynamicObject) -> Option<(Arc<str>, Bound)> {
         let uid = pod.metadata.uid.clone()?;
         pod.metadata.managed_fields = None;
         pod.types = Some(TypeMeta {
@@ -86,7 +86,7 @@ impl Bound {
                 .is_some_and(|a| a.contains_key(CONFIG_MIRROR)),
             json: json.into(),
         };
-        Some((uid, bound))
+        Some((uid.into(), bound))
     }
 }
 
@@ -180,7 +180,7 @@ pub async fn run(
     let selector = format!("spec.nodeName={}", cfg.node_name);
     let wake = Arc::new(tokio::sync::Notify::new());
     statics.watch_files(wake.clone());
-    let bound: Arc<Mutex<HashMap<String, Bound>>> = Arc::default();
+    let bound: Arc<Mutex<HashMap<Arc<str>, Bound>>> = Arc::default();
     // Lists read the watch cache (`resourceVersion=0`), as client-go's reflectors do. Not
     // paged: kube-rs leaves `resourceVersion=0` out of a list with a limit, which makes it a
     // consistent read (and the cache answers `0` whole anyway).
@@ -190,7 +190,7 @@ pub async fn run(
     let (notify, pods) = (wake.clone(), bound.clone());
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
-        let mut listing: Option<HashMap<String, Bound>> = None;
+        let mut listing: Option<HashMap<Arc<str>, Bound>> = None;
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(watcher::Event::Init) => listing = Some(HashMap::new()),
@@ -212,7 +212,9 @@ pub async fn run(
                 }
                 Ok(watcher::Event::Delete(p)) => {
                     if let Some(uid) = p.metadata.uid {
-                        pods.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid);
+                        pods.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(uid.as_str());
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "pod watch"),
@@ -270,7 +272,7 @@ pub async fn run(
                 .filter(|(uid, b)| {
                     let skip = !b.mirror && w.is_steady(uid, &b.resource_version);
                     if skip {
-                        steady.insert((*uid).clone());
+                        steady.insert(Arc::clone(uid));
                     }
                     !skip
                 })
@@ -312,7 +314,7 @@ impl Workers {
     }
 
     /// One pass over the node's pods: `api_pods` to sync, `steady` (uids) to keep as they are.
-    async fn sync(&mut self, api_pods: &[Value], steady: &HashSet<String>, statics: &[Value]) {
+    async fn sync(&mut self, api_pods: &[Value], steady: &HashSet<Arc<str>>, statics: &[Value]) {
         let pods_api: Api<Pod> = Api::all(self.client.clone());
         // Mirror pods are not run; they stand for static pods.
         let mirrors: HashMap<(String, String), &Value> = api_pods
@@ -342,7 +344,8 @@ impl Workers {
             .map(|p| (p, false))
             .collect();
         desired.extend(statics.iter().map(|p| (p, true)));
-        let mut keep = steady.clone();
+        // Workers of pods neither steady nor desired below are stopped.
+        let mut keep: HashSet<String> = HashSet::new();
         for &(pod, is_static) in &desired {
             let uid = s(pod, "/metadata/uid").to_owned();
             let ns = s(pod, "/metadata/namespace").to_owned();
@@ -484,7 +487,7 @@ impl Workers {
         let gone: Vec<String> = self
             .workers
             .keys()
-            .filter(|u| !keep.contains(*u))
+            .filter(|u| !keep.contains(*u) && !steady.contains(u.as_str()))
             .cloned()
             .collect();
         for uid in gone {
@@ -535,18 +538,22 @@ impl Workers {
         }
         w.containers
             .values()
-            .map(|c| {
-                let state = self.runtime.container_status(c.id.as_deref()?).ok()?.state;
-                match state {
-                    State::Running { .. } => Some(state),
-                    State::Exited { .. } if never => Some(state),
-                    _ => None,
-                }
-            })
+            .map(|c| self.settled_state(c, never))
             .collect()
     }
 
+    /// A container's state while it is running (or, with `never`, exited).
+    fn settled_state(&self, c: &Container, never: bool) -> Option<State> {
+        let state = self.runtime.container_state(c.id.as_deref()?).ok()?;
+        match state {
+            State::Running { .. } => Some(state),
+            State::Exited { .. } if never => Some(state),
+            _ => None,
+        }
+    }
+
     /// Whether the pod, at `resource_version`, is as a pass last left it with nothing to do.
+    /// Asked of every pod each second: allocates nothing.
     fn is_steady(&self, uid: &str, resource_version: &str) -> bool {
         let Some(w) = self.workers.get(uid) else {
             return false;
@@ -556,7 +563,11 @@ impl Workers {
         };
         Instant::now() < steady.until
             && steady.resource_version == resource_version
-            && self.container_states(w, steady.never).as_ref() == Some(&steady.states)
+            && w.containers.len() == steady.states.len()
+            && w.containers
+                .values()
+                .zip(&steady.states)
+                .all(|(c, want)| self.settled_state(c, steady.never).as_ref() == Some(want))
     }
 
     /// Creates missing mirror pods, replaces outdated or deleted ones, deletes orphans.

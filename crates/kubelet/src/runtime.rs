@@ -63,7 +63,7 @@ pub struct ContainerConfig {
 }
 
 /// A container's state, as the CRI reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
     Created,
     Running {
@@ -123,6 +123,11 @@ pub trait Runtime: Send + Sync {
     /// Stops a container (SIGTERM, then SIGKILL after `grace`).
     fn stop_container(&self, id: &str, grace: Duration) -> Result<(), RuntimeError>;
     fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError>;
+    /// Only the state of a container: what a pass asks of every pod each second, so a
+    /// runtime may answer it without building the whole status.
+    fn container_state(&self, id: &str) -> Result<State, RuntimeError> {
+        self.container_status(id).map(|s| s.state)
+    }
     /// Kills a container at once (SIGKILL: exit code 137), as after a failed liveness probe.
     fn kill_container(&self, id: &str) -> Result<(), RuntimeError>;
     /// The container's log file, in the CRI log format (what ReadLogs reads).
@@ -525,6 +530,15 @@ impl Runtime for Sim {
             .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
         Self::advance(c);
         Ok(c.status.clone())
+    }
+
+    fn container_state(&self, id: &str) -> Result<State, RuntimeError> {
+        let mut all = self.lock();
+        let c = all
+            .get_mut(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        Self::advance(c);
+        Ok(c.status.state)
     }
 
     fn read_logs(&self, id: &str) -> Result<String, RuntimeError> {
