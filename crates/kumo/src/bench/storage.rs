@@ -28,6 +28,10 @@ pub struct Args {
     /// Writes observed per watcher count.
     #[arg(long, default_value_t = 200)]
     watch_writes: usize,
+    /// Writes in the history a late watcher catches up on (half of them under its prefix,
+    /// most of them updates, so each needs its previous value).
+    #[arg(long, default_value_t = 50_000)]
+    catch_up_writes: usize,
     /// Keys in the range-read step.
     #[arg(long, default_value_t = 10_000)]
     range_keys: usize,
@@ -127,6 +131,15 @@ pub async fn run(args: Args) -> Result<()> {
             higher_is_better: false,
         });
     }
+    let e = catch_up(&embedded, args.catch_up_writes, &value, "e").await?;
+    let d = catch_up(&etcd, args.catch_up_writes, &value, "d").await?;
+    rows.push(Row {
+        name: format!("watch catch-up over {} writes", args.catch_up_writes),
+        unit: "ev/s",
+        embedded: e,
+        etcd: d,
+        higher_is_better: true,
+    });
     let e = range_read(&embedded, args.range_keys, &value).await?;
     let d = range_read(&etcd, args.range_keys, &value).await?;
     rows.push(Row {
@@ -267,6 +280,67 @@ async fn watch_latency(
     }
     lat.sort_by(f64::total_cmp);
     Ok((percentile(&lat, 50.0), percentile(&lat, 99.0)))
+}
+
+/// Events per second a watch started at an old revision delivers while reading the
+/// history of `writes` writes (two prefixes interleaved, 1000 keys each, so nearly every
+/// event is an update with a previous value), as the API server's watch cache does when it
+/// fell behind the live feed.
+async fn catch_up(store: &Arc<dyn Store>, writes: usize, value: &[u8], tag: &str) -> Result<f64> {
+    const KEYS: usize = 1000;
+    let from = store.current_revision().await?;
+    let writers = 64;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let store = store.clone();
+        let value = value.to_vec();
+        let tag = tag.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut i = w;
+            while i < writes {
+                let prefix = if i % 2 == 0 { "watched" } else { "other" };
+                let key = format!("/bench/catchup/{tag}/{prefix}/{}", (i / 2) % KEYS);
+                match store.update(key.as_bytes(), value.clone(), None).await {
+                    // First write of the key (a racing creator's write is just as good).
+                    Err(kumo_storage::StorageError::NotFound) => {
+                        match store.create(key.as_bytes(), value.clone()).await {
+                            Err(kumo_storage::StorageError::AlreadyExists { .. }) | Ok(_) => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    r => {
+                        r?;
+                    }
+                }
+                i += writers;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let want = writes.div_ceil(2);
+    let prefix = format!("/bench/catchup/{tag}/watched/");
+    let start = Instant::now();
+    let mut s = store.watch(prefix.as_bytes(), from).await?;
+    let mut seen = 0usize;
+    let read = async {
+        while seen < want {
+            match s.next().await {
+                Some(Ok(WatchEvent::Progress(_))) => {}
+                Some(Ok(_)) => seen += 1,
+                Some(Err(e)) => return Err(anyhow::anyhow!("watch failed: {e}")),
+                None => return Err(anyhow::anyhow!("watch ended early")),
+            }
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(300), read)
+        .await
+        .context("the catch-up did not finish within 300 s")??;
+    let secs = start.elapsed().as_secs_f64();
+    Ok(seen as f64 / secs)
 }
 
 /// Median time of a full read of `keys` keys under one prefix, over 9 reads.
