@@ -116,6 +116,9 @@ struct Steady {
     never: bool,
     states: Vec<State>,
     until: Instant,
+    /// The runtime vouched that no container changes before `until`: the states need no
+    /// reading until then.
+    quiet: bool,
 }
 
 /// How long a status written but not yet seen back through the watch goes before it is
@@ -453,11 +456,16 @@ impl Workers {
             }
             if unchanged {
                 if !is_static {
-                    let steady = self.steady_states(&uid, pod).map(|(never, states)| Steady {
-                        resource_version: s(pod, "/metadata/resourceVersion").to_owned(),
-                        never,
-                        states,
-                        until: Instant::now() + RESYNC,
+                    let steady = self.steady_states(&uid, pod).map(|(never, states)| {
+                        let resync = Instant::now() + RESYNC;
+                        let quiet = self.quiet_until(&uid);
+                        Steady {
+                            resource_version: s(pod, "/metadata/resourceVersion").to_owned(),
+                            never,
+                            states,
+                            until: quiet.map_or(resync, |q| q.min(resync)),
+                            quiet: quiet.is_some(),
+                        }
                     });
                     if let Some(w) = self.workers.get_mut(&uid) {
                         w.steady = steady;
@@ -552,8 +560,22 @@ impl Workers {
         }
     }
 
+    /// Until when none of the worker's containers changes by itself, when the runtime can
+    /// tell for each of them.
+    fn quiet_until(&self, uid: &str) -> Option<Instant> {
+        let w = self.workers.get(uid)?;
+        let mut until: Option<SystemTime> = None;
+        for c in w.containers.values() {
+            let t = self.runtime.steady_until(c.id.as_deref()?)?;
+            until = Some(until.map_or(t, |u| u.min(t)));
+        }
+        let left = until?.duration_since(SystemTime::now()).unwrap_or_default();
+        Some(Instant::now() + left)
+    }
+
     /// Whether the pod, at `resource_version`, is as a pass last left it with nothing to do.
-    /// Asked of every pod each second: allocates nothing.
+    /// Asked of every pod each second: allocates nothing, and reads no container state
+    /// while the runtime vouched for them.
     fn is_steady(&self, uid: &str, resource_version: &str) -> bool {
         let Some(w) = self.workers.get(uid) else {
             return false;
@@ -563,11 +585,11 @@ impl Workers {
         };
         Instant::now() < steady.until
             && steady.resource_version == resource_version
-            && w.containers.len() == steady.states.len()
-            && w.containers
-                .values()
-                .zip(&steady.states)
-                .all(|(c, want)| self.settled_state(c, steady.never).as_ref() == Some(want))
+            && (steady.quiet
+                || w.containers.len() == steady.states.len()
+                    && w.containers.values().zip(&steady.states).all(|(c, want)| {
+                        self.settled_state(c, steady.never).as_ref() == Some(want)
+                    }))
     }
 
     /// Creates missing mirror pods, replaces outdated or deleted ones, deletes orphans.

@@ -128,6 +128,12 @@ pub trait Runtime: Send + Sync {
     fn container_state(&self, id: &str) -> Result<State, RuntimeError> {
         self.container_status(id).map(|s| s.state)
     }
+    /// Until when the container's state stays as it is unless the kubelet acts on it (a
+    /// simulated process knows when it exits). `None` when the runtime cannot tell: the
+    /// kubelet then reads the state on every pass.
+    fn steady_until(&self, _id: &str) -> Option<SystemTime> {
+        None
+    }
     /// Kills a container at once (SIGKILL: exit code 137), as after a failed liveness probe.
     fn kill_container(&self, id: &str) -> Result<(), RuntimeError>;
     /// The container's log file, in the CRI log format (what ReadLogs reads).
@@ -539,6 +545,17 @@ impl Runtime for Sim {
             .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
         Self::advance(c);
         Ok(c.status.state)
+    }
+
+    fn steady_until(&self, id: &str) -> Option<SystemTime> {
+        let mut all = self.lock();
+        let c = all.get_mut(id)?;
+        Self::advance(c);
+        let far = SystemTime::now() + Duration::from_secs(365 * 24 * 3600);
+        Some(match (c.status.state, c.exit) {
+            (State::Running { started_at }, Some((after, _))) => started_at + after,
+            _ => far,
+        })
     }
 
     fn read_logs(&self, id: &str) -> Result<String, RuntimeError> {
