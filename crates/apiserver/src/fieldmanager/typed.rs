@@ -304,6 +304,13 @@ impl<'a> Typer<'a> {
         path: &mut Vec<Pe>,
         c: &mut Comparison,
     ) {
+        // Equal subtrees have no differences whatever their schema: most of an updated
+        // object is unchanged, and this skips it without resolving types or indexing lists.
+        if let (Some(l), Some(r)) = (lhs, rhs) {
+            if l == r {
+                return;
+            }
+        }
         let shape = self.shape_of(s, rhs.or(lhs));
         let leaf = |c: &mut Comparison| match (lhs, rhs) {
             (None, _) => c.added.insert(path),

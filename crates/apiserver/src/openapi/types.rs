@@ -34,7 +34,7 @@ pub fn type_error(res: &Resource, obj: &Value) -> Option<String> {
     let s = schemas();
     let name = s.for_kind(res.group, res.version, res.kind)?;
     let schema = s.get(name)?;
-    check(s, schema, struct_name(name), obj, "", 0)
+    check(s, schema, struct_name(name), obj, &Path::Root, 0)
 }
 
 /// `v1.ServiceSpec` for `io.k8s.api.core.v1.ServiceSpec`.
@@ -101,10 +101,29 @@ fn json_type(v: &Value) -> String {
     }
 }
 
-fn mismatch(got: String, owner: &str, path: &str, want: String) -> Option<String> {
+fn mismatch(got: String, owner: &str, path: &Path<'_>, want: String) -> Option<String> {
     Some(format!(
-        "json: cannot unmarshal {got} into Go struct field {owner}.{path} of type {want}"
+        "json: cannot unmarshal {got} into Go struct field {owner}.{} of type {want}",
+        path.dotted()
     ))
+}
+
+/// Where the walk is, as a chain of field names: written out only for an error, so a
+/// check of a well-typed object allocates nothing for its paths.
+enum Path<'a> {
+    Root,
+    Field(&'a Path<'a>, &'a str),
+}
+
+impl Path<'_> {
+    /// `spec.containers.image`, the dotted names Go reports.
+    fn dotted(&self) -> String {
+        match self {
+            Path::Root => String::new(),
+            Path::Field(Path::Root, k) => (*k).to_owned(),
+            Path::Field(parent, k) => format!("{}.{k}", parent.dotted()),
+        }
+    }
 }
 
 /// Checks `v` at `path` (dotted JSON field names, as Go reports them) against `schema`;
@@ -114,7 +133,7 @@ fn check(
     schema: &Value,
     owner: &str,
     v: &Value,
-    path: &str,
+    path: &Path<'_>,
     depth: usize,
 ) -> Option<String> {
     // Go leaves a field at its zero value for null.
@@ -140,7 +159,7 @@ fn check(
             if let Some(props) = def.get("properties").and_then(Value::as_object) {
                 for (k, child) in m {
                     if let Some(ps) = props.get(k) {
-                        let p = join(path, k);
+                        let p = Path::Field(path, k);
                         if let Some(e) = check(s, ps, owner_here, child, &p, depth + 1) {
                             return Some(e);
                         }
@@ -197,14 +216,6 @@ fn check(
             }
         }
         _ => None,
-    }
-}
-
-fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
     }
 }
 
