@@ -790,6 +790,52 @@ pub struct WatchCaches {
     store: Arc<dyn Store>,
     window: Window,
     caches: Mutex<HashMap<String, Arc<WatchCache>>>,
+    runtime: CacheRuntime,
+}
+
+/// The thread the caches follow the store on. Every list and watch reads a cache, so a
+/// cache that falls behind the store stalls them all, and one that falls a compaction
+/// window behind starts over and makes every client list again. On the request runtime,
+/// a follower is one task among thousands of connections and watches and, on a
+/// saturated machine, fell minutes behind; on its own thread the OS schedules it as a peer
+/// of the request workers.
+struct CacheRuntime(Option<tokio::runtime::Runtime>);
+
+impl CacheRuntime {
+    fn new() -> CacheRuntime {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("watch-cache")
+            .enable_all()
+            .build();
+        match rt {
+            Ok(rt) => CacheRuntime(Some(rt)),
+            Err(e) => {
+                tracing::warn!(error = %e, "watch cache: no thread of its own; following on the request runtime");
+                CacheRuntime(None)
+            }
+        }
+    }
+
+    fn spawn<F: std::future::Future<Output = ()> + Send + 'static>(&self, f: F) {
+        match &self.0 {
+            Some(rt) => {
+                rt.spawn(f);
+            }
+            None => {
+                tokio::spawn(f);
+            }
+        }
+    }
+}
+
+impl Drop for CacheRuntime {
+    fn drop(&mut self) {
+        // Dropped from async code (a server shutting down): no blocking wait.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl WatchCaches {
@@ -815,6 +861,7 @@ impl WatchCaches {
             store,
             window,
             caches: Mutex::new(HashMap::new()),
+            runtime: CacheRuntime::new(),
         }
     }
 
@@ -850,7 +897,7 @@ impl WatchCaches {
         caches.insert(prefix.to_owned(), cache.clone());
         let store = self.store.clone();
         let weak = Arc::downgrade(&cache);
-        tokio::spawn(async move {
+        self.runtime.spawn(async move {
             let mut backoff = Duration::from_millis(100);
             loop {
                 let Some(cache) = weak.upgrade() else { return };
