@@ -65,6 +65,10 @@ struct Bound {
     /// A mirror pod (it stands for a static pod; it is not run).
     mirror: bool,
     json: Arc<str>,
+    /// Set by a pass that found the pod steady with the runtime vouching for its
+    /// containers: until then passes skip it without looking up its worker. A new version
+    /// from the watch replaces the entry, and with it this.
+    quiet: Option<Instant>,
 }
 
 impl Bound {
@@ -85,6 +89,7 @@ impl Bound {
                 .annotations
                 .is_some_and(|a| a.contains_key(CONFIG_MIRROR)),
             json: json.into(),
+            quiet: None,
         };
         Some((uid.into(), bound))
     }
@@ -145,6 +150,8 @@ struct Workers {
     sources: HashMap<String, Value>,
     /// The network probes' workers.
     prober: Prober,
+    /// Pods the last pass found quiet: uid, resourceVersion, until when.
+    quiet_found: Vec<(String, String, Instant)>,
 }
 
 fn parse_cidr(c: &str) -> Option<(Ipv4Addr, u8)> {
@@ -245,6 +252,7 @@ pub async fn run(
         next_ip: 2,
         pulled: std::collections::HashSet::new(),
         sources: HashMap::new(),
+        quiet_found: Vec::new(),
     };
     let mut last_node_read = None::<Instant>;
     loop {
@@ -267,15 +275,26 @@ pub async fn run(
                 .collect();
             crate::events::emit(&w.client, &w.cfg.node_name, records);
         }
-        // Steady pods are passed over by uid and resourceVersion; the others are parsed.
-        let mut steady = HashSet::new();
+        // Steady pods are passed over (quiet ones without a lookup, the others by uid and
+        // resourceVersion); the others are parsed.
+        let mut steady = Vec::new();
+        let now = Instant::now();
         let texts: Vec<Arc<str>> = {
-            let pods = bound.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pods = bound.lock().unwrap_or_else(|e| e.into_inner());
+            for (uid, rv, until) in w.quiet_found.drain(..) {
+                if let Some(b) = pods.get_mut(uid.as_str()) {
+                    if b.resource_version == rv {
+                        b.quiet = Some(until);
+                    }
+                }
+            }
             pods.iter()
                 .filter(|(uid, b)| {
-                    let skip = !b.mirror && w.is_steady(uid, &b.resource_version);
+                    let skip = !b.mirror
+                        && (b.quiet.is_some_and(|t| now < t)
+                            || w.is_steady(uid, &b.resource_version));
                     if skip {
-                        steady.insert(Arc::clone(uid));
+                        steady.push(Arc::clone(uid));
                     }
                     !skip
                 })
@@ -316,8 +335,9 @@ impl Workers {
         Ipv4Addr::from(ip).to_string()
     }
 
-    /// One pass over the node's pods: `api_pods` to sync, `steady` (uids) to keep as they are.
-    async fn sync(&mut self, api_pods: &[Value], steady: &HashSet<Arc<str>>, statics: &[Value]) {
+    /// One pass over the node's pods: `api_pods` to sync, `steady` (uids, each with a
+    /// worker) to keep as they are.
+    async fn sync(&mut self, api_pods: &[Value], steady: &[Arc<str>], statics: &[Value]) {
         let pods_api: Api<Pod> = Api::all(self.client.clone());
         // Mirror pods are not run; they stand for static pods.
         let mirrors: HashMap<(String, String), &Value> = api_pods
@@ -467,6 +487,10 @@ impl Workers {
                             quiet: quiet.is_some(),
                         }
                     });
+                    if let Some(st) = steady.as_ref().filter(|st| st.quiet) {
+                        let found = (uid.clone(), st.resource_version.clone(), st.until);
+                        self.quiet_found.push(found);
+                    }
                     if let Some(w) = self.workers.get_mut(&uid) {
                         w.steady = steady;
                     }
@@ -492,12 +516,22 @@ impl Workers {
                 }
             }
         }
-        let gone: Vec<String> = self
-            .workers
-            .keys()
-            .filter(|u| !keep.contains(*u) && !steady.contains(u.as_str()))
-            .cloned()
-            .collect();
+        // Every worker is kept or steady, unless some are counted by neither (the common
+        // case checked without hashing each steady uid).
+        let kept = keep
+            .iter()
+            .filter(|u| self.workers.contains_key(u.as_str()))
+            .count();
+        let gone: Vec<String> = if kept + steady.len() < self.workers.len() {
+            let steady: HashSet<&str> = steady.iter().map(|u| &**u).collect();
+            self.workers
+                .keys()
+                .filter(|u| !keep.contains(*u) && !steady.contains(u.as_str()))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         for uid in gone {
             self.kill(&uid);
         }
