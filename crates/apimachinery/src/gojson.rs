@@ -32,6 +32,9 @@ struct Scanner<'a> {
 
 const EOF: &str = "unexpected end of JSON input";
 
+/// Go's scanner refuses containers nested deeper than this.
+const MAX_NESTING_DEPTH: usize = 10_000;
+
 /// Go's quoteChar: the byte as a rune in single quotes, escaped as strconv.Quote does.
 fn quote_char(c: u8) -> String {
     match c {
@@ -87,6 +90,9 @@ impl Scanner<'_> {
             // stateBeginValue
             self.skip_space();
             let c = self.next()?;
+            if matches!(c, b'{' | b'[') && self.stack.len() >= MAX_NESTING_DEPTH {
+                return Err(invalid(c, "exceeded max depth"));
+            }
             match c {
                 b'{' => {
                     self.skip_space();
@@ -327,6 +333,23 @@ mod tests {
     use super::{base64_error, base64_raw_url_error, syntax_error};
 
     #[test]
+    fn nesting_past_go_limit_is_refused_at_the_opening_character() {
+        // kube-apiserver v1.37.2's answer for `{"a":[` 20000 times.
+        let deep = "{\"a\":[".repeat(20_000);
+        assert_eq!(
+            syntax_error(deep.as_bytes()).as_deref(),
+            Some("invalid character '{' exceeded max depth")
+        );
+        let ok = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(syntax_error(ok.as_bytes()), None);
+        let over = format!("{}{}", "[".repeat(10_001), "]".repeat(10_001));
+        assert_eq!(
+            syntax_error(over.as_bytes()).as_deref(),
+            Some("invalid character '[' exceeded max depth")
+        );
+    }
+
+    #[test]
     fn messages_are_go_encoding_json_ones() {
         let cases: &[(&[u8], Option<&str>)] = &[
             (b"{\"a\": [1, 2.5e3, true, null, \"x\\u00e9\"]}", None),
@@ -454,11 +477,14 @@ mod tests {
     #[test]
     fn deep_nesting_does_not_overflow() {
         let deep = "[".repeat(100_000) + &"]".repeat(100_000);
-        assert_eq!(syntax_error(deep.as_bytes()), None);
+        assert_eq!(
+            syntax_error(deep.as_bytes()).as_deref(),
+            Some("invalid character '[' exceeded max depth")
+        );
         let open = "{\"a\":".repeat(50_000);
         assert_eq!(
             syntax_error(open.as_bytes()).as_deref(),
-            Some("unexpected end of JSON input")
+            Some("invalid character '{' exceeded max depth")
         );
     }
 }

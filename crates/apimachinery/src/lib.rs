@@ -11,6 +11,7 @@ pub mod quota;
 pub mod selector;
 pub mod status;
 pub mod validation;
+pub mod yaml;
 
 /// Timestamps as the API writes them: RFC 3339 in UTC, whole seconds (`metav1.Time`).
 pub mod time {
@@ -22,5 +23,12 @@ pub mod time {
     /// Parses RFC 3339 as Go's `time.Parse(time.RFC3339, ...)`; seconds since the epoch.
     pub fn parse_rfc3339(s: &str) -> Option<i64> {
         crate::protobuf::gotime::parse_rfc3339(s).map(|(secs, _)| secs)
+    }
+
+    /// A non-negative duration as Go's `time.ParseDuration` reads it (`5m0s`, `1.5h`,
+    /// `300ms`, `0`), for the components' duration flags.
+    pub fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
+        let ns = crate::protobuf::gotime::parse_duration(s)?;
+        u64::try_from(ns).ok().map(std::time::Duration::from_nanos)
     }
 }

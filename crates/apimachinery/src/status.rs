@@ -51,6 +51,9 @@ pub struct Details {
     pub kind: String,
     pub causes: Vec<Cause>,
     pub retry_after_seconds: Option<u32>,
+    /// Not a detail: the Status's `metadata.continue`, which only an expired paged list
+    /// sets (kept here, boxed, so errors stay small).
+    pub list_continue: Option<String>,
 }
 
 /// An error the API answers with: HTTP code, machine-readable reason, message, details.
@@ -143,7 +146,7 @@ impl ApiError {
             group: group.to_owned(),
             kind: kind.to_owned(),
             causes,
-            retry_after_seconds: None,
+            ..Details::default()
         }));
         e
     }
@@ -206,6 +209,25 @@ impl ApiError {
     /// 410 for a watch or list from a resourceVersion that was compacted away.
     pub fn resource_expired(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)
+    }
+
+    /// The 410 of a paged list whose continue token's revision was compacted away, with
+    /// the token that continues it at the latest revision (upstream's inconsistent
+    /// continue).
+    pub fn inconsistent_continue(token: String) -> Self {
+        let mut e = Self::resource_expired(
+            "The provided continue parameter is too old to display a consistent list result. \
+             You can start a new list without the continue parameter, or use the continue \
+             token in this response to retrieve the remainder of the results. Continuing with \
+             the provided token results in an inconsistent list - objects that were created, \
+             modified, or deleted between the time the first chunk was returned and now may \
+             show up in the list.",
+        );
+        e.details = Some(Box::new(Details {
+            list_continue: Some(token),
+            ..Details::default()
+        }));
+        e
     }
 
     /// 410 with reason Gone (an older form some paths still use).
@@ -281,14 +303,30 @@ impl ApiError {
         let mut status = Map::new();
         status.insert("kind".into(), json!("Status"));
         status.insert("apiVersion".into(), json!("v1"));
-        status.insert("metadata".into(), json!({}));
+        let list_continue = self.details.as_ref().and_then(|d| d.list_continue.as_ref());
+        status.insert(
+            "metadata".into(),
+            match list_continue {
+                Some(c) => json!({ "continue": c }),
+                None => json!({}),
+            },
+        );
         status.insert("status".into(), json!("Failure"));
         status.insert("message".into(), json!(self.message));
         // An empty reason is left out, as Go's omitempty does.
         if !self.reason.is_empty() {
             status.insert("reason".into(), json!(self.reason));
         }
-        if let Some(d) = &self.details {
+        // Details that only carry the continue token are no details.
+        let only_continue = |d: &Details| {
+            d.list_continue.is_some()
+                && d.name.is_empty()
+                && d.group.is_empty()
+                && d.kind.is_empty()
+                && d.causes.is_empty()
+                && d.retry_after_seconds.is_none()
+        };
+        if let Some(d) = self.details.as_ref().filter(|d| !only_continue(d)) {
             let mut details = Map::new();
             if !d.name.is_empty() {
                 details.insert("name".into(), json!(d.name));
