@@ -68,6 +68,8 @@ pub struct EtcdStore {
     /// Wakes the endpoint monitor early (after a connection failure).
     probe: Arc<Notify>,
     monitor: tokio::task::JoinHandle<()>,
+    /// The newest revision compacted through this client.
+    compacted: std::sync::atomic::AtomicI64,
 }
 
 impl Drop for EtcdStore {
@@ -121,6 +123,7 @@ impl EtcdStore {
                 .watch_client()
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
             limits,
+            compacted: std::sync::atomic::AtomicI64::new(0),
             probe,
             monitor,
         });
@@ -476,6 +479,10 @@ impl Store for EtcdStore {
         header_revision(resp.header())
     }
 
+    fn known_compacted(&self) -> Revision {
+        self.compacted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     async fn compact(&self, revision: Revision) -> Result<()> {
         if revision <= 0 {
             return Ok(());
@@ -490,9 +497,15 @@ impl Store for EtcdStore {
         match result {
             Ok(_) => {
                 tracing::debug!(revision, "etcd compacted");
+                self.compacted
+                    .fetch_max(revision, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
             }
-            Err(e) if error_text(&e).contains(ERR_COMPACTED) => Ok(()),
+            Err(e) if error_text(&e).contains(ERR_COMPACTED) => {
+                self.compacted
+                    .fetch_max(revision, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
             Err(e) if error_text(&e).contains(ERR_FUTURE) => Err(StorageError::FutureRevision {
                 requested: revision,
                 current: self.current_revision().await.unwrap_or(0),

@@ -189,4 +189,8 @@ pub trait Store: Send + Sync + 'static {
     /// Drops history older than `revision`: reads below it then fail with
     /// [`StorageError::Compacted`]. Compacting to an already compacted revision is a no-op.
     async fn compact(&self, revision: Revision) -> Result<()>;
+
+    /// The newest revision this store knows to be compacted (0: none), without a round
+    /// trip: caches in front of the store must not serve reads below it either.
+    fn known_compacted(&self) -> Revision;
 }

@@ -1100,6 +1100,10 @@ impl Store for EmbeddedStore {
         Ok(self.shared.index.read().current)
     }
 
+    fn known_compacted(&self) -> Revision {
+        self.compacted_revision()
+    }
+
     async fn compact(&self, revision: Revision) -> Result<()> {
         if revision <= self.shared.index.read().compacted {
             return Ok(());
