@@ -409,6 +409,14 @@ pub fn authorized(attrs: &Attributes, decision: Decision) -> Decision {
     decision
 }
 
+/// Hook: an annotation an admission plugin records on the request's audit events
+/// (upstream's AddAuditAnnotation; PodSecurity's `pod-security.kubernetes.io/...`).
+pub fn annotate(key: &str, value: &str) {
+    with_ctx(|c| {
+        c.annotations.insert(key.to_owned(), value.to_owned());
+    });
+}
+
 /// Hook: the request body, read. At Metadata level a created object's name completes
 /// the object reference; from Request level on, the body is the requestObject.
 pub fn request_body(content_type: Option<&str>, body: &[u8]) {
@@ -742,7 +750,7 @@ fn set_audit_id(resp: &mut Response<Body>, id: &str) {
 pub async fn handle(
     auditor: Option<&Arc<Auditor>>,
     state: Arc<State>,
-    cert_user: Option<Arc<UserInfo>>,
+    cert_user: crate::auth::x509::ClientCert,
     peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Response<Body> {

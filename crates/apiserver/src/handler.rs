@@ -42,6 +42,9 @@ pub struct State {
     pub kubelet: Option<Arc<crate::proxy::KubeletClient>>,
     /// Kubelet addresses that replace the Nodes' own (see [`crate::proxy::KubeletDialOverrides`]).
     pub kubelet_dial: crate::proxy::KubeletDialOverrides,
+    /// Where pod IPs are reached when the host does not route them (see
+    /// [`crate::resource_proxy::PodNetwork`]).
+    pub pod_network: Option<Arc<dyn crate::resource_proxy::PodNetwork>>,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -145,11 +148,11 @@ fn parse_query(q: Option<&str>) -> BTreeMap<String, String> {
 /// upstream counts it.
 pub async fn handle(
     state: Arc<State>,
-    peer: Option<Arc<UserInfo>>,
+    peer: crate::auth::x509::ClientCert,
     req: Request<Incoming>,
 ) -> Response<Body> {
     let query = parse_query(req.uri().query());
-    let user = match authenticate(&state, peer.as_deref(), &req).await {
+    let user = match authenticate(&state, &peer, &req).await {
         Ok(u) => u,
         Err(e) => return error_response(&e),
     };
@@ -189,11 +192,12 @@ pub async fn handle(
 /// where anonymous requests are allowed; else 401.
 async fn authenticate(
     state: &State,
-    peer: Option<&UserInfo>,
+    peer: &crate::auth::x509::ClientCert,
     req: &Request<Incoming>,
 ) -> Result<UserInfo, ApiError> {
-    if let Some(u) = peer {
-        return Ok(u.clone());
+    use crate::auth::x509::ClientCert;
+    if let ClientCert::User(u) = peer {
+        return Ok(UserInfo::clone(u));
     }
     let bearer = req
         .headers()
@@ -216,7 +220,9 @@ async fn authenticate(
             TokenResult::NotMine => Err(crate::auth::unauthorized()),
         };
     }
-    if crate::auth::anonymous_allowed(req.uri().path()) {
+    // A bad certificate fails the request even where anonymous ones pass (upstream's
+    // anonymous authenticator is FailOnError behind the others).
+    if matches!(peer, ClientCert::Absent) && crate::auth::anonymous_allowed(req.uri().path()) {
         return Ok(UserInfo::anonymous());
     }
     Err(crate::auth::unauthorized())
@@ -743,6 +749,10 @@ async fn route(
         }
         if *method != Method::POST {
             return Err(router_method_not_allowed());
+        }
+        // They have no table convertor: kube-apiserver's negotiation refuses a Table.
+        if accept.output == negotiate::Output::Table {
+            return Err(negotiate::not_acceptable_here());
         }
         let dry_run = matches!(query.get("dryRun").map(String::as_str), Some("All"));
         let mut decoded = negotiate::decode_body(content_type, body)?;

@@ -103,6 +103,12 @@ const PRODUCES: &[&str] = &[
     "application/vnd.kubernetes.protobuf",
 ];
 
+/// The 406 of an endpoint that cannot give the representation asked for (kube-apiserver's
+/// negotiation error, listing what it serializes).
+pub fn not_acceptable_here() -> ApiError {
+    ApiError::not_acceptable(PRODUCES)
+}
+
 /// The 406 for an Accept header [`choose`] found nothing in, worded as kube-apiserver
 /// words it: its router's (listing the route's representations, watch streams included
 /// for collections) or its negotiation's.
@@ -225,11 +231,16 @@ pub fn decode_body_as(
                 summarize(body)
             ))
         })?,
+        // Lax, as upstream's decode: a repeated key keeps its last value (field validation
+        // reports it, see openapi::check_fields).
         "application/yaml" => {
-            let v: serde_yaml::Value = serde_yaml::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))?;
-            serde_json::to_value(v)
-                .map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))?
+            let unrecognized = |why: String| {
+                ApiError::bad_request(format!(
+                    "the object provided is unrecognized (must be of type {kind}): {why} ({})",
+                    summarize(body)
+                ))
+            };
+            kumo_apimachinery::yaml::from_slice_lax(body).map_err(|e| unrecognized(e.to_string()))?
         }
         "application/vnd.kubernetes.protobuf" => kumo_apimachinery::protobuf::decode(body)
             .map_err(|e| {
@@ -239,12 +250,36 @@ pub fn decode_body_as(
             })?,
         other => return Err(ApiError::unsupported_media_type(other)),
     };
+    // Upstream first reads apiVersion and kind into a struct, which only an object fills.
+    if let Some(t) = go_json_type(&value).filter(|_| !value.is_object() && essence != PROTOBUF) {
+        return Err(ApiError::bad_request(format!(
+            "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: json: cannot unmarshal {t} into Go value of type {GO_TYPE_META} ({})",
+            summarize(body)
+        )));
+    }
     if depth(&value) > MAX_DEPTH {
         return Err(ApiError::bad_request(format!(
             "the object provided is nested more than {MAX_DEPTH} levels deep"
         )));
     }
     Ok(value)
+}
+
+/// How Go prints the anonymous struct upstream's serializer decodes apiVersion and kind
+/// into, in its unmarshal errors.
+pub const GO_TYPE_META: &str = "struct { APIVersion string \"json:\\\"apiVersion,omitempty\\\"\"; Kind string \"json:\\\"kind,omitempty\\\"\" }";
+
+/// The JSON type name Go's decoder uses in its errors (None for null, which decodes into
+/// anything).
+pub fn go_json_type(v: &Value) -> Option<&'static str> {
+    match v {
+        Value::Null => None,
+        Value::Bool(_) => Some("bool"),
+        Value::Number(_) => Some("number"),
+        Value::String(_) => Some("string"),
+        Value::Array(_) => Some("array"),
+        Value::Object(_) => Some("object"),
+    }
 }
 
 /// Nesting depth of a value, without recursion (so a deep value cannot overflow the stack).

@@ -314,6 +314,81 @@ fn validate_container(
     }
 }
 
+/// The admission chain for a CONNECT of `pods/<sub>` (exec, attach, portforward): the
+/// options object the query decodes to (PodExecOptions, PodAttachOptions,
+/// PodPortForwardOptions, as Go marshals them) goes through both phases, as upstream's
+/// connect handler does before it dials the kubelet.
+async fn connect_admission(
+    state: &State,
+    sub: &str,
+    ns: &str,
+    name: &str,
+    pairs: &[(String, String)],
+    flag: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<(), ApiError> {
+    let mut opts = serde_json::Map::new();
+    let kind = match sub {
+        "exec" => "PodExecOptions",
+        "attach" => "PodAttachOptions",
+        _ => "PodPortForwardOptions",
+    };
+    opts.insert("kind".into(), kind.into());
+    opts.insert("apiVersion".into(), "v1".into());
+    if sub == "portforward" {
+        let ports: Vec<Value> = pairs
+            .iter()
+            .filter(|(k, _)| k == "ports")
+            .flat_map(|(_, v)| v.split(','))
+            .filter_map(|p| p.trim().parse::<u16>().ok())
+            .map(Value::from)
+            .collect();
+        if !ports.is_empty() {
+            opts.insert("ports".into(), Value::Array(ports));
+        }
+    } else {
+        for f in ["stdin", "stdout", "stderr", "tty"] {
+            if flag(f) {
+                opts.insert(f.into(), true.into());
+            }
+        }
+        if let Some((_, c)) = pairs
+            .iter()
+            .find(|(k, v)| k == "container" && !v.is_empty())
+        {
+            opts.insert("container".into(), c.clone().into());
+        }
+        if sub == "exec" {
+            let command: Vec<Value> = pairs
+                .iter()
+                .filter(|(k, _)| k == "command")
+                .map(|(_, v)| Value::from(v.clone()))
+                .collect();
+            opts.insert("command".into(), Value::Array(command));
+        }
+    }
+    let mut obj = Value::Object(opts);
+    let res = state
+        .registry
+        .find("", "v1", "pods")
+        .ok_or_else(ApiError::path_not_found)?;
+    let user = crate::auth::current_user();
+    let attrs = crate::admission::Attributes {
+        operation: crate::admission::Operation::Connect,
+        resource: &res,
+        subresource: Some(sub),
+        namespace: Some(ns),
+        name,
+        old: None,
+        user: &user,
+        dry_run: false,
+        options: Value::Null,
+        rest: &state.rest,
+    };
+    let chain = state.rest.chain();
+    chain.admit(&attrs, Some(&mut obj)).await?;
+    chain.validate(&attrs, Some(&obj)).await
+}
+
 async fn serve_inner(
     state: &State,
     attrs: &Attributes,
@@ -435,6 +510,7 @@ async fn serve_inner(
             let flag = |k: &str| {
                 get(k).is_some_and(|v| matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True"))
             };
+            connect_admission(state, sub, &ns, &name, &pairs, &flag).await?;
             let mut params: Vec<(&str, String)> = Vec::new();
             let path = if sub == "portforward" {
                 for (k, v) in &pairs {

@@ -83,7 +83,24 @@ struct Target {
     port: String,
 }
 
+/// The 503 of a backend the proxy cannot reach, worded as Go's dialer.
+fn unreachable(why: String) -> ApiError {
+    service_unavailable(format!("error trying to reach service: {why}"))
+}
+
 impl Target {
+    /// The port to dial: a number, or `http`/`https` (and none) as Go looks them up.
+    fn port_number(&self) -> Result<u16, ApiError> {
+        match self.port.as_str() {
+            "" if self.https => Ok(443),
+            "" | "http" => Ok(80),
+            "https" => Ok(443),
+            p => p
+                .parse()
+                .map_err(|_| unreachable(format!("dial tcp: lookup tcp/{p}: unknown port"))),
+        }
+    }
+
     fn host_port(&self) -> String {
         let port = match self.port.as_str() {
             "" if self.https => "443",
@@ -481,6 +498,7 @@ async fn serve_inner(
         forwarded_uri = clean_path(prefix);
     }
     forward(
+        state,
         &target,
         &path,
         query.as_deref(),
@@ -491,21 +509,25 @@ async fn serve_inner(
     .await
 }
 
-/// Connects to the backend (TLS for `https:`).
+/// A network the pods live on that the host does not route to: the simulated pod network
+/// of `kumo up`, whose pod IPs must never be dialed on the host. The API server's pod and
+/// service proxies connect through it when one is set.
+pub trait PodNetwork: Send + Sync + std::fmt::Debug {
+    /// A connection to `to` (a pod IP and port), or the dial error (`connection refused`,
+    /// `no route to host`) as the I/O error's kind.
+    fn connect(&self, to: std::net::SocketAddr) -> std::io::Result<tokio::io::DuplexStream>;
+}
+
+/// Connects to the backend (TLS for `https:`), through the pod network when there is one.
 async fn connect(
+    state: &State,
     target: &Target,
 ) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, ApiError> {
+    if let Some(net) = &state.pod_network {
+        return connect_through(net.as_ref(), target).await;
+    }
     let host_port = target.host_port();
-    let unreachable =
-        |why: String| service_unavailable(format!("error trying to reach service: {why}"));
-    let port: u16 = match target.port.as_str() {
-        "" if target.https => 443,
-        "" | "http" => 80,
-        "https" => 443,
-        p => p
-            .parse()
-            .map_err(|_| unreachable(format!("dial tcp: lookup tcp/{p}: unknown port")))?,
-    };
+    let port = target.port_number()?;
     let tcp = tokio::time::timeout(
         DIAL_TIMEOUT,
         tokio::net::TcpStream::connect((target.host.as_str(), port)),
@@ -550,6 +572,36 @@ async fn connect(
         });
         Ok(sender)
     }
+}
+
+/// [`connect`] over a [`PodNetwork`] (plain HTTP: the simulated servers speak no TLS).
+async fn connect_through(
+    net: &dyn PodNetwork,
+    target: &Target,
+) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, ApiError> {
+    let host_port = target.host_port();
+    let port = target.port_number()?;
+    let ip: std::net::IpAddr = target
+        .host
+        .parse()
+        .map_err(|_| unreachable(format!("dial tcp {host_port}: no such host")))?;
+    let stream = net
+        .connect(std::net::SocketAddr::new(ip, port))
+        .map_err(|e| unreachable(format!("dial tcp {host_port}: {}", go_dial_error(&e))))?;
+    if target.https {
+        return Err(unreachable(format!(
+            "dial tcp {host_port}: tls: first record does not look like a TLS handshake"
+        )));
+    }
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "proxied connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// A backend's redirect, kept under the proxy path when it points at the same host
@@ -856,6 +908,7 @@ fn rewrite_html(page: &[u8], rewrite: &dyn Fn(&str) -> String) -> Vec<u8> {
 }
 
 async fn forward(
+    state: &State,
     target: &Target,
     path: &str,
     query: Option<&str>,
@@ -863,7 +916,7 @@ async fn forward(
     forwarded_uri: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    let mut sender = connect(target).await?;
+    let mut sender = connect(state, target).await?;
     let mut req = req;
     // An upgrade (WebSocket, SPDY) is passed through once the backend switches protocols.
     let upgrade = is_upgrade(req.headers());

@@ -50,6 +50,9 @@ pub struct Rest {
     pub admission: std::sync::OnceLock<crate::admission::Chain>,
     /// Whether `store` is etcd (componentstatuses then report `etcd-0`).
     pub store_is_etcd: bool,
+    /// The simulated pod network, when the cluster's pods live in one: what a Service
+    /// reference (an admission webhook's) connects through, never the host's network.
+    pub pod_network: Option<Arc<dyn crate::resource_proxy::PodNetwork>>,
 }
 
 /// The options object of a write, as admission webhooks see it.
@@ -369,7 +372,19 @@ fn body_type(obj: &mut Value) -> Result<(&mut Map<String, Value>, String, String
 /// Characters of generated name suffixes (no vowels, no look-alikes), as upstream.
 const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
-fn random_suffix() -> String {
+/// Suffixes a test hands out, per generateName prefix, before random ones.
+#[cfg(test)]
+static FORCED_SUFFIXES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+fn random_suffix(prefix: &str) -> String {
+    #[cfg(test)]
+    {
+        let mut forced = FORCED_SUFFIXES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = forced.iter().position(|(p, _)| p == prefix) {
+            return forced.remove(i).1;
+        }
+    }
+    let _ = prefix;
     let bytes = uuid::Uuid::new_v4().into_bytes();
     bytes[..5]
         .iter()
@@ -569,7 +584,9 @@ fn encode_continue(rv: Revision, start: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(doc.to_string())
 }
 
-fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
+/// A continue token's revision (None: the latest, the `-1` of an inconsistent continue)
+/// and start key.
+fn decode_continue(token: &str) -> Result<(Option<Revision>, String), ApiError> {
     // Worded as upstream: "invalid continue token: continue key is not valid: <why>".
     let invalid = |why: String| {
         ApiError::bad_request(format!(
@@ -598,16 +615,18 @@ fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
             "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
         ));
     }
+    // 0 is invalid; a negative revision continues at the latest one (the token an expired
+    // continue hands out).
     let rv = doc
         .get("rv")
         .and_then(Value::as_i64)
-        .filter(|r| *r > 0)
+        .filter(|r| *r != 0)
         .ok_or_else(bad)?;
     let start = doc.get("start").and_then(Value::as_str).ok_or_else(bad)?;
     if start.contains("..") || start.starts_with('/') {
         return Err(bad());
     }
-    Ok((rv, start.to_owned()))
+    Ok(((rv > 0).then_some(rv), start.to_owned()))
 }
 
 /// A resourceVersion from the query, as the storage layer parses it (a 500 whose message
@@ -623,6 +642,157 @@ fn parse_rv(s: &str) -> Result<Revision, ApiError> {
                 go_strconv_error("ParseUint", s)
             ))
         })
+}
+
+/// A resourceVersion a list reads at: a 400, as the storage layer's list answers.
+fn parse_list_rv(s: &str) -> Result<Revision, ApiError> {
+    parse_rv(s)
+        .map_err(|e| ApiError::bad_request(format!("invalid resource version: {}", e.message)))
+}
+
+/// Upstream's ValidateListOptions (with the WatchList feature on, as in v1.37): how
+/// `resourceVersionMatch`, `sendInitialEvents` and `continue` may combine, for a list and
+/// for a watch. All errors at once, as one 422 for `ListOptions.meta.k8s.io`.
+fn validate_list_options(req: &Request<'_>, watch: bool) -> Result<(), ApiError> {
+    let param = |k: &str| req.param(k).filter(|v| !v.is_empty());
+    let rvm = Path::new("resourceVersionMatch");
+    let matching = param("resourceVersionMatch");
+    let send_initial = param("sendInitialEvents").is_some();
+    let continued = param("continue").is_some();
+    let mut errs = Vec::new();
+    let forbidden = |errs: &mut Vec<FieldError>, detail: &str| {
+        errs.push(FieldError::forbidden(&rvm, detail));
+    };
+    if watch {
+        if send_initial && matching != Some("NotOlderThan") {
+            forbidden(
+                &mut errs,
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            );
+        }
+        if let Some(m) = matching {
+            if !send_initial {
+                forbidden(
+                    &mut errs,
+                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                );
+            }
+            if m != "NotOlderThan" {
+                errs.push(FieldError::not_supported(&rvm, m, &["NotOlderThan"]));
+            }
+            if continued {
+                forbidden(
+                    &mut errs,
+                    "resourceVersionMatch is forbidden when continue is provided",
+                );
+            }
+        }
+    } else {
+        if let Some(m) = matching {
+            if param("resourceVersion").is_none() {
+                forbidden(
+                    &mut errs,
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                );
+            }
+            if continued {
+                forbidden(
+                    &mut errs,
+                    "resourceVersionMatch is forbidden when continue is provided",
+                );
+            }
+            if m != "Exact" && m != "NotOlderThan" {
+                errs.push(FieldError::not_supported(
+                    &rvm,
+                    m,
+                    &["Exact", "NotOlderThan", ""],
+                ));
+            }
+            if m == "Exact" && param("resourceVersion") == Some("0") {
+                forbidden(
+                    &mut errs,
+                    "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+                );
+            }
+        }
+        if send_initial {
+            errs.push(FieldError::forbidden(
+                &Path::new("sendInitialEvents"),
+                "sendInitialEvents is forbidden for list",
+            ));
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(invalid_kind("meta.k8s.io", "ListOptions", "", &errs))
+    }
+}
+
+/// The DeleteOptions of a DELETE: its body, or without one its query parameters (so that
+/// `?gracePeriodSeconds=0&propagationPolicy=Foreground` works as upstream), validated as
+/// upstream's ValidateDeleteOptions before anything is read.
+fn delete_options(req: &Request<'_>) -> Result<Value, ApiError> {
+    let opts = if req.body.iter().all(u8::is_ascii_whitespace) {
+        let mut o = Map::new();
+        if let Some(g) = req.param("gracePeriodSeconds").filter(|g| !g.is_empty()) {
+            let g: i64 = g
+                .parse()
+                .map_err(|_| ApiError::bad_request(go_strconv_error("ParseInt", g)))?;
+            o.insert("gracePeriodSeconds".into(), json!(g));
+        }
+        if let Some(b) = req.param("orphanDependents").filter(|b| !b.is_empty()) {
+            let b = go_parse_bool(b).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "strconv.ParseBool: parsing {}: invalid syntax",
+                    validation::go_quote(b)
+                ))
+            })?;
+            o.insert("orphanDependents".into(), json!(b));
+        }
+        if let Some(p) = req.param("propagationPolicy").filter(|p| !p.is_empty()) {
+            o.insert("propagationPolicy".into(), json!(p));
+        }
+        Value::Object(o)
+    } else {
+        crate::negotiate::decode_body_as("DeleteOptions", req.content_type, req.body)?
+    };
+    let policy = Path::new("propagationPolicy");
+    let mut errs = Vec::new();
+    let set = |k: &str| opts.get(k).is_some_and(|v| !v.is_null());
+    if set("orphanDependents") && set("propagationPolicy") {
+        errs.push(FieldError::invalid(
+            &policy,
+            opts["propagationPolicy"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            "orphanDependents and deletionPropagation cannot be both set",
+        ));
+    }
+    if let Some(p) = opts.get("propagationPolicy").and_then(Value::as_str) {
+        if !matches!(p, "Foreground" | "Background" | "Orphan") {
+            errs.push(FieldError::not_supported(
+                &policy,
+                p,
+                &["Foreground", "Background", "Orphan", "nil"],
+            ));
+        }
+    }
+    if errs.is_empty() {
+        Ok(opts)
+    } else {
+        Err(invalid_kind("meta.k8s.io", "DeleteOptions", "", &errs))
+    }
+}
+
+/// Go's strconv.ParseBool.
+fn go_parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
 }
 
 /// A resourceVersion from an object's metadata (update, patch): a 500 with Go's parse error.
@@ -815,6 +985,7 @@ impl Rest {
             store,
             admission: std::sync::OnceLock::new(),
             store_is_etcd: false,
+            pod_network: None,
         }
     }
 
@@ -860,7 +1031,7 @@ impl Rest {
     }
 
     /// The admission chain (empty until the server sets it).
-    fn chain(&self) -> crate::admission::Chain {
+    pub(crate) fn chain(&self) -> crate::admission::Chain {
         self.admission.get().cloned().unwrap_or_default()
     }
 
@@ -942,8 +1113,36 @@ impl Rest {
     }
 
     /// Creates `obj`; `applied`: its managed fields are a server-side apply's, else the
-    /// create is recorded as the request's manager's update.
+    /// create is recorded as the request's manager's update. A name made from
+    /// `generateName` that is taken is made again, up to 8 attempts in all (upstream's
+    /// RetryGenerateName: five random characters collide within some ten thousand names).
     async fn create_object(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        req: &Request<'_>,
+        obj: Value,
+        applied: bool,
+    ) -> Result<Reply, ApiError> {
+        const ATTEMPTS: usize = 8;
+        let generated = meta_str(&obj, "name").unwrap_or("").is_empty()
+            && meta_str(&obj, "generateName").is_some_and(|p| !p.is_empty());
+        if !generated {
+            return self.create_object_once(res, ns, req, obj, applied).await;
+        }
+        let mut attempt = 1;
+        loop {
+            let result = self
+                .create_object_once(res, ns, req, obj.clone(), applied)
+                .await;
+            match result {
+                Err(e) if e.reason == "AlreadyExists" && attempt < ATTEMPTS => attempt += 1,
+                other => return other,
+            }
+        }
+    }
+
+    async fn create_object_once(
         &self,
         res: &Resource,
         ns: Option<&str>,
@@ -968,7 +1167,7 @@ impl Rest {
         let name = meta_str(&obj, "name").unwrap_or("").to_owned();
         if name.is_empty() {
             if let Some(prefix) = meta_str(&obj, "generateName").filter(|p| !p.is_empty()) {
-                let generated = format!("{prefix}{}", random_suffix());
+                let generated = format!("{prefix}{}", random_suffix(prefix));
                 set_meta(&mut obj, "name", json!(generated));
             }
         }
@@ -1190,6 +1389,7 @@ impl Rest {
         req: &Request<'_>,
         raw_ok: bool,
     ) -> Result<Reply, ApiError> {
+        validate_list_options(req, false)?;
         let selectors = Selectors::parse(res, req)?;
         let limit: usize = match req.param("limit") {
             None | Some("") => 0,
@@ -1210,25 +1410,23 @@ impl Rest {
                 ));
             }
             let (rv, s) = decode_continue(token)?;
-            revision = Some(rv);
+            revision = rv;
             start = Some(format!("{prefix}{s}").into_bytes());
         } else {
-            match (req.param("resourceVersion"), req.param("resourceVersionMatch")) {
-                (None | Some(""), None | Some("")) => {}
-                (None | Some(""), Some(_)) => {
-                    return Err(invalid_options(
-                        "ListOptions",
-                        "resourceVersionMatch",
-                        "FieldValueForbidden",
-                        "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
-                    ))
-                }
-                (Some("0"), _) => {}
-                (Some(rv), Some("Exact")) => revision = Some(parse_rv(rv)?),
+            match (
+                req.param("resourceVersion"),
+                req.param("resourceVersionMatch"),
+            ) {
+                (None | Some(""), _) | (Some("0"), _) => {}
+                (Some(rv), Some("Exact")) => revision = Some(parse_list_rv(rv)?),
                 (Some(rv), _) => {
                     // NotOlderThan: the latest state is not older than any revision we have.
-                    let want = parse_rv(rv)?;
-                    let current = self.store.current_revision().await.map_err(ApiError::internal)?;
+                    let want = parse_list_rv(rv)?;
+                    let current = self
+                        .store
+                        .current_revision()
+                        .await
+                        .map_err(ApiError::internal)?;
                     if want > current {
                         return Err(ApiError::too_large_resource_version(want, current));
                     }
@@ -1263,7 +1461,10 @@ impl Rest {
                 };
                 cache.wait_for(need, CACHE_WAIT).await.is_some()
             }
-            Some(_) => true,
+            // The cache's window may reach further back than the store's history; a
+            // revision the store compacted is expired here too, as upstream's cache
+            // follows the compactions.
+            Some(rv) => rv >= self.store.known_compacted(),
         };
         let from = start
             .as_deref()
@@ -1359,19 +1560,32 @@ impl Rest {
         let mut next_start: Option<String> = None;
         let mut remaining: Option<usize> = None;
         let mut at: Revision;
+        // Where the client's token starts: an expired continue starts there again.
+        let continue_from = start.clone();
         loop {
             let page = self
                 .store
                 .range(RangeRequest {
                     prefix: prefix.clone().into_bytes(),
                     start: start.clone(),
-                    limit: if limit == 0 { 0 } else { (limit - items.len()).max(1) },
+                    limit: if limit == 0 {
+                        0
+                    } else {
+                        (limit - items.len()).max(1)
+                    },
                     revision,
                 })
                 .await
                 .map_err(|e| match e {
+                    // A continued list whose revision is gone: the token that continues
+                    // from the same key at the latest revision, as upstream.
                     StorageError::Compacted { .. } if req.param("continue").is_some() => {
-                        ApiError::resource_expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
+                        let from = continue_from
+                            .as_deref()
+                            .and_then(|k| k.get(prefix.len()..))
+                            .map(String::from_utf8_lossy)
+                            .unwrap_or_default();
+                        ApiError::inconsistent_continue(encode_continue(-1, &from))
                     }
                     e => storage_error(res, "", e),
                 })?;
@@ -1438,6 +1652,7 @@ impl Rest {
         ns: Option<String>,
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
+        validate_list_options(req, true)?;
         let selectors = Selectors::parse(&res, req)?;
         let bookmarks = matches!(req.param("allowWatchBookmarks"), Some("true" | "1"));
         let send_initial = match req.param("sendInitialEvents") {
@@ -1447,17 +1662,14 @@ impl Rest {
         };
         let timeout = match req.param("timeoutSeconds") {
             Some(t) if !t.is_empty() => Duration::from_secs(
-                t.parse::<u64>()
-                    .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
+                // Decoded as an int64 (a negative value is no timeout at all, as upstream).
+                t.parse::<i64>()
+                    .map_err(|_| ApiError::bad_request(go_strconv_error("ParseInt", t)))?
+                    .max(0) as u64,
             ),
             _ => Duration::from_secs(1800),
         };
         let rv = req.param("resourceVersion").filter(|r| !r.is_empty());
-        if send_initial == Some(true) && req.param("resourceVersionMatch") != Some("NotOlderThan") {
-            return Err(invalid_watch(
-                "sendInitialEvents is forbidden for watch unless resourceVersionMatch is set to NotOlderThan",
-            ));
-        }
         // Unset or "0": the current state as ADDED events, then changes. A revision: only
         // what changed after it (unless sendInitialEvents asks for the state too).
         let initial = match (rv, send_initial) {
@@ -1582,7 +1794,7 @@ impl Rest {
                 })?;
                 let shape = match kind {
                     "application/json-patch+json" => json_patch_shape_error(&patch),
-                    "application/merge-patch+json" => match go_json_kind(&patch) {
+                    "application/merge-patch+json" => match crate::negotiate::go_json_type(&patch) {
                         Some(k) if k != "object" => Some(format!(
                             "json: cannot unmarshal {k} into Go value of type map[string]interface {{}}"
                         )),
@@ -1682,7 +1894,9 @@ impl Rest {
         let dry_run = req.dry_run("PatchOptions")?;
         let manager = manager(req.query, Options::Patch)?;
         let force = matches!(req.param("force"), Some("true" | "1"));
+        let directive = crate::openapi::Directive::of(req.query, "PatchOptions")?;
         let mut config = decode_apply(res, req.body)?;
+        crate::fieldmanager::strict_decoding(req.body, directive)?;
         match_url(res, ns, name, &mut config)?;
         crate::openapi::prune(res, &mut config);
         if subresource.is_none() {
@@ -1958,11 +2172,7 @@ impl Rest {
         name: &str,
         req: &Request<'_>,
     ) -> Result<Reply, ApiError> {
-        let opts = if req.body.iter().all(u8::is_ascii_whitespace) {
-            json!({})
-        } else {
-            crate::negotiate::decode_body_as("DeleteOptions", req.content_type, req.body)?
-        };
+        let opts = delete_options(req)?;
         let dry_run = req.dry_run("DeleteOptions")?
             || opts
                 .get("dryRun")
@@ -2290,15 +2500,6 @@ fn mark_deleting(obj: &mut Value, grace: Option<i64>) {
     }
 }
 
-fn invalid_watch(msg: &str) -> ApiError {
-    invalid_options(
-        "ListOptions",
-        "sendInitialEvents",
-        "FieldValueForbidden",
-        &format!("Forbidden: {msg}"),
-    )
-}
-
 /// The 422 kube-apiserver answers for a bad query parameter, validated as a field of the
 /// request's options object: `ListOptions.meta.k8s.io "" is invalid: <field>: <detail>`.
 fn invalid_options(kind: &str, field: &str, reason: &str, detail: &str) -> ApiError {
@@ -2315,19 +2516,6 @@ fn invalid_options(kind: &str, field: &str, reason: &str, detail: &str) -> ApiEr
     )
 }
 
-/// The JSON type name Go's decoder uses in its errors (None for null, which decodes into
-/// anything).
-fn go_json_kind(v: &Value) -> Option<&'static str> {
-    match v {
-        Value::Null => None,
-        Value::Bool(_) => Some("bool"),
-        Value::Number(_) => Some("number"),
-        Value::String(_) => Some("string"),
-        Value::Array(_) => Some("array"),
-        Value::Object(_) => Some("object"),
-    }
-}
-
 /// Go's first decoding error of a JSON patch read as kube-apiserver's `[]jsonPatchOp`.
 fn json_patch_shape_error(patch: &Value) -> Option<String> {
     let items = match patch {
@@ -2336,7 +2524,7 @@ fn json_patch_shape_error(patch: &Value) -> Option<String> {
         other => {
             return Some(format!(
                 "json: cannot unmarshal {} into Go value of type []handlers.jsonPatchOp",
-                go_json_kind(other).unwrap_or("null")
+                crate::negotiate::go_json_type(other).unwrap_or("null")
             ))
         }
     };
@@ -2345,7 +2533,7 @@ fn json_patch_shape_error(patch: &Value) -> Option<String> {
             Value::Null => {}
             Value::Object(op) => {
                 for (field, v) in op {
-                    let k = go_json_kind(v);
+                    let k = crate::negotiate::go_json_type(v);
                     if matches!(field.as_str(), "op" | "path" | "from")
                         && k.is_some_and(|k| k != "string")
                     {
@@ -2359,7 +2547,7 @@ fn json_patch_shape_error(patch: &Value) -> Option<String> {
             other => {
                 return Some(format!(
                     "json: cannot unmarshal {} into Go value of type handlers.jsonPatchOp",
-                    go_json_kind(other).unwrap_or("null")
+                    crate::negotiate::go_json_type(other).unwrap_or("null")
                 ))
             }
         }
@@ -2808,5 +2996,87 @@ impl WatchRun {
 
     async fn emit(&mut self, doc: Value) -> bool {
         self.tx.send(Bytes::from(format!("{doc}\n"))).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod generate_name_tests {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+    use super::FORCED_SUFFIXES;
+    use crate::{ApiServer, ApiServerConfig};
+
+    /// `kubectl create -f -` of a ConfigMap named by `generateName: <prefix>`.
+    async fn create(kubeconfig: std::path::PathBuf, prefix: &str) -> (bool, String) {
+        let manifest = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  generateName: {prefix}\n  namespace: default\n"
+        );
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let mut child = std::process::Command::new("kubectl")
+                .args(["create", "-f", "-", "-o", "name"])
+                .env("KUBECONFIG", kubeconfig)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("kubectl on PATH");
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(manifest.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            let text = if out.status.success() {
+                out.stdout
+            } else {
+                out.stderr
+            };
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&text).trim().to_owned(),
+            )
+        })
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_generated_name_that_is_taken_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ApiServerConfig::new(dir.path());
+        cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        let server = ApiServer::start(cfg).await.unwrap();
+        let kc = server.admin_kubeconfig.clone();
+        let force = |prefix: &str, suffixes: &[&str]| {
+            FORCED_SUFFIXES.lock().unwrap().extend(
+                suffixes
+                    .iter()
+                    .map(|s| (prefix.to_owned(), (*s).to_owned())),
+            );
+        };
+
+        force("retry-", &["aaaaa"]);
+        assert_eq!(
+            create(kc.clone(), "retry-").await,
+            (true, "configmap/retry-aaaaa".to_owned())
+        );
+        // Two collisions, then a free name.
+        force("retry-", &["aaaaa", "aaaaa", "bbbbb"]);
+        assert_eq!(
+            create(kc.clone(), "retry-").await,
+            (true, "configmap/retry-bbbbb".to_owned())
+        );
+        // Eight collisions: upstream's attempts are spent, AlreadyExists.
+        force("retry-", &["aaaaa"; 8]);
+        let (ok, out) = create(kc.clone(), "retry-").await;
+        assert!(!ok, "{out}");
+        assert!(
+            out.contains(r#"configmaps "retry-aaaaa" already exists"#),
+            "{out}"
+        );
+        assert!(FORCED_SUFFIXES.lock().unwrap().is_empty());
     }
 }

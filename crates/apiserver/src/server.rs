@@ -47,6 +47,11 @@ pub struct ApiServerConfig {
     /// Kubelets reached at another address than their Node reports (shared: the owner
     /// may change it while the server runs).
     pub kubelet_dial_overrides: crate::proxy::KubeletDialOverrides,
+    /// `--etcd-compaction-interval`: history older than this is compacted away (5m, as
+    /// upstream; zero keeps it all).
+    pub compaction_interval: std::time::Duration,
+    /// The pods' network, when the host does not route it (`kumo up`'s simulated one).
+    pub pod_network: Option<Arc<dyn crate::resource_proxy::PodNetwork>>,
 }
 
 impl ApiServerConfig {
@@ -60,6 +65,8 @@ impl ApiServerConfig {
             audit_policy_file: None,
             audit_log_path: None,
             kubelet_dial_overrides: Default::default(),
+            compaction_interval: CompactionConfig::default().window,
+            pod_network: None,
         }
     }
 }
@@ -81,13 +88,18 @@ impl ApiServer {
         let started = Instant::now();
         std::fs::create_dir_all(&cfg.data_dir)
             .with_context(|| format!("creating {}", cfg.data_dir.display()))?;
+        let compaction = CompactionConfig {
+            window: cfg.compaction_interval,
+            ..CompactionConfig::default()
+        };
         let store: Arc<dyn Store> = match &cfg.store {
             StoreConfig::Embedded => {
-                EmbeddedStore::open(EmbeddedConfig::new(cfg.data_dir.join("store"))).await?
+                let mut store_cfg = EmbeddedConfig::new(cfg.data_dir.join("store"));
+                store_cfg.compaction = compaction;
+                EmbeddedStore::open(store_cfg).await?
             }
             StoreConfig::Etcd(endpoints) => {
-                EtcdStore::connect(endpoints, Limits::default(), CompactionConfig::default())
-                    .await?
+                EtcdStore::connect(endpoints, Limits::default(), compaction).await?
             }
         };
         let listener = TcpListener::bind(cfg.bind)
@@ -111,12 +123,18 @@ impl ApiServer {
             cfg.audit_log_path.as_deref(),
         )?;
 
-        let tls = tls_config(&cfg.data_dir, &certs.ca_pem, &certs.serving)?;
+        let (tls, verifier) = tls_config(&cfg.data_dir, &certs.ca_pem, &certs.serving)?;
         let mut rest = Rest::new(store.clone());
         rest.store_is_etcd = matches!(cfg.store, StoreConfig::Etcd(_));
+        rest.pod_network = cfg.pod_network.clone();
         // The admission plugins beyond the strategies' own, in upstream's order.
         // RBAC follows its objects from here on (the bootstrap policy arrives by watch).
         let rbac = crate::auth::rbac::Rbac::start(store.clone()).await?;
+        // After system:masters: Node, then RBAC.
+        let authorizers: Vec<Arc<dyn crate::auth::Authorizer>> = vec![
+            crate::auth::node::NodeAuthorizer::start(store.clone()).await?,
+            rbac.clone(),
+        ];
         let plugins: Vec<Arc<dyn crate::admission::Plugin>> = vec![
             // Not an admission plugin upstream but part of RBAC's storage; it refuses
             // before any other plugin validates.
@@ -128,6 +146,13 @@ impl ApiServer {
             Arc::new(crate::admission::taintnodes::TaintNodesByCondition),
             Arc::new(crate::admission::podsecurity::PodSecurity::default()),
             Arc::new(crate::admission::runtimeclass::RuntimeClass),
+            Arc::new(crate::admission::certificates::CertificateApproval::new(
+                authorizers.clone(),
+            )),
+            Arc::new(crate::admission::certificates::CertificateSigning::new(
+                authorizers.clone(),
+            )),
+            Arc::new(crate::admission::certificates::CertificateSubjectRestriction),
             Arc::new(crate::admission::webhook::Webhooks::mutating()),
             Arc::new(crate::admission::vap::ValidatingAdmissionPolicy),
             Arc::new(crate::admission::webhook::Webhooks::validating()),
@@ -154,6 +179,7 @@ impl ApiServer {
         let state = Arc::new(State {
             kubelet,
             kubelet_dial: cfg.kubelet_dial_overrides.clone(),
+            pod_network: cfg.pod_network.clone(),
             service_account_key: Some(sa_key.clone()),
             metrics: Default::default(),
             registry,
@@ -185,11 +211,7 @@ impl ApiServer {
                     )),
                     Arc::new(crate::auth::bootstrap::Authenticator::new(store.clone())),
                 ],
-                // After system:masters: Node, then RBAC.
-                authorizers: vec![
-                    crate::auth::node::NodeAuthorizer::start(store.clone()).await?,
-                    rbac,
-                ],
+                authorizers,
                 // TokenRequest, TokenReview, SelfSubjectReview, the access reviews.
                 reviews: vec![
                     Arc::new(crate::registry::eviction::Eviction),
@@ -217,7 +239,7 @@ impl ApiServer {
             crate::identity::start(state.rest.clone(), leases, state.address.clone());
         }
         let acceptor = TlsAcceptor::from(Arc::new(tls));
-        let task = tokio::spawn(serve(listener, acceptor, state, audit));
+        let task = tokio::spawn(serve(listener, acceptor, verifier, state, audit));
         let startup = started.elapsed();
         tracing::info!(address = %local_addr, ?startup, "kumo apiserver serving");
         Ok(ApiServer {
@@ -248,7 +270,7 @@ fn tls_config(
     data_dir: &std::path::Path,
     ca_pem: &str,
     serving: &pki::CertAndKey,
-) -> Result<rustls::ServerConfig> {
+) -> Result<(rustls::ServerConfig, crate::auth::x509::Verifier)> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     // The serving certificate follows pki/apiserver.crt (kumo certs renew), as upstream's.
     let serving = pki::ServingCertResolver::new(data_dir, serving, provider.clone())?;
@@ -256,8 +278,9 @@ fn tls_config(
     for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
         roots.add(c?)?;
     }
-    // Client certificates are verified against the cluster CA when presented; requests
-    // without one reach authentication as anonymous (health and version stay reachable).
+    // Client certificates are requested, and verified against the cluster CA when a
+    // request is authenticated (a bad one is a 401, as upstream); requests without one
+    // reach authentication as anonymous (health and version stay reachable).
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
         provider.clone(),
@@ -266,15 +289,18 @@ fn tls_config(
     .build()?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_client_cert_verifier(verifier)
+        .with_client_cert_verifier(Arc::new(crate::auth::x509::DeferredVerifier(
+            verifier.clone(),
+        )))
         .with_cert_resolver(Arc::new(serving));
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(cfg)
+    Ok((cfg, crate::auth::x509::Verifier(verifier)))
 }
 
 async fn serve(
     listener: TcpListener,
     acceptor: TlsAcceptor,
+    verifier: crate::auth::x509::Verifier,
     state: Arc<State>,
     audit: Option<Arc<crate::audit::Auditor>>,
 ) {
@@ -289,6 +315,7 @@ async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
+        let verifier = verifier.clone();
         let state = state.clone();
         let audit = audit.clone();
         tokio::spawn(async move {
@@ -309,14 +336,8 @@ async fn serve(
                     return;
                 }
             };
-            // The user of a verified client certificate, once per connection.
-            let cert_user = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(|c| crate::auth::x509::user_of(c))
-                .map(Arc::new);
+            // The client certificate, verified once per connection.
+            let cert_user = verifier.check(tls.get_ref().1.peer_certificates());
             let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 let state = state.clone();
                 let cert_user = cert_user.clone();

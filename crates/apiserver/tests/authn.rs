@@ -517,11 +517,57 @@ async fn certificates_from_another_ca_are_refused() {
     .unwrap();
     let out = k(&path, &["get", "secrets", "-A"]).await;
     assert!(!out.ok, "a certificate from another CA was accepted");
+    // As kube-apiserver: the handshake succeeds and authentication fails with 401 (worded
+    // by kubectl's discovery when its cache is cold, else from the Status).
+    let unauthorized = |stderr: &str| {
+        let last = stderr.trim().lines().last().unwrap_or("");
+        last == "error: You must be logged in to the server (Unauthorized)"
+            || last == "error: You must be logged in to the server (the server has asked for the client to provide credentials)"
+    };
+    assert!(unauthorized(&out.stderr), "{}", out.stderr);
+
+    // A certificate of the cluster CA that has expired: 401 as well, even on the paths
+    // anonymous requests may reach (a bad credential is not the absence of one).
+    let expired = expired_client_cert(dir.path(), "old-admin", &["system:masters"]);
+    let path = dir.path().join("expired.conf");
+    std::fs::write(
+        &path,
+        pki::kubeconfig("kumo", &server_url(&admin), &ca, "old-admin", &expired),
+    )
+    .unwrap();
+    let out = k(&path, &["get", "namespaces"]).await;
+    assert!(unauthorized(&out.stderr), "{}", out.stderr);
+    let out = k(&path, &["get", "--raw", "/healthz"]).await;
     assert!(
-        out.stderr.contains("certificate") || out.stderr.contains("tls"),
-        "{}",
+        out.stderr.contains("(Unauthorized)"),
+        "{}{}",
+        out.stdout,
         out.stderr
     );
     // The server is unharmed.
     assert!(k(&admin, &["get", "namespaces"]).await.ok);
+}
+
+/// A client certificate of the cluster CA for `user` that expired yesterday.
+fn expired_client_cert(data_dir: &Path, user: &str, groups: &[&str]) -> pki::CertAndKey {
+    let pem = |f: &str| std::fs::read_to_string(data_dir.join("pki").join(f)).unwrap();
+    let ca_key = rcgen::KeyPair::from_pem(&pem("ca.key")).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&pem("ca.crt"), ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    let mut dn = rcgen::DistinguishedName::new();
+    for g in groups {
+        dn.push(rcgen::DnType::OrganizationName, *g);
+    }
+    dn.push(rcgen::DnType::CommonName, user);
+    params.distinguished_name = dn;
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(2);
+    params.not_after = now - time::Duration::days(1);
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    pki::CertAndKey {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    }
 }

@@ -372,3 +372,75 @@ metadata:
         .stderr
         .contains("NotFound"));
 }
+
+/// The audit mode: what fails the audit level, and the level enforced, are recorded as
+/// upstream's annotations on the request's audit events; an exempt user is recorded too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_mode_annotates_the_audit_events() {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("audit-policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  resources: [{group: \"\", resources: [pods]}]\n- level: None\n",
+    )
+    .unwrap();
+    let log = dir.path().join("audit.log");
+    let mut cfg = kumo_apiserver::ApiServerConfig::new(dir.path().join("data"));
+    cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    cfg.audit_policy_file = Some(policy);
+    cfg.audit_log_path = Some(log.clone());
+    let server = kumo_apiserver::ApiServer::start(cfg).await.unwrap();
+    let kc = server.admin_kubeconfig.clone();
+    for args in [
+        vec!["create", "namespace", "audited"],
+        vec![
+            "label",
+            "namespace",
+            "audited",
+            "pod-security.kubernetes.io/audit=restricted",
+            "pod-security.kubernetes.io/enforce=baseline",
+        ],
+        vec!["-n", "audited", "create", "serviceaccount", "default"],
+    ] {
+        let out = k(&kc, &args).await;
+        assert!(out.ok, "{}", out.stderr);
+    }
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "-n", "audited", "-f", "-"],
+        Some("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: p, image: nginx}]\n"),
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    // Audit alone never refuses nor warns.
+    assert!(!out.stderr.contains("PodSecurity"), "{}", out.stderr);
+    let event = loop {
+        let found = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|e| {
+                e["verb"] == "create"
+                    && e["objectRef"]["resource"] == "pods"
+                    && e["stage"] == "ResponseComplete"
+            });
+        if let Some(e) = found {
+            break e;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let ann = &event["annotations"];
+    assert_eq!(
+        ann["pod-security.kubernetes.io/enforce-policy"],
+        "baseline:latest"
+    );
+    assert_eq!(
+        ann["pod-security.kubernetes.io/audit-violations"],
+        format!(
+            "would violate{}",
+            RESTRICTED_NGINX.strip_prefix("violates").unwrap()
+        )
+    );
+}

@@ -99,6 +99,42 @@ fn curl_bearer(data_dir: &Path, server: &str, path: &str, token: &str) -> (Strin
     (code.to_owned(), body.to_owned())
 }
 
+/// A compact ES256 JWS of `claims` under `header` (its base64url text), signed with the
+/// PEM key at `key` by `openssl dgst`, whose DER signature becomes JWS's r || s.
+fn sign_es256(key: &Path, header: &str, claims: &Value) -> String {
+    let input = format!("{header}.{}", URL_SAFE_NO_PAD.encode(claims.to_string()));
+    let mut child = std::process::Command::new("openssl")
+        .args(["dgst", "-sha256", "-sign"])
+        .arg(key)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl on PATH");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let der = child.wait_with_output().unwrap();
+    assert!(der.status.success());
+    // SEQUENCE { INTEGER r, INTEGER s }, each to 32 bytes.
+    let d = der.stdout;
+    let mut at = 2;
+    let mut raw = Vec::new();
+    for _ in 0..2 {
+        assert_eq!(d[at], 0x02, "an INTEGER");
+        let len = d[at + 1] as usize;
+        let int = &d[at + 2..at + 2 + len];
+        let int = &int[int.len().saturating_sub(32)..];
+        raw.extend(std::iter::repeat_n(0u8, 32 - int.len()));
+        raw.extend_from_slice(int);
+        at += 2 + len;
+    }
+    format!("{input}.{}", URL_SAFE_NO_PAD.encode(raw))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn service_account_tokens() {
     let (server, dir) = start().await;
@@ -233,6 +269,56 @@ async fn service_account_tokens() {
     let out = k(&bad, &["get", "pods"]).await;
     assert!(!out.ok);
     assert!(out.stderr.contains("Unauthorized"), "{}", out.stderr);
+
+    // An expired token: the claims of a real one with exp two minutes ago (past go-jose's
+    // one-minute leeway), signed by the cluster's own key with openssl (the API's shortest
+    // duration is 10 minutes, too long to wait out).
+    let mut c = claims(&token);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    c["iat"] = Value::from(now - 3720);
+    c["nbf"] = Value::from(now - 3720);
+    c["exp"] = Value::from(now - 120);
+    let expired = sign_es256(&key, token.split('.').next().unwrap(), &c);
+    let bad = token_kubeconfig(dir.path(), &url, "expired", &expired);
+    let out = k(&bad, &["get", "pods"]).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("Unauthorized"), "{}", out.stderr);
+    let review = format!(
+        "apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec:\n  token: {expired}\n"
+    );
+    let tr = out_json(
+        &k_in(
+            None,
+            &kc,
+            &["create", "-f", "-", "-o", "json"],
+            Some(&review),
+        )
+        .await,
+    );
+    assert_eq!(
+        tr["status"]["error"], "[invalid bearer token, service account token has expired]",
+        "{tr}"
+    );
+    // The same claims with a current exp, signed the same way, pass: the refusal above is
+    // the expiry, not the signing.
+    c["exp"] = Value::from(now + 600);
+    let fresh = sign_es256(&key, token.split('.').next().unwrap(), &c);
+    let good = token_kubeconfig(dir.path(), &url, "resigned", &fresh);
+    let out = k(
+        &good,
+        &[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(out.stdout, "system:serviceaccount:default:bot");
 
     // TokenReview, as `kubectl create -f` sends it.
     let review = format!(

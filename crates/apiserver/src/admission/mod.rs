@@ -11,6 +11,7 @@
 //! after the strategy's validation, for creates, updates (every retry of an update runs
 //! them again, as upstream's GuaranteedUpdate does) and deletes.
 
+pub mod certificates;
 pub mod limitranger;
 pub mod noderestriction;
 pub mod podsecurity;

@@ -8,17 +8,20 @@
 //! written, not at its revision.
 //!
 //! A webhook is called over HTTPS with an `admission.k8s.io/v1` (or `v1beta1`)
-//! AdmissionReview: at `clientConfig.url`, or at a Service reference. kumo has no data
-//! plane yet, so `<service>.<namespace>.svc:<port>` is resolved as upstream's endpoint
-//! resolver does (`--enable-aggregator-routing`): the Service's port, then a ready address
-//! of its EndpointSlices with that port's target port. The TLS server name stays
+//! AdmissionReview: at `clientConfig.url`, or at a Service reference, which
+//! `<service>.<namespace>.svc:<port>` is resolved as upstream's endpoint resolver does
+//! (`--enable-aggregator-routing`): the Service's port, then a ready address of its
+//! EndpointSlices with that port's target port, reached through the simulated pod network
+//! when the cluster has one. The TLS server name stays
 //! `<service>.<namespace>.svc`. `caBundle` is the only trusted root (without it no server
 //! certificate is trusted).
 //!
-//! Not implemented: `matchConditions` (CEL) are not evaluated (a webhook with match
-//! conditions is called as if they all held), `reinvocationPolicy: IfNeeded` (webhooks run
-//! once), audit annotations, and defaulting again after a mutating webhook's patch.
-//! `matchPolicy: Equivalent` finds the built-in resources stored under the same prefix
+//! `matchConditions` are evaluated with `object`, `oldObject` and `request` (not
+//! `authorizer`). A mutating webhook's result is defaulted again (and a custom resource's
+//! pruned), as upstream decodes it.
+//!
+//! Not implemented: `reinvocationPolicy: IfNeeded` (webhooks run once), audit annotations,
+//! the `authorizer` variable of match conditions. `matchPolicy: Equivalent` finds the built-in resources stored under the same prefix
 //! (autoscaling v1/v2, core and events.k8s.io Events), not the other versions of a custom
 //! resource. The `scale` subresource is sent as its parent object, not as a Scale.
 
@@ -94,6 +97,8 @@ struct Hook {
     side_effects: Option<String>,
     review_versions: Vec<String>,
     tls: Result<Arc<rustls::ClientConfig>, String>,
+    /// `matchConditions`: (name, CEL expression), all of which must hold for a call.
+    match_conditions: Vec<(String, String)>,
 }
 
 /// What a webhook is sent the request as (upstream's WebhookInvocation).
@@ -266,6 +271,16 @@ impl Hook {
             side_effects: s("sideEffects"),
             review_versions: strings(w.get("admissionReviewVersions")),
             tls: tls_config(ca).map(Arc::new),
+            match_conditions: w
+                .get("matchConditions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    let text = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                    (text("name"), text("expression"))
+                })
+                .collect(),
         }
     }
 }
@@ -374,8 +389,17 @@ fn request_kind(res: &Resource, sub: Option<&str>) -> (String, String, String) {
     match sub {
         Some("binding") => ("".into(), "v1".into(), "Binding".into()),
         Some("eviction") => ("policy".into(), "v1".into(), "Eviction".into()),
+        Some("attach") => ("".into(), "v1".into(), "PodAttachOptions".into()),
+        Some("exec") => ("".into(), "v1".into(), "PodExecOptions".into()),
+        Some("portforward") => ("".into(), "v1".into(), "PodPortForwardOptions".into()),
         _ => (res.group.into(), res.version.into(), res.kind.into()),
     }
+}
+
+/// Whether a subresource's object is a type of its own, not the resource's (so never
+/// converted between the resource's versions).
+fn own_type(sub: Option<&str>) -> bool {
+    matches!(sub, Some("binding" | "attach" | "exec" | "portforward"))
 }
 
 /// The object `obj` of `from` as `to` serves it.
@@ -679,6 +703,11 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// A connection to a webhook: TCP, or one of the simulated pod network.
+trait Conn: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Conn for T {}
+
 /// A TLS stream that takes a peer closing the connection without TLS's close_notify as
 /// the end of the stream, as Go's HTTP client does (a body read to the end of the
 /// connection is then complete).
@@ -925,19 +954,30 @@ impl Hook {
             .tls
             .clone()
             .map_err(|e| calling(format!("could not get REST client: {e}")))?;
+        // A Service's endpoints are on the pod network: through the simulated one when
+        // the cluster has it (a pod IP is never dialed on the host).
+        let pod_network = match self.target {
+            Target::Service { .. } => a.rest.pod_network.clone(),
+            Target::Url(_) => None,
+        };
         let exchange = async {
             let addr = dial?;
-            let tcp = tokio::net::TcpStream::connect(&addr).await.map_err(|e| {
-                if addr.parse::<std::net::SocketAddr>().is_ok() {
-                    dial_error(&addr, &e)
-                } else {
-                    format!("dial tcp: lookup {}: {e}", ep.server_name)
+            let conn: Box<dyn Conn> = match (&pod_network, addr.parse::<std::net::SocketAddr>()) {
+                (Some(net), Ok(to)) => {
+                    Box::new(net.connect(to).map_err(|e| dial_error(&addr, &e))?)
                 }
-            })?;
+                _ => Box::new(tokio::net::TcpStream::connect(&addr).await.map_err(|e| {
+                    if addr.parse::<std::net::SocketAddr>().is_ok() {
+                        dial_error(&addr, &e)
+                    } else {
+                        format!("dial tcp: lookup {}: {e}", ep.server_name)
+                    }
+                })?),
+            };
             let name =
                 ServerName::try_from(ep.server_name.clone()).map_err(|e| format!("tls: {e}"))?;
             let stream = tokio_rustls::TlsConnector::from(tls)
-                .connect(name, tcp)
+                .connect(name, conn)
                 .await
                 .map_err(|e| tls_error(&e))?;
             let (mut sender, conn) = hyper::client::conn::http1::handshake(
@@ -1114,7 +1154,7 @@ fn review(
     req["operation"] = json!(a.operation.as_str());
     req["userInfo"] = a.user.to_json();
     let conv = |o: Option<&Value>| match o {
-        Some(o) if a.subresource != Some("binding") => convert(a.resource, res, o),
+        Some(o) if !own_type(a.subresource) => convert(a.resource, res, o),
         Some(o) => o.clone(),
         None => Value::Null,
     };
@@ -1200,6 +1240,7 @@ fn denied(name: &str, result: Option<&Value>) -> ApiError {
                 .get("retryAfterSeconds")
                 .and_then(Value::as_u64)
                 .and_then(|s| u32::try_from(s).ok()),
+            list_continue: None,
         })
     });
     ApiError {
@@ -1226,6 +1267,44 @@ fn exempt(res: &Resource) -> bool {
 }
 
 impl Hook {
+    /// Whether the webhook's `matchConditions` all hold for the request, evaluated with
+    /// `object`, `oldObject` and `request` as the webhook would be sent them. One that is
+    /// false skips the call; one that fails to evaluate (with none false) is a calling
+    /// error, which the failure policy decides, as upstream's matcher.
+    fn conditions_hold(
+        &self,
+        a: &Attributes<'_>,
+        inv: &Invocation,
+        obj: Option<&Value>,
+    ) -> Result<bool, CallError> {
+        if self.match_conditions.is_empty() {
+            return Ok(true);
+        }
+        let request = review(a, inv, obj, "", "v1")["request"].take();
+        let present = |k: &str| request.get(k).filter(|v| !v.is_null());
+        let mut act = crate::cel::Activation::default();
+        act.bind("object", present("object"));
+        act.bind("oldObject", present("oldObject"));
+        act.bind("request", Some(&request));
+        let mut errors = Vec::new();
+        for (name, expression) in &self.match_conditions {
+            match act.eval(expression) {
+                Ok(crate::cel::Outcome::Bool(true)) => {}
+                Ok(crate::cel::Outcome::Bool(false)) => return Ok(false),
+                Ok(_) => errors.push(format!("matchCondition '{name}' must evaluate to bool")),
+                Err(e) => errors.push(format!("matchCondition '{name}': {e}")),
+            }
+        }
+        if errors.is_empty() {
+            return Ok(true);
+        }
+        Err(CallError::Calling(format!(
+            "failed calling webhook \"{}\": an error occurred while evaluating matchConditions: {}",
+            self.name,
+            errors.join(", ")
+        )))
+    }
+
     /// Calls a mutating webhook and applies its patch to `obj`.
     async fn mutate(
         &self,
@@ -1266,7 +1345,7 @@ impl Hook {
                 self.name
             ))));
         };
-        let binding = a.subresource == Some("binding");
+        let binding = own_type(a.subresource);
         let res = inv.resource(a);
         let mut versioned = if binding {
             obj.clone()
@@ -1295,6 +1374,11 @@ impl Hook {
                 };
             }
         }
+        // Decoded again: defaults for what the patch added, pruning of what a custom
+        // resource's schema does not know.
+        if !binding {
+            a.resource.strategy.default(&mut back);
+        }
         *obj = back;
         Ok(())
     }
@@ -1319,7 +1403,12 @@ impl Plugin for Webhooks {
             let Some(inv) = h.should_call(a, obj.as_deref()).await? else {
                 continue;
             };
-            match h.mutate(a, &inv, obj.as_deref_mut()).await {
+            let result = match h.conditions_hold(a, &inv, obj.as_deref()) {
+                Ok(false) => continue,
+                Ok(true) => h.mutate(a, &inv, obj.as_deref_mut()).await,
+                Err(e) => Err(e),
+            };
+            match result {
                 Ok(()) => {}
                 Err(CallError::Calling(why)) if h.ignore_failures => {
                     tracing::warn!(webhook = %h.name, "failed calling webhook, failing open: {why}");
@@ -1350,6 +1439,9 @@ impl Plugin for Webhooks {
         }
         // In parallel, as upstream; the first refusal in webhook order wins.
         let results = futures::future::join_all(relevant.iter().map(|(h, inv)| async move {
+            if !h.conditions_hold(a, inv, obj)? {
+                return Ok(());
+            }
             let ans = match h.call(a, inv, obj).await {
                 Ok(ans) => ans,
                 Err(e) => return Err(e),

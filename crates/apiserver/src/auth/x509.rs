@@ -1,9 +1,96 @@
-//! Authentication by x509 client certificate: the TLS layer has already verified the
-//! chain against the cluster CA (and the client-auth usage and validity); the user is the
-//! subject's CommonName and the groups its Organizations, as upstream's x509 authenticator
-//! reads them.
+//! Authentication by x509 client certificate. The TLS handshake only checks that the
+//! client holds the certificate's key; the chain (the cluster CA, the client-auth usage,
+//! the validity period) is verified here, so a bad certificate gets upstream's 401 rather
+//! than a failed handshake. The user is the subject's CommonName and the groups its
+//! Organizations, as upstream's x509 authenticator reads them.
+
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::ClientCertVerifier;
 
 use super::UserInfo;
+
+/// What a connection's client certificate says about its requests' user.
+#[derive(Clone, Debug)]
+pub enum ClientCert {
+    /// None presented.
+    Absent,
+    /// A certificate of the cluster CA that names a user.
+    User(Arc<UserInfo>),
+    /// Presented but not valid (another CA, expired, no client-auth usage, no name): its
+    /// requests fail authentication unless a bearer token authenticates them.
+    Invalid,
+}
+
+/// Verifies client certificate chains against the cluster CA at authentication time.
+#[derive(Debug, Clone)]
+pub struct Verifier(pub Arc<dyn ClientCertVerifier>);
+
+impl Verifier {
+    /// The connection's certificate chain (leaf first), judged.
+    pub fn check(&self, chain: Option<&[CertificateDer<'static>]>) -> ClientCert {
+        let Some((leaf, intermediates)) = chain.and_then(|c| c.split_first()) else {
+            return ClientCert::Absent;
+        };
+        if let Err(e) = self
+            .0
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+        {
+            tracing::debug!(error = %e, "client certificate refused");
+            return ClientCert::Invalid;
+        }
+        match user_of(leaf) {
+            Some(u) => ClientCert::User(Arc::new(u)),
+            None => ClientCert::Invalid,
+        }
+    }
+}
+
+/// Accepts any client certificate in the handshake (the client still proves it holds the
+/// key: the handshake signatures are checked), leaving the chain to [`Verifier`], as
+/// kube-apiserver requests client certificates without verifying them in TLS.
+#[derive(Debug)]
+pub struct DeferredVerifier(pub Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for DeferredVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
 
 /// The user of a verified client certificate (DER), or `None` when it names no user.
 pub fn user_of(cert_der: &[u8]) -> Option<UserInfo> {

@@ -261,7 +261,10 @@ fn typer() -> Typer<'static> {
     }
 }
 
-fn schema_of(res: &Resource) -> Schema<'static> {
+fn schema_of(res: &Resource) -> Schema<'_> {
+    if let Some(s) = res.strategy.apply_schema() {
+        return Some(s);
+    }
     let s = crate::openapi::schemas();
     s.for_kind(res.group, res.version, res.kind)
         .and_then(|n| s.get(n))
@@ -552,10 +555,10 @@ fn cap_updaters(entries: &mut Vec<Entry>) {
 
 /// Decodes an apply patch (YAML or JSON) and checks what upstream checks of it.
 pub fn decode_apply(res: &Resource, body: &[u8]) -> Result<Value, ApiError> {
-    let yaml: serde_yaml::Value = serde_yaml::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-    let config: Value = serde_json::to_value(yaml)
-        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    // Lax, as upstream's first decode: a repeated key keeps its last value; the strict
+    // check of the body comes after the apply ([`strict_decoding`]).
+    let config = kumo_apimachinery::yaml::from_slice_lax(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     if !config.is_object() {
         return Err(ApiError::bad_request(
             "the object provided is unrecognized (must be of type object)",
@@ -610,6 +613,28 @@ pub fn decode_apply(res: &Resource, body: &[u8]) -> Result<Value, ApiError> {
         });
     }
     Ok(config)
+}
+
+/// The strict decoding of an apply patch after the apply, as upstream: its repeated keys
+/// fail the request under `fieldValidation=Strict` and are warnings under `Warn`.
+pub fn strict_decoding(body: &[u8], directive: crate::openapi::Directive) -> Result<(), ApiError> {
+    use crate::openapi::Directive;
+    if directive == Directive::Ignore {
+        return Ok(());
+    }
+    let dups = kumo_apimachinery::yaml::duplicate_keys(body);
+    if dups.is_empty() {
+        return Ok(());
+    }
+    if directive == Directive::Strict {
+        let lines: Vec<String> = dups.iter().map(|d| format!("  {d}")).collect();
+        return Err(ApiError::bad_request(format!(
+            "error strict decoding patch: error converting YAML to JSON: yaml: unmarshal errors:\n{}",
+            lines.join("\n")
+        )));
+    }
+    dups.into_iter().for_each(crate::rest::warn);
+    Ok(())
 }
 
 /// Fields an apply would change that others own: (manager as messages name it, path).

@@ -28,6 +28,8 @@ enum Shape<'a> {
     Struct {
         props: &'a Map<String, Value>,
         atomic: bool,
+        /// `x-kubernetes-preserve-unknown-fields`: other fields are kept, untyped.
+        open: bool,
     },
     /// A map of one element type (`additionalProperties`).
     Map {
@@ -107,7 +109,13 @@ impl<'a> Typer<'a> {
         let atomic =
             attr(raw, r, "x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic");
         if let Some(props) = r.get("properties").and_then(Value::as_object) {
-            return Shape::Struct { props, atomic };
+            let open =
+                attr(raw, r, "x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+            return Shape::Struct {
+                props,
+                atomic,
+                open,
+            };
         }
         if let Some(ap) = r.get("additionalProperties") {
             return Shape::Map {
@@ -241,12 +249,13 @@ impl<'a> Typer<'a> {
     fn validate_at(&self, v: &Value, s: Schema<'a>, path: &mut Vec<Pe>, errs: &mut Vec<String>) {
         let shape = self.shape_of(s, Some(v));
         match &shape {
-            Shape::Struct { props, .. } => {
+            Shape::Struct { props, open, .. } => {
                 let Some(m) = v.as_object() else { return };
                 for (k, child) in m {
                     path.push(Pe::Field(k.clone()));
                     match props.get(k) {
                         Some(p) => self.validate_at(child, Some(p), path, errs),
+                        None if *open => {}
                         None => errs.push(format!(
                             "{}: field not declared in schema",
                             super::fieldpath::PathDisplay(path)

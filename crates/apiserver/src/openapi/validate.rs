@@ -67,31 +67,46 @@ pub fn check_fields(
     if directive == Directive::Ignore {
         return Ok(Vec::new());
     }
-    let Some(schema) = resource_schema(res) else {
-        // A custom resource: its strategy knows its schema.
-        let problems = crate::negotiate::decode_body(content_type, body)
-            .map(|obj| unknown_by_strategy(res, &obj))
-            .unwrap_or_default();
-        return strict_or_warn(res, directive, problems);
-    };
     let essence = content_type
         .and_then(|c| c.split(';').next())
         .map(str::trim)
         .unwrap_or("application/json");
-    let problems = match essence {
+    // YAML's repeated keys come first, as yaml.v2's strict errors: in one `yaml: unmarshal
+    // errors:` problem for Strict, one warning per key for Warn.
+    let mut problems = Vec::new();
+    if essence == "application/yaml" {
+        let dups = kumo_apimachinery::yaml::duplicate_keys(body);
+        if !dups.is_empty() && directive == Directive::Strict {
+            problems.push(format!("yaml: unmarshal errors:\n  {}", dups.join("\n  ")));
+        } else {
+            problems.extend(dups);
+        }
+    }
+    let Some(schema) = resource_schema(res) else {
+        // A custom resource: its strategy knows its schema.
+        if let Ok(obj) = crate::negotiate::decode_body(content_type, body) {
+            problems.extend(unknown_by_strategy(res, &obj));
+        }
+        return strict_or_warn(res, directive, problems);
+    };
+    problems.extend(match essence {
         "application/json" | "" => walk(body, Some(schema), true, true),
-        // YAML keeps its mapping order through serde_yaml; duplicate keys were already
-        // refused when it was parsed.
+        // Walked as the JSON it decodes to: serde_yaml's Value keeps the mapping order
+        // (for the order of the problems) but refuses repeated keys, which the lax decode
+        // reads.
         "application/yaml" => match serde_yaml::from_slice::<serde_yaml::Value>(body)
             .ok()
             .and_then(|v| serde_json::to_vec(&v).ok())
-        {
+            .or_else(|| {
+                let v = kumo_apimachinery::yaml::from_slice_lax(body).ok()?;
+                serde_json::to_vec(&v).ok()
+            }) {
             Some(json) => walk(&json, Some(schema), true, true),
             None => Vec::new(),
         },
         // Protobuf bodies cannot carry unknown fields.
         _ => Vec::new(),
-    };
+    });
     strict_or_warn(res, directive, problems)
 }
 

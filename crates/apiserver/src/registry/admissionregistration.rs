@@ -171,6 +171,10 @@ impl Strategy for Webhooks {
                     "must specify one of v1, v1beta1",
                 ));
             }
+            errs.extend(validate_match_conditions(
+                arr(h, "/matchConditions"),
+                &path.child("matchConditions"),
+            ));
         }
         errs
     }
@@ -194,6 +198,41 @@ impl Strategy for Webhooks {
             json!(age_of(obj)),
         ]
     }
+}
+
+/// Upstream's validateMatchConditions: at most 64, each named (a qualified name, unique)
+/// with a CEL expression that compiles.
+fn validate_match_conditions(conditions: &[Value], path: &Path) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    if conditions.len() > 64 {
+        errs.push(FieldError::too_many(path, conditions.len() as i64, 64));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for (i, c) in conditions.iter().enumerate() {
+        let at = path.index(i);
+        let expression = str_at(c, "/expression").trim();
+        if expression.is_empty() {
+            errs.push(FieldError::required(&at.child("expression"), ""));
+        } else if let Err(e) = crate::cel::compile(expression, &Value::Null) {
+            errs.push(FieldError::invalid(
+                &at.child("expression"),
+                expression,
+                format!("compilation failed: {e}"),
+            ));
+        }
+        let name = str_at(c, "/name");
+        if name.is_empty() {
+            errs.push(FieldError::required(&at.child("name"), ""));
+        } else {
+            for msg in kumo_apimachinery::validation::is_qualified_name(name) {
+                errs.push(FieldError::invalid(&at.child("name"), name, msg));
+            }
+        }
+        if !name.is_empty() && !names.insert(name) {
+            errs.push(FieldError::duplicate(&at.child("name"), name));
+        }
+    }
+    errs
 }
 
 /// Validating or mutating admission policies (the mutating ones have no status).

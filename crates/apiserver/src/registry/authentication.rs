@@ -70,8 +70,9 @@ fn body_of(body: Value, kind: &str) -> Result<Map<String, Value>, ApiError> {
             b => hex(b),
         };
         return Err(ApiError::bad_request(format!(
-            "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: json: cannot unmarshal {} into Go value of type struct {{ APIVersion string \"json:\\\"apiVersion,omitempty\\\"\"; Kind string \"json:\\\"kind,omitempty\\\"\" }} ({summary})",
-            go_json_type(&body)
+            "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: json: cannot unmarshal {} into Go value of type {} ({summary})",
+            crate::negotiate::go_json_type(&body).unwrap_or("null"),
+            crate::negotiate::GO_TYPE_META
         )));
     };
     let given = obj.get("kind").and_then(Value::as_str).unwrap_or("");
@@ -91,18 +92,6 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Go's name of a JSON value's type in decoder messages.
-fn go_json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
 /// A string field of a body, refusing another JSON type as the decoder does.
 fn string_at(kind: &str, obj: &Value, pointer: &str, go_field: &str) -> Result<String, ApiError> {
     match obj.pointer(pointer) {
@@ -116,7 +105,7 @@ fn string_at(kind: &str, obj: &Value, pointer: &str, go_field: &str) -> Result<S
 fn decode_error(kind: &str, v: &Value, go_field: &str, go_type: &str) -> ApiError {
     ApiError::bad_request(format!(
         "{kind} in version \"v1\" cannot be handled as a {kind}: json: cannot unmarshal {} into Go struct field {go_field} of type {go_type}",
-        go_json_type(v)
+        crate::negotiate::go_json_type(v).unwrap_or("null")
     ))
 }
 

@@ -37,16 +37,22 @@ pub(super) fn resources() -> Vec<Resource> {
     ]
 }
 
-/// Who the requestor is. kube-apiserver records the authenticated user of the create
-/// request in `spec.username`, `groups`, `uid` and `extra`.
-// TODO(authn): once requests carry an authenticated user, pass it to prepare_create and
-// record that user; until then every request comes from the admin kubeconfig, whose
-// client certificate is CN=kubernetes-admin, O=kubeadm:cluster-admins.
+/// Who the requestor is: kube-apiserver records the authenticated user of the create
+/// request in `spec.username`, `uid`, `groups` and `extra` (the last three only when set).
 fn requesting_user() -> Value {
-    json!({
-        "username": "kubernetes-admin",
-        "groups": ["kubeadm:cluster-admins", "system:authenticated"],
-    })
+    let user = crate::auth::current_user();
+    let mut spec = serde_json::Map::new();
+    spec.insert("username".into(), json!(user.name));
+    if !user.uid.is_empty() {
+        spec.insert("uid".into(), json!(user.uid));
+    }
+    if !user.groups.is_empty() {
+        spec.insert("groups".into(), json!(user.groups));
+    }
+    if !user.extra.is_empty() {
+        spec.insert("extra".into(), json!(user.extra));
+    }
+    Value::Object(spec)
 }
 
 const USAGES: [&str; 23] = [
@@ -202,6 +208,12 @@ fn validate_conditions(obj: &Value, errs: &mut Vec<FieldError>) {
 }
 
 impl Strategy for CertificateSigningRequests {
+    // Upstream does not care what certificate requests are called (kubelets name theirs
+    // `node-csr-<base64url digest>`): only what a path segment cannot hold is refused.
+    fn validate_name(&self, name: &str) -> Vec<String> {
+        path_segment_name(name)
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         set(obj, "status", json!({}));
         if !obj.get("spec").is_some_and(Value::is_object) {

@@ -437,6 +437,17 @@ fn served(crd: &Value) -> Vec<Resource> {
     let namespaced = str_at(crd, "/spec/scope") == "Namespaced";
     let short_names = intern_list(&strs("/spec/names/shortNames"));
     let categories = intern_list(&strs("/spec/names/categories"));
+    // With more than one version, objects are stored in the storage version.
+    let versions = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let storage = versions
+        .iter()
+        .find(|v| v.get("storage") == Some(&json!(true)))
+        .map(|v| str_at(v, "/name").to_owned())
+        .filter(|_| versions.len() > 1);
     crd.pointer("/spec/versions")
         .and_then(Value::as_array)
         .into_iter()
@@ -460,7 +471,10 @@ fn served(crd: &Value) -> Vec<Resource> {
                 short_names,
                 categories,
                 subresources: intern_list(&subs),
-                strategy: Box::new(CustomResource::new(group, plural, kind, list_kind, v)),
+                strategy: Box::new(
+                    CustomResource::new(group, plural, kind, list_kind, v)
+                        .with_storage_version(storage.clone()),
+                ),
             }
         })
         .collect()

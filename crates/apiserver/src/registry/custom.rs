@@ -19,6 +19,9 @@ pub(super) struct CustomResource {
     /// Group, version, kind and list kind, for the OpenAPI definitions.
     gvk: [String; 4],
     schema: Value,
+    /// `schema` with the object's own fields (apiVersion, kind, metadata) at the root and
+    /// in every embedded resource, as upstream builds the schema apply types with.
+    object_schema: Value,
     status: bool,
     scale: Option<ScaleSpec>,
     /// The printer columns after `Name`, with their JSON paths.
@@ -27,6 +30,10 @@ pub(super) struct CustomResource {
     has_defaults: bool,
     /// Whether the schema has CEL rules (`x-kubernetes-validations`).
     has_rules: bool,
+    /// The definition's storage version, when it has more than one version: objects are
+    /// stored in it and served in this one (the `None` conversion: only apiVersion
+    /// changes).
+    storage_version: Option<String>,
 }
 
 impl CustomResource {
@@ -105,17 +112,38 @@ impl CustomResource {
                 .pointer("/schema/openAPIV3Schema")
                 .cloned()
                 .unwrap_or(json!({"type": "object"})),
+            object_schema: Value::Null,
             status: version.pointer("/subresources/status").is_some(),
             scale,
             columns,
             has_defaults: false,
             has_rules: false,
+            storage_version: None,
         }
         .with_defaults_noted()
     }
 
+    /// Notes the storage version of a definition with several versions (see
+    /// `storage_version`).
+    pub(super) fn with_storage_version(mut self, storage: Option<String>) -> Self {
+        self.storage_version = storage;
+        self
+    }
+
+    /// `obj` with apiVersion `<group>/<version>`.
+    fn in_version(&self, mut obj: Value, version: &str) -> Value {
+        if let Some(o) = obj.as_object_mut() {
+            o.insert(
+                "apiVersion".into(),
+                Value::String(format!("{}/{version}", self.gvk[0])),
+            );
+        }
+        obj
+    }
+
     /// Notes whether the schema has any `default` (reads then apply them).
     fn with_defaults_noted(mut self) -> Self {
+        self.object_schema = object_schema(&self.schema);
         self.has_defaults = self.schema.to_string().contains("\"default\":");
         self.has_rules = crate::cel::has_rules(&self.schema);
         self
@@ -222,9 +250,23 @@ impl Strategy for CustomResource {
         self.normalize(new);
     }
 
+    fn default(&self, obj: &mut Value) {
+        self.normalize(obj);
+    }
+
     // Defaults apply on read too ("defaulting from storage"): objects stored before a
     // default was added to the schema are served with it.
+    fn stored_form(&self, obj: Value) -> Value {
+        match &self.storage_version {
+            Some(v) => self.in_version(obj, v),
+            None => obj,
+        }
+    }
+
     fn served_form(&self, mut obj: Value) -> Value {
+        if self.storage_version.is_some() {
+            obj = self.in_version(obj, &self.gvk[1]);
+        }
         if self.has_defaults {
             if let Some(o) = obj.as_object_mut() {
                 let keep: Vec<(String, Value)> = ["apiVersion", "kind", "metadata"]
@@ -243,7 +285,7 @@ impl Strategy for CustomResource {
     }
 
     fn converts(&self) -> bool {
-        self.has_defaults
+        self.has_defaults || self.storage_version.is_some()
     }
 
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
@@ -333,14 +375,8 @@ impl Strategy for CustomResource {
         let name = |k: &str| format!("{}.{version}.{k}", reversed.join("."));
         let meta_ref = |m: &str| json!({"allOf": [{"$ref": format!("#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.{m}")}]});
         let gvk = |k: &str| json!([{"group": group, "kind": k, "version": version}]);
-        let mut obj = self.schema.clone();
+        let mut obj = self.object_schema.clone();
         if let Some(o) = obj.as_object_mut() {
-            let props = o.entry("properties").or_insert_with(|| json!({}));
-            if let Some(p) = props.as_object_mut() {
-                p.insert("apiVersion".into(), json!({"type": "string"}));
-                p.insert("kind".into(), json!({"type": "string"}));
-                p.insert("metadata".into(), meta_ref("ObjectMeta"));
-            }
             o.insert("x-kubernetes-group-version-kind".into(), gvk(kind));
         }
         let list = json!({
@@ -355,6 +391,10 @@ impl Strategy for CustomResource {
             "x-kubernetes-group-version-kind": gvk(list_kind),
         });
         Some([(name(kind), obj), (name(list_kind), list)])
+    }
+
+    fn apply_schema(&self) -> Option<&Value> {
+        Some(&self.object_schema)
     }
 
     fn verbs(&self) -> Option<&'static [&'static str]> {
@@ -381,6 +421,46 @@ impl Strategy for CustomResource {
         unknown(&self.schema, &body, "", &mut out, 0);
         out
     }
+}
+
+/// A version's schema as the schema of whole objects: `apiVersion` and `kind` strings and
+/// `metadata` an ObjectMeta, at the root and in each `x-kubernetes-embedded-resource`, as
+/// upstream's OpenAPI builder adds them (which also makes `kubectl explain` show them).
+fn object_schema(schema: &Value) -> Value {
+    fn add_object_fields(s: &mut Value) {
+        let Some(o) = s.as_object_mut() else { return };
+        let props = o.entry("properties").or_insert_with(|| json!({}));
+        if let Some(p) = props.as_object_mut() {
+            p.insert("apiVersion".into(), json!({"type": "string"}));
+            p.insert("kind".into(), json!({"type": "string"}));
+            p.insert(
+                "metadata".into(),
+                json!({"allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}]}),
+            );
+        }
+    }
+    fn embedded(s: &mut Value, depth: usize) {
+        if depth > 64 {
+            return;
+        }
+        if let Some(props) = s.get_mut("properties").and_then(Value::as_object_mut) {
+            for v in props.values_mut() {
+                embedded(v, depth + 1);
+            }
+        }
+        for k in ["items", "additionalProperties"] {
+            if let Some(v) = s.get_mut(k).filter(|v| v.is_object()) {
+                embedded(v, depth + 1);
+            }
+        }
+        if s.get("x-kubernetes-embedded-resource") == Some(&Value::Bool(true)) {
+            add_object_fields(s);
+        }
+    }
+    let mut s = schema.clone();
+    embedded(&mut s, 0);
+    add_object_fields(&mut s);
+    s
 }
 
 /// Collects the paths (as the schema validation renders them) of the values `new` leaves

@@ -95,6 +95,10 @@ impl Column {
 pub trait Strategy: Send + Sync {
     /// Defaults set on a new object, before validation.
     fn prepare_create(&self, _obj: &mut Value) {}
+    /// The type's defaulting (and, for a custom resource, pruning) alone, as decoding
+    /// applies it: run again on an object a mutating admission webhook changed, as
+    /// upstream decodes the webhook's result.
+    fn default(&self, _obj: &mut Value) {}
     /// What upstream's strategy sets in PrepareForCreate: after the field manager has
     /// recorded the request, so the request's manager does not own these fields.
     fn prepare_for_create(&self, _obj: &mut Value) {}
@@ -300,6 +304,11 @@ pub trait Strategy: Send + Sync {
     /// The OpenAPI definitions of a resource the built-in schemas do not know (custom
     /// resources): its object's and its list's, each as (name, schema).
     fn openapi_definitions(&self) -> Option<[(String, Value); 2]> {
+        None
+    }
+    /// The schema server-side apply types the objects with when the built-in schemas do
+    /// not know the kind (custom resources); its `$ref`s point into the built-in ones.
+    fn apply_schema(&self) -> Option<&Value> {
         None
     }
 }

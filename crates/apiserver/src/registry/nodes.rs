@@ -87,7 +87,8 @@ const ROLE_LABEL: &str = "kubernetes.io/role";
 
 struct Nodes;
 
-/// The status fields a NodeStatus always serializes (they are not pointers upstream).
+/// The status fields a NodeStatus always serializes (they are not pointers upstream), and
+/// allocatable defaulted to capacity when a client sends only capacity.
 fn default_status(node: &mut Value) {
     let Some(o) = node.as_object_mut() else {
         return;
@@ -95,6 +96,11 @@ fn default_status(node: &mut Value) {
     let status = o.entry("status").or_insert_with(|| json!({}));
     if !status.is_object() {
         *status = json!({});
+    }
+    if status.get("allocatable").is_none_or(Value::is_null) {
+        if let Some(capacity) = status.get("capacity").filter(|c| c.is_object()).cloned() {
+            default_field(status, "allocatable", capacity);
+        }
     }
     default_field(status, "daemonEndpoints", json!({}));
     if let Some(de) = status.get_mut("daemonEndpoints") {
@@ -359,5 +365,22 @@ mod tests {
         assert_eq!(roles(&node), "control-plane,master,worker");
         assert_eq!(node_status(&json!({})), "Unknown");
         assert_eq!(roles(&json!({})), "<none>");
+    }
+
+    #[test]
+    fn allocatable_defaults_to_capacity() {
+        let mut node = json!({"status": {"capacity": {"cpu": "4", "pods": "110"}}});
+        default_status(&mut node);
+        assert_eq!(
+            node["status"]["allocatable"],
+            json!({"cpu": "4", "pods": "110"})
+        );
+        // What the kubelet reports stays.
+        let mut node = json!({"status": {"capacity": {"cpu": "4"}, "allocatable": {"cpu": "3"}}});
+        default_status(&mut node);
+        assert_eq!(node["status"]["allocatable"], json!({"cpu": "3"}));
+        let mut node = json!({"status": {}});
+        default_status(&mut node);
+        assert!(node["status"].get("allocatable").is_none());
     }
 }

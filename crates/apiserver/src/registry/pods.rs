@@ -475,6 +475,12 @@ impl Strategy for Pods {
     }
 
     fn prepare_create(&self, obj: &mut Value) {
+        self.default(obj);
+        let qos = qos_class(obj);
+        obj["status"] = json!({"phase": "Pending", "qosClass": qos});
+    }
+
+    fn default(&self, obj: &mut Value) {
         if let Some(o) = obj.as_object_mut() {
             if !o.get("spec").is_some_and(Value::is_object) {
                 o.insert("spec".into(), json!({}));
@@ -508,8 +514,6 @@ impl Strategy for Pods {
                 }
             }
         }
-        let qos = qos_class(obj);
-        obj["status"] = json!({"phase": "Pending", "qosClass": qos});
     }
 
     fn admission_lookups(&self, obj: &Value) -> Vec<Lookup> {

@@ -350,8 +350,10 @@ impl Strategy for Bindings {
 pub(super) const AUTOUPDATE: &str = "rbac.authorization.kubernetes.io/autoupdate";
 
 /// The bootstrap policy: (plural, object) in creation order, roles before their bindings.
-/// Beyond kube-apiserver's own, the binding kubeadm adds for its admin group, which kumo's
-/// admin certificate carries.
+/// Beyond kube-apiserver's own, what `kubeadm init` adds: the binding of its admin group,
+/// which kumo's admin certificate carries, and the bindings that let a node join with a
+/// bootstrap token (post and get its CSR approved, read its Node) and renew its
+/// certificate.
 pub(super) fn bootstrap_objects() -> Result<Vec<(&'static str, Value)>, serde_yaml::Error> {
     let doc: Value = serde_yaml::from_str(include_str!("rbac_bootstrap.yaml"))?;
     let mut out = Vec::new();
@@ -378,6 +380,45 @@ pub(super) fn bootstrap_objects() -> Result<Vec<(&'static str, Value)>, serde_ya
             "subjects": [{"apiGroup": GROUP, "kind": "Group", "name": "kubeadm:cluster-admins"}],
         }),
     ));
+    out.push((
+        "clusterroles",
+        json!({
+            "apiVersion": format!("{GROUP}/v1"),
+            "kind": "ClusterRole",
+            "metadata": {"name": "kubeadm:get-nodes"},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
+        }),
+    ));
+    const TOKENS: &str = "system:bootstrappers:kubeadm:default-node-token";
+    for (name, role, group) in [
+        ("kubeadm:get-nodes", "kubeadm:get-nodes", TOKENS),
+        (
+            "kubeadm:kubelet-bootstrap",
+            "system:node-bootstrapper",
+            TOKENS,
+        ),
+        (
+            "kubeadm:node-autoapprove-bootstrap",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            TOKENS,
+        ),
+        (
+            "kubeadm:node-autoapprove-certificate-rotation",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            "system:nodes",
+        ),
+    ] {
+        out.push((
+            "clusterrolebindings",
+            json!({
+                "apiVersion": format!("{GROUP}/v1"),
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": GROUP, "kind": "ClusterRole", "name": role},
+                "subjects": [{"apiGroup": GROUP, "kind": "Group", "name": group}],
+            }),
+        ));
+    }
     Ok(out)
 }
 

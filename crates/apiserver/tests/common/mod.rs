@@ -102,3 +102,65 @@ pub fn out_json(out: &Out) -> serde_json::Value {
     assert!(out.ok, "{}", out.stderr);
     serde_json::from_str(&out.stdout).unwrap()
 }
+
+/// The answer to a request made with curl.
+pub struct Http {
+    pub code: u16,
+    pub body: serde_json::Value,
+    /// The `Warning` headers, as sent.
+    pub warnings: Vec<String>,
+}
+
+/// A request by curl with the admin's client certificate (taken from its kubeconfig), for
+/// what kubectl cannot send (apply patches written by hand, an error's whole Status).
+/// `body` is (Content-Type, text).
+pub fn curl(
+    dir: &Path,
+    admin: &Path,
+    method: &str,
+    path: &str,
+    body: Option<(&str, &str)>,
+) -> Http {
+    use base64::Engine;
+    let kc: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
+    let field = |k: &str| {
+        let b64 = kc["users"][0]["user"][k].as_str().unwrap();
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap()
+    };
+    let (cert, key) = (dir.join("curl-admin.crt"), dir.join("curl-admin.key"));
+    std::fs::write(&cert, field("client-certificate-data")).unwrap();
+    std::fs::write(&key, field("client-key-data")).unwrap();
+    let server = kc["clusters"][0]["cluster"]["server"].as_str().unwrap();
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "-D", "-", "-X", method, "--cacert"])
+        .arg(dir.join("pki/ca.crt"))
+        .arg("--cert")
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key);
+    if let Some((content_type, text)) = body {
+        cmd.args(["-H", &format!("Content-Type: {content_type}")])
+            .args(["--data-binary", text]);
+    }
+    let out = cmd
+        .arg(format!("{server}{path}"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, answer) = text.split_once("\r\n\r\n").unwrap();
+    Http {
+        code: head.split_whitespace().nth(1).unwrap().parse().unwrap(),
+        body: serde_json::from_str(answer).unwrap(),
+        warnings: head
+            .lines()
+            .filter_map(|l| {
+                let (name, value) = l.split_once(": ")?;
+                name.eq_ignore_ascii_case("warning")
+                    .then(|| value.to_owned())
+            })
+            .collect(),
+    }
+}

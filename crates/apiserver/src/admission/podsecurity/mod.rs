@@ -6,8 +6,10 @@
 //! that fail the enforce level are refused (403); pods and pod templates of workload
 //! controllers that fail the warn level get a warning. Namespace label values are validated,
 //! and tightening a namespace's enforce level warns about the pods already there.
-//! The audit mode is parsed and validated, but its annotations (`pod-security.kubernetes.io/
-//! audit-violations`, `enforce-policy`, `exempt`) are not recorded yet.
+//! What was decided goes on the request's audit events as upstream's annotations:
+//! `pod-security.kubernetes.io/enforce-policy` (the level:version enforced),
+//! `audit-violations` (what fails the audit level) and `exempt` (namespace, user or
+//! runtimeClass).
 
 mod checks;
 
@@ -27,6 +29,9 @@ use super::{Attributes, Operation, Plugin};
 const ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
 const ENFORCE_VERSION_LABEL: &str = "pod-security.kubernetes.io/enforce-version";
 const AUDIT_LABEL: &str = "pod-security.kubernetes.io/audit";
+const ENFORCE_POLICY_ANNOTATION: &str = "pod-security.kubernetes.io/enforce-policy";
+const AUDIT_VIOLATIONS_ANNOTATION: &str = "pod-security.kubernetes.io/audit-violations";
+const EXEMPT_ANNOTATION: &str = "pod-security.kubernetes.io/exempt";
 const AUDIT_VERSION_LABEL: &str = "pod-security.kubernetes.io/audit-version";
 const WARN_LABEL: &str = "pod-security.kubernetes.io/warn";
 const WARN_VERSION_LABEL: &str = "pod-security.kubernetes.io/warn-version";
@@ -486,6 +491,20 @@ impl PodSecurity {
         first
     }
 
+    /// Whether the namespace or the user is exempt, recorded as upstream's `exempt`
+    /// annotation.
+    fn exempt(&self, a: &Attributes<'_>, ns: &str) -> bool {
+        let why = if self.exempt_namespace(ns) {
+            "namespace"
+        } else if self.exempt_user(&a.user.name) {
+            "user"
+        } else {
+            return false;
+        };
+        crate::audit::annotate(EXEMPT_ANNOTATION, why);
+        true
+    }
+
     async fn validate_pod(&self, a: &Attributes<'_>, obj: &Value) -> Result<(), ApiError> {
         if a.subresource
             .is_some_and(|s| IGNORED_POD_SUBRESOURCES.contains(&s))
@@ -493,7 +512,7 @@ impl PodSecurity {
             return Ok(());
         }
         let ns = a.namespace.unwrap_or("");
-        if self.exempt_namespace(ns) || self.exempt_user(&a.user.name) {
+        if self.exempt(a, ns) {
             return Ok(());
         }
         let labels = self.namespace_labels(a, ns).await.map_err(|_| {
@@ -524,7 +543,7 @@ impl PodSecurity {
             return Ok(());
         }
         let ns = a.namespace.unwrap_or("");
-        if self.exempt_namespace(ns) || self.exempt_user(&a.user.name) {
+        if self.exempt(a, ns) {
             return Ok(());
         }
         // Controllers are never refused: a failed lookup lets them through.
@@ -557,13 +576,16 @@ impl PodSecurity {
         enforce: bool,
     ) -> Result<(), ApiError> {
         if self.exempt_runtime_class(spec) {
+            crate::audit::annotate(EXEMPT_ANNOTATION, "runtimeClass");
             return Ok(());
         }
         let mut cached: BTreeMap<String, Aggregate> = BTreeMap::new();
+        let mut refused = None;
         if enforce {
+            crate::audit::annotate(ENFORCE_POLICY_ANNOTATION, &policy.enforce.to_string());
             let result = evaluate(policy.enforce, meta, spec);
             if !result.allowed() {
-                return Err(ApiError::forbidden(
+                refused = Some(ApiError::forbidden(
                     &GroupResource::new(a.resource.group, a.resource.plural),
                     a.name,
                     &format!(
@@ -574,6 +596,24 @@ impl PodSecurity {
                 ));
             }
             cached.insert(policy.enforce.to_string(), result);
+        }
+        // The audit level is recorded whether or not the pod is refused.
+        let audit = match cached.get(&policy.audit.to_string()) {
+            Some(r) => r.clone(),
+            None => evaluate(policy.audit, meta, spec),
+        };
+        if !audit.allowed() {
+            crate::audit::annotate(
+                AUDIT_VIOLATIONS_ANNOTATION,
+                &format!(
+                    "would violate PodSecurity {}: {}",
+                    quoted(policy.audit),
+                    audit.details()
+                ),
+            );
+        }
+        if let Some(e) = refused {
+            return Err(e);
         }
         let warn = match cached.remove(&policy.warn.to_string()) {
             Some(r) => r,
