@@ -140,13 +140,15 @@ impl NodeInfo {
     }
 }
 
-/// The nodes a cycle schedules against.
+/// The nodes a cycle schedules against. Cloning it is two reference counts: the cache
+/// keeps it up to date node by node (upstream's incremental snapshot), so a cycle does not
+/// copy thousands of node entries.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// Nodes in name order.
-    pub nodes: Vec<Arc<NodeInfo>>,
+    pub nodes: Arc<Vec<Arc<NodeInfo>>>,
     /// How many nodes have each (normalized) image.
-    pub image_nodes: HashMap<String, usize>,
+    pub image_nodes: Arc<HashMap<String, usize>>,
 }
 
 /// The cache proper.
@@ -155,6 +157,12 @@ pub struct Cache {
     nodes: BTreeMap<String, Arc<NodeInfo>>,
     pod_node: HashMap<String, String>,
     assumed: HashSet<String>,
+    /// The snapshot as of the last change, with each node's position in it; rebuilt when
+    /// `nodes_changed` (a node came or went), its images when `images_changed`.
+    snap: Snapshot,
+    position: HashMap<String, usize>,
+    nodes_changed: bool,
+    images_changed: bool,
 }
 
 /// Whether a pod counts against its node: assigned and not finished.
@@ -168,14 +176,24 @@ pub fn counts(pod: &Pod) -> bool {
             .is_some_and(|n| !n.is_empty())
 }
 
+/// A node's image names, as the snapshot counts them.
+fn images(node: Option<&Node>) -> Option<&Vec<k8s_openapi::api::core::v1::ContainerImage>> {
+    node.and_then(|n| n.status.as_ref())
+        .and_then(|s| s.images.as_ref())
+}
+
 impl Cache {
     /// Adds or replaces a node.
     pub fn set_node(&mut self, node: Arc<Node>) {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let e = self.nodes.entry(name).or_default();
+        let e = self.nodes.entry(name.clone()).or_default();
         let ni = Arc::make_mut(e);
+        if images(ni.node.as_deref()) != images(Some(&node)) {
+            self.images_changed = true;
+        }
         ni.allocatable = allocatable(&node);
         ni.node = Some(node);
+        self.touch(&name);
     }
 
     /// Removes a node (its pods stay until they are deleted, as upstream).
@@ -186,6 +204,22 @@ impl Cache {
             if ni.pods.is_empty() {
                 self.nodes.remove(name);
             }
+            self.images_changed = true;
+            self.touch(name);
+        }
+    }
+
+    /// Brings the snapshot's entry of `name` up to date, or marks the snapshot for a
+    /// rebuild when the node joined or left it.
+    fn touch(&mut self, name: &str) {
+        if self.nodes_changed {
+            return;
+        }
+        let entry = self.nodes.get(name).filter(|n| n.node.is_some());
+        match (self.position.get(name), entry) {
+            (Some(&i), Some(e)) => Arc::make_mut(&mut self.snap.nodes)[i] = e.clone(),
+            (None, None) => {}
+            _ => self.nodes_changed = true,
         }
     }
 
@@ -208,8 +242,9 @@ impl Cache {
             }
         }
         self.pod_node.insert(key, node.clone());
-        let e = self.nodes.entry(node).or_default();
+        let e = self.nodes.entry(node.clone()).or_default();
         Arc::make_mut(e).add_pod(Arc::new(PodInfo::new(pod)));
+        self.touch(&node);
     }
 
     /// Removes a pod from its node.
@@ -222,6 +257,7 @@ impl Cache {
                 if ni.node.is_none() && ni.pods.is_empty() {
                     self.nodes.remove(&node);
                 }
+                self.touch(&node);
             }
         }
     }
@@ -245,31 +281,40 @@ impl Cache {
     }
 
     /// The nodes as they are now.
-    pub fn snapshot(&self) -> Snapshot {
-        let mut image_nodes: HashMap<String, usize> = HashMap::new();
-        let nodes: Vec<Arc<NodeInfo>> = self
-            .nodes
-            .values()
-            .filter(|n| n.node.is_some())
-            .cloned()
-            .collect();
-        for n in &nodes {
-            let mut seen = HashSet::new();
-            let images = n
-                .node
-                .as_ref()
-                .and_then(|n| n.status.as_ref())
-                .and_then(|s| s.images.as_ref());
-            for img in images.into_iter().flatten() {
-                for name in img.names.iter().flatten() {
-                    let norm = normalize_image(name);
-                    if seen.insert(norm.clone()) {
-                        *image_nodes.entry(norm).or_default() += 1;
+    pub fn snapshot(&mut self) -> Snapshot {
+        if self.nodes_changed {
+            let nodes: Vec<Arc<NodeInfo>> = self
+                .nodes
+                .values()
+                .filter(|n| n.node.is_some())
+                .cloned()
+                .collect();
+            self.position = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.name().to_owned(), i))
+                .collect();
+            self.snap.nodes = Arc::new(nodes);
+            self.nodes_changed = false;
+            self.images_changed = true;
+        }
+        if self.images_changed {
+            let mut image_nodes: HashMap<String, usize> = HashMap::new();
+            for n in self.snap.nodes.iter() {
+                let mut seen = HashSet::new();
+                for img in images(n.node.as_deref()).into_iter().flatten() {
+                    for name in img.names.iter().flatten() {
+                        let norm = normalize_image(name);
+                        if seen.insert(norm.clone()) {
+                            *image_nodes.entry(norm).or_default() += 1;
+                        }
                     }
                 }
             }
+            self.snap.image_nodes = Arc::new(image_nodes);
+            self.images_changed = false;
         }
-        Snapshot { nodes, image_nodes }
+        self.snap.clone()
     }
 }
 
@@ -292,4 +337,77 @@ pub fn normalize_image(name: &str) -> String {
         }
     }
     n
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, images: &[&str]) -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "status": {
+                    "allocatable": {"cpu": "4", "pods": "110"},
+                    "images": images.iter().map(|i| serde_json::json!({"names": [i]})).collect::<Vec<_>>(),
+                },
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn pod(name: &str, node: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]},
+        }))
+        .unwrap()
+    }
+
+    fn names(s: &Snapshot) -> Vec<(String, usize)> {
+        s.nodes
+            .iter()
+            .map(|n| (n.name().to_owned(), n.pods.len()))
+            .collect()
+    }
+
+    #[test]
+    fn the_snapshot_follows_every_change_and_a_taken_one_stays_as_it_was() {
+        let mut c = Cache::default();
+        c.set_node(node("b", &["nginx"]));
+        c.set_node(node("a", &[]));
+        let first = c.snapshot();
+        assert_eq!(names(&first), [("a".into(), 0), ("b".into(), 0)]);
+        assert_eq!(
+            first.image_nodes.get("docker.io/library/nginx:latest"),
+            Some(&1)
+        );
+
+        // A pod assumed and then confirmed, one on a node not known yet.
+        c.assume(&pod("p1", "b"), "b");
+        c.set_pod(Arc::new(pod("p1", "b")));
+        c.set_pod(Arc::new(pod("p2", "c")));
+        let second = c.snapshot();
+        assert_eq!(names(&second), [("a".into(), 0), ("b".into(), 1)]);
+        assert_eq!(second.nodes[1].requested.get("cpu"), 1000);
+        assert_eq!(names(&first), [("a".into(), 0), ("b".into(), 0)]);
+
+        // Node c arrives (with its pod), b loses its image, a goes.
+        c.set_node(node("c", &["nginx"]));
+        c.set_node(node("b", &[]));
+        c.remove_node("a");
+        let third = c.snapshot();
+        assert_eq!(names(&third), [("b".into(), 1), ("c".into(), 1)]);
+        assert_eq!(
+            third.image_nodes.get("docker.io/library/nginx:latest"),
+            Some(&1)
+        );
+
+        // Pods leave.
+        c.remove_pod("ns/p1");
+        c.forget("ns/p2");
+        c.set_pod(Arc::new(pod("p2", "")));
+        assert_eq!(names(&c.snapshot()), [("b".into(), 0), ("c".into(), 0)]);
+    }
 }

@@ -16,13 +16,21 @@ use serde_json::json;
 
 /// How long a repeat is folded into the earlier event's series.
 const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
+/// How often expired series entries are dropped.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// Records the scheduler's events.
 pub struct Recorder {
     client: Client,
     controller: String,
     instance: String,
-    series: Mutex<HashMap<String, (String, i32, Instant)>>,
+    series: Mutex<Series>,
+}
+
+/// Recent events by what they say: (event name, count, last seen).
+struct Series {
+    entries: HashMap<String, (String, i32, Instant)>,
+    last_sweep: Instant,
 }
 
 impl Recorder {
@@ -32,7 +40,10 @@ impl Recorder {
             client,
             controller: controller.to_owned(),
             instance,
-            series: Mutex::new(HashMap::new()),
+            series: Mutex::new(Series {
+                entries: HashMap::new(),
+                last_sweep: Instant::now(),
+            }),
         }
     }
 
@@ -47,15 +58,22 @@ impl Recorder {
         );
         let now = MicroTime(Timestamp::now());
         let repeat = {
+            let instant = Instant::now();
             let mut s = self.series.lock();
-            s.retain(|_, (_, _, at)| at.elapsed() < SERIES_WINDOW);
-            match s.get_mut(&key) {
-                Some((ev, count, at)) => {
+            // Expired entries go in a sweep now and then, not on every event: one event per
+            // pod scheduled would otherwise walk every event of the last six minutes.
+            if instant.saturating_duration_since(s.last_sweep) > SWEEP_EVERY {
+                s.last_sweep = instant;
+                s.entries
+                    .retain(|_, (_, _, at)| instant.saturating_duration_since(*at) < SERIES_WINDOW);
+            }
+            match s.entries.get_mut(&key) {
+                Some((ev, count, at)) if instant.saturating_duration_since(*at) < SERIES_WINDOW => {
                     *count += 1;
-                    *at = Instant::now();
+                    *at = instant;
                     Some((ev.clone(), *count))
                 }
-                None => None,
+                _ => None,
             }
         };
         if let Some((ev, count)) = repeat {
@@ -104,7 +122,10 @@ impl Recorder {
         };
         match api.create(&PostParams::default(), &ev).await {
             Ok(_) => {
-                self.series.lock().insert(key, (ev_name, 1, Instant::now()));
+                self.series
+                    .lock()
+                    .entries
+                    .insert(key, (ev_name, 1, Instant::now()));
             }
             Err(e) => tracing::warn!(error = %e, reason, "recording event failed"),
         }

@@ -272,7 +272,7 @@ pub fn pre_filter(
     // PodTopologySpread: matching pods per domain, over nodes that have every key.
     let mut spread_counts: HashMap<Pair, i64> = HashMap::new();
     if !hard_spread.is_empty() {
-        for n in &snap.nodes {
+        for n in snap.nodes.iter() {
             if !hard_spread
                 .iter()
                 .all(|c| node_label(n, &c.topology_key).is_some())
@@ -314,7 +314,7 @@ pub fn pre_filter(
     let mut anti_affinity_counts: HashMap<Pair, i64> = HashMap::new();
     let mut existing_anti_counts: HashMap<Pair, i64> = HashMap::new();
     let own_terms = !terms.required_affinity.is_empty() || !terms.required_anti.is_empty();
-    for n in &snap.nodes {
+    for n in snap.nodes.iter() {
         // Without terms of its own, only pods with affinity on the node matter.
         if !own_terms && n.with_affinity == 0 {
             continue;
@@ -694,12 +694,14 @@ pub fn score(
         .map(|n| {
             let mut sum = 0;
             let mut weights = 0;
-            for res in ["cpu", "memory"] {
-                let alloc = n.allocatable.get(res);
+            let (alloc, used, pod) = (&n.allocatable, &n.non_zero_requested, &st.pod.non_zero);
+            for (alloc, req) in [
+                (alloc.milli_cpu, used.milli_cpu + pod.milli_cpu),
+                (alloc.memory, used.memory + pod.memory),
+            ] {
                 if alloc == 0 {
                     continue;
                 }
-                let req = n.non_zero_requested.get(res) + st.pod.non_zero.get(res);
                 sum += if req > alloc {
                     0
                 } else {
@@ -733,23 +735,17 @@ pub fn score(
         let s: Vec<i64> = feasible
             .iter()
             .map(|n| {
-                let mut fractions = Vec::new();
-                for res in ["cpu", "memory"] {
-                    let alloc = n.allocatable.get(res);
-                    if alloc == 0 {
-                        continue;
-                    }
-                    let req = n.requested.get(res) + r.get(res);
-                    fractions.push((req as f64 / alloc as f64).min(1.0));
-                }
-                let std = match fractions.len() {
-                    0 | 1 => 0.0,
-                    2 => (fractions[0] - fractions[1]).abs() / 2.0,
-                    l => {
-                        let mean = fractions.iter().sum::<f64>() / l as f64;
-                        (fractions.iter().map(|f| (f - mean).powi(2)).sum::<f64>() / l as f64)
-                            .sqrt()
-                    }
+                // cpu and memory: with two fractions the standard deviation is half
+                // their difference.
+                let (alloc, used) = (&n.allocatable, &n.requested);
+                let fraction = |alloc: i64, req: i64| {
+                    (alloc != 0).then(|| (req as f64 / alloc as f64).min(1.0))
+                };
+                let cpu = fraction(alloc.milli_cpu, used.milli_cpu + r.milli_cpu);
+                let mem = fraction(alloc.memory, used.memory + r.memory);
+                let std = match (cpu, mem) {
+                    (Some(c), Some(m)) => (c - m).abs() / 2.0,
+                    _ => 0.0,
                 };
                 ((1.0 - std) * MAX_NODE_SCORE as f64) as i64
             })
@@ -757,48 +753,53 @@ pub fn score(
         add(&s, 1);
     }
 
-    // ImageLocality.
-    let s: Vec<i64> = feasible.iter().map(|n| image_score(pod, n, snap)).collect();
+    // ImageLocality: the pod's images are normalized once per cycle.
+    let pod_images: Vec<Option<String>> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+        .map(|c| c.image.as_deref().map(crate::cache::normalize_image))
+        .collect();
+    let s: Vec<i64> = feasible
+        .iter()
+        .map(|n| image_score(&pod_images, n, snap))
+        .collect();
     add(&s, 1);
     total
 }
 
-fn image_score(pod: &Pod, n: &NodeInfo, snap: &Snapshot) -> i64 {
+/// ImageLocality for a pod whose containers' (normalized) images are `pod_images`.
+fn image_score(pod_images: &[Option<String>], n: &NodeInfo, snap: &Snapshot) -> i64 {
     const MB: i64 = 1024 * 1024;
     const MIN: i64 = 23 * MB;
     const MAX_PER_CONTAINER: i64 = 1000 * MB;
-    let Some(spec) = &pod.spec else { return 0 };
-    let mut sizes: HashMap<String, i64> = HashMap::new();
     let images = n
         .node
         .as_ref()
         .and_then(|n| n.status.as_ref())
-        .and_then(|s| s.images.as_ref());
-    for img in images.into_iter().flatten() {
-        for name in img.names.iter().flatten() {
-            sizes.insert(
-                crate::cache::normalize_image(name),
-                img.size_bytes.unwrap_or(0),
-            );
-        }
-    }
-    let total = snap.nodes.len().max(1) as f64;
-    let containers: Vec<_> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .collect();
+        .and_then(|s| s.images.as_deref())
+        .unwrap_or_default();
     let mut sum = 0i64;
-    for c in &containers {
-        let Some(image) = &c.image else { continue };
-        let norm = crate::cache::normalize_image(image);
-        if let Some(size) = sizes.get(&norm) {
-            let spread = *snap.image_nodes.get(&norm).unwrap_or(&0) as f64 / total;
-            sum += (*size as f64 * spread) as i64;
+    if !images.is_empty() {
+        // The size of each image the node has, by normalized name (the last listing wins).
+        let mut sizes: HashMap<String, i64> = HashMap::new();
+        for img in images {
+            for name in img.names.iter().flatten() {
+                sizes.insert(
+                    crate::cache::normalize_image(name),
+                    img.size_bytes.unwrap_or(0),
+                );
+            }
+        }
+        let total = snap.nodes.len().max(1) as f64;
+        for norm in pod_images.iter().flatten() {
+            if let Some(size) = sizes.get(norm) {
+                let spread = *snap.image_nodes.get(norm).unwrap_or(&0) as f64 / total;
+                sum += (*size as f64 * spread) as i64;
+            }
         }
     }
-    let max = MAX_PER_CONTAINER * containers.len() as i64;
+    let max = MAX_PER_CONTAINER * pod_images.len() as i64;
     let sum = sum.clamp(MIN, max.max(MIN));
     if max <= MIN {
         return 0;
@@ -841,7 +842,7 @@ fn spread_scores(
         })
         .collect();
     let mut counts: HashMap<Pair, i64> = HashMap::new();
-    for n in &snap.nodes {
+    for n in snap.nodes.iter() {
         if !soft
             .iter()
             .all(|c| node_label(n, &c.topology_key).is_some())
@@ -919,7 +920,7 @@ fn affinity_scores(
     let has_own = !own.preferred_affinity.is_empty() || !own.preferred_anti.is_empty();
     let mut topo: HashMap<Pair, i64> = HashMap::new();
     let mut any = false;
-    for n in &snap.nodes {
+    for n in snap.nodes.iter() {
         if !has_own && n.with_affinity == 0 {
             continue;
         }

@@ -3,6 +3,7 @@
 mod api;
 mod lb;
 mod nodes;
+mod scheduler;
 mod storage;
 
 use anyhow::Result;
@@ -20,6 +21,9 @@ pub enum Bench {
     /// Many simulated nodes (one `kumo kubelet --sim-nodes`) under a stream of pods: pod
     /// startup latency, API latency, each component's CPU and memory.
     Nodes(nodes::Args),
+    /// scheduler_perf's SchedulingBasic shape (5000 nodes, 1000 + 10 000 pods): `kumo
+    /// scheduler` and the real kube-scheduler side by side, pods per second.
+    Scheduler(scheduler::Args),
 }
 
 pub async fn run(what: Bench) -> Result<()> {
@@ -28,6 +32,7 @@ pub async fn run(what: Bench) -> Result<()> {
         Bench::Api(args) => api::run(*args).await,
         Bench::Lb(args) => lb::run(args).await,
         Bench::Nodes(args) => nodes::run(args).await,
+        Bench::Scheduler(args) => scheduler::run(args).await,
     }
 }
 

@@ -60,14 +60,25 @@ pub struct Args {
 const NS: &str = "bench";
 
 /// A component process, stopped when dropped.
-struct Component {
-    name: &'static str,
+pub(super) struct Component {
+    pub(super) name: &'static str,
     child: tokio::process::Child,
 }
 
 impl Component {
-    fn spawn(name: &'static str, dir: &Path, args: &[&str]) -> Result<Component> {
-        let exe = std::env::current_exe()?;
+    /// This binary with `args`, its output in `<dir>/<name>.log`.
+    pub(super) fn spawn(name: &'static str, dir: &Path, args: &[&str]) -> Result<Component> {
+        Component::spawn_program(name, &std::env::current_exe()?, dir, args)
+    }
+
+    /// `program` with `args`, its output in `<dir>/<name>.log`.
+    pub(super) fn spawn_program(
+        name: &'static str,
+        program: &Path,
+        dir: &Path,
+        args: &[&str],
+    ) -> Result<Component> {
+        let exe = program;
         let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
         let child = tokio::process::Command::new(exe)
             .args(args)
@@ -80,13 +91,13 @@ impl Component {
         Ok(Component { name, child })
     }
 
-    fn pid(&self) -> Option<u32> {
+    pub(super) fn pid(&self) -> Option<u32> {
         self.child.id()
     }
 }
 
 /// CPU seconds of each component (by name).
-fn cpu_of(components: &[Component]) -> BTreeMap<&'static str, f64> {
+pub(super) fn cpu_of(components: &[Component]) -> BTreeMap<&'static str, f64> {
     components
         .iter()
         .filter_map(|c| Some((c.name, proc_cpu_seconds(Some(c.pid()?))?)))
@@ -440,7 +451,7 @@ fn is_ready(n: &Node) -> bool {
 }
 
 /// Fails when a component exited.
-fn check_running(components: &mut [Component]) -> Result<()> {
+pub(super) fn check_running(components: &mut [Component]) -> Result<()> {
     for c in components {
         if let Ok(Some(status)) = c.child.try_wait() {
             bail!("{} exited ({status}); see its log", c.name);
@@ -450,7 +461,10 @@ fn check_running(components: &mut [Component]) -> Result<()> {
 }
 
 /// Waits (30 s) for the API server of `data` to write its admin kubeconfig and be ready.
-async fn wait_for_apiserver(data: &Path, apiserver: &mut Component) -> Result<kube::Client> {
+pub(super) async fn wait_for_apiserver(
+    data: &Path,
+    apiserver: &mut Component,
+) -> Result<kube::Client> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(Some(status)) = apiserver.child.try_wait() {
@@ -592,7 +606,7 @@ fn histogram_deltas(before: &str, after: &str) -> BTreeMap<(String, String), His
 
 /// Watcher config that lists from the watch cache (`resourceVersion=0`), unpaged: kube-rs drops
 /// `resourceVersion=0` from a list with a limit, which would make every relist a consistent read.
-fn any_unpaged() -> watcher::Config {
+pub(super) fn any_unpaged() -> watcher::Config {
     let mut cfg = watcher::Config::default().any_semantic();
     cfg.page_size = None;
     cfg
