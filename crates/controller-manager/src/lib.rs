@@ -45,19 +45,19 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "certificatesigningrequest-approving-controller",
         Some("csrapproving"),
         true,
-        false,
+        true,
     ),
     (
         "certificatesigningrequest-cleaner-controller",
         Some("csrcleaner"),
         true,
-        false,
+        true,
     ),
     (
         "certificatesigningrequest-signing-controller",
         Some("csrsigning"),
         true,
-        false,
+        true,
     ),
     (
         "clusterrole-aggregation-controller",
@@ -223,7 +223,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "token-cleaner-controller",
         Some("tokencleaner"),
         false,
-        false,
+        true,
     ),
     (
         "ttl-after-finished-controller",
@@ -318,6 +318,10 @@ pub struct Config {
     pub pod_gc: controllers::podgc::Settings,
     /// The node-ipam flags (`--allocate-node-cidrs`, `--cluster-cidr`, ...).
     pub node_ipam: controllers::nodeipam::Settings,
+    /// The node controller's periods (`--node-monitor-grace-period`, ...).
+    pub node_lifecycle: controllers::nodelifecycle::Settings,
+    /// The CA csrsigning issues from (`--cluster-signing-cert-file`, ...).
+    pub csr_signing: controllers::certificates::signer::Settings,
 }
 
 impl Config {
@@ -333,6 +337,8 @@ impl Config {
             use_service_account_credentials: false,
             pod_gc: controllers::podgc::Settings::default(),
             node_ipam: controllers::nodeipam::Settings::default(),
+            node_lifecycle: controllers::nodelifecycle::Settings::default(),
+            csr_signing: controllers::certificates::signer::Settings::default(),
         }
     }
 }
@@ -344,6 +350,8 @@ struct Settings {
     pod_gc: controllers::podgc::Settings,
     /// Validated node-ipam flags; None when allocation is off.
     node_ipam: Option<controllers::nodeipam::Params>,
+    node_lifecycle: controllers::nodelifecycle::Settings,
+    csr_signing: controllers::certificates::signer::Settings,
 }
 
 /// The kubeconfig's cluster CA, PEM (certificate-authority-data or certificate-authority).
@@ -404,6 +412,7 @@ impl ControllerManager {
         .then(|| controllers::nodeipam::Params::new(&cfg.node_ipam))
         .transpose()
         .map_err(Error::Flag)?;
+        cfg.csr_signing.validate().map_err(Error::Flag)?;
         let path = cfg.kubeconfig.clone();
         let bad = |message: String| Error::Kubeconfig {
             path: path.display().to_string(),
@@ -456,6 +465,8 @@ impl ControllerManager {
                 root_ca,
                 pod_gc: cfg.pod_gc.clone(),
                 node_ipam,
+                node_lifecycle: cfg.node_lifecycle.clone(),
+                csr_signing: cfg.csr_signing.clone(),
             },
             elector,
             stop_rx,
@@ -539,6 +550,40 @@ fn start_controllers(
     }
     if on("node-lifecycle-controller") {
         tasks.push(controllers::nodelifecycle::start(
+            clients.clone(),
+            &factory,
+            settings.node_lifecycle.clone(),
+            stop.clone(),
+        ));
+    }
+    if on("certificatesigningrequest-approving-controller") {
+        tasks.push(controllers::certificates::approver::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    let mut signing = false;
+    if on("certificatesigningrequest-signing-controller") {
+        if let Some(t) = controllers::certificates::signer::start(
+            clients.clone(),
+            &factory,
+            &settings.csr_signing,
+            stop.clone(),
+        ) {
+            signing = true;
+            tasks.push(t);
+        }
+    }
+    if on("certificatesigningrequest-cleaner-controller") {
+        tasks.push(controllers::certificates::cleaner::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("token-cleaner-controller") {
+        tasks.push(controllers::tokencleaner::start(
             clients.clone(),
             &factory,
             stop.clone(),
@@ -695,7 +740,10 @@ fn start_controllers(
     let mut c = checks.write();
     // A controller its settings leave off (node-ipam without --allocate-node-cidrs) is
     // skipped, as upstream's nil controller, and gets no check.
-    let skipped = |n: &str| n == "node-ipam-controller" && settings.node_ipam.is_none();
+    let skipped = |n: &str| {
+        (n == "node-ipam-controller" && settings.node_ipam.is_none())
+            || (n == "certificatesigningrequest-signing-controller" && !signing)
+    };
     for (name, _, _, have) in KNOWN_CONTROLLERS {
         if *have && on(name) && !skipped(name) && !c.iter().any(|(n, _)| n == name) {
             c.push(((*name).to_owned(), Arc::new(|| Ok(()))));

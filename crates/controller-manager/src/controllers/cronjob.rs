@@ -8,6 +8,8 @@
 
 mod schedule;
 
+pub use schedule::parse_go_duration;
+
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

@@ -1,5 +1,6 @@
 //! The controllers, and the worker loop they share.
 
+pub mod certificates;
 pub mod clusterrole_aggregation;
 pub mod cronjob;
 pub mod daemonset;
@@ -19,6 +20,7 @@ pub mod rootca;
 pub mod serviceaccount;
 pub mod statefulset;
 pub mod tainteviction;
+pub mod tokencleaner;
 pub mod ttlafterfinished;
 
 use std::future::Future;

@@ -24,9 +24,46 @@ use crate::clients::{ClientBuilder, ClientSource};
 use crate::informer::{Change, Informer, InformerFactory};
 use crate::workqueue::WorkQueue;
 
-/// Upstream's --node-monitor-period and --node-monitor-grace-period defaults.
+/// Upstream's --node-monitor-period, --node-monitor-grace-period and
+/// --node-startup-grace-period defaults.
 pub const MONITOR_PERIOD: Duration = Duration::from_secs(5);
 pub const GRACE_PERIOD: Duration = Duration::from_secs(50);
+pub const STARTUP_GRACE_PERIOD: Duration = Duration::from_secs(60);
+
+/// The node controller's flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `--node-monitor-period`: how often every node's health is looked at.
+    pub monitor_period: Duration,
+    /// `--node-monitor-grace-period`: how long a kubelet may stay silent before its node's
+    /// conditions become Unknown.
+    pub grace_period: Duration,
+    /// `--node-startup-grace-period`: the same for a node whose kubelet never posted status.
+    pub startup_grace_period: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            monitor_period: MONITOR_PERIOD,
+            grace_period: GRACE_PERIOD,
+            startup_grace_period: STARTUP_GRACE_PERIOD,
+        }
+    }
+}
+
+/// A duration flag as kube-controller-manager reads it (Go's `time.ParseDuration`, e.g.
+/// `40s`, `1m30s`); zero and negative durations are refused, as they would stop the loop
+/// or mark every node Unknown at once.
+pub fn parse_duration_flag(s: &str) -> Result<Duration, String> {
+    let ns = super::cronjob::parse_go_duration(s)?;
+    if ns <= 0 {
+        return Err(format!("must be a positive duration, not {s:?}"));
+    }
+    u64::try_from(ns)
+        .map(Duration::from_nanos)
+        .map_err(|_| format!("duration {s:?} is too long"))
+}
 
 const NOT_READY: &str = "node.kubernetes.io/not-ready";
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
@@ -55,13 +92,14 @@ struct Ctl {
     nodes: Arc<Informer<Node>>,
     leases: Arc<Informer<Lease>>,
     pods: Arc<Informer<Pod>>,
-    grace: Duration,
+    settings: Settings,
 }
 
 /// Registers the handlers and returns the controller task.
 pub fn start(
     clients: Arc<ClientBuilder>,
     factory: &InformerFactory,
+    settings: Settings,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let queue = WorkQueue::<String>::new("node_lifecycle_controller");
@@ -87,7 +125,7 @@ pub fn start(
             nodes,
             leases,
             pods,
-            grace: GRACE_PERIOD,
+            settings,
         });
         let synced = async {
             ctl.nodes.wait_synced().await;
@@ -99,6 +137,7 @@ pub fn start(
         }
         // Every monitor period, every node is looked at again (heartbeats age silently).
         let (c, q, mut s) = (ctl.clone(), queue.clone(), stop.clone());
+        let period = ctl.settings.monitor_period;
         tokio::spawn(async move {
             loop {
                 for n in c.nodes.list() {
@@ -107,7 +146,7 @@ pub fn start(
                     }
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(MONITOR_PERIOD) => {}
+                    _ = tokio::time::sleep(period) => {}
                     _ = s.wait_for(|s| *s) => return,
                 }
             }
@@ -172,13 +211,19 @@ impl Ctl {
         let typed: Node =
             serde_json::from_value(node.clone()).map_err(|e| SyncError::Failed(e.to_string()))?;
         let heard = self.last_heard(&typed).or(created);
-        let grace = k8s_openapi::jiff::SignedDuration::try_from(self.grace).unwrap_or_default();
-        let stale = heard.is_some_and(|t| now().duration_since(t) > grace);
         let conditions = node
             .pointer("/status/conditions")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
+        // A kubelet that never posted a Ready condition gets the startup grace period.
+        let grace = if conditions.iter().any(|c| c["type"] == "Ready") {
+            self.settings.grace_period
+        } else {
+            self.settings.startup_grace_period
+        };
+        let grace = k8s_openapi::jiff::SignedDuration::try_from(grace).unwrap_or_default();
+        let stale = heard.is_some_and(|t| now().duration_since(t) > grace);
         let ready_status = conditions
             .iter()
             .find(|c| c["type"] == "Ready")
