@@ -12,6 +12,14 @@ pub struct Args {
     /// (system:node:<name> in system:nodes).
     #[arg(long)]
     pub kubeconfig: PathBuf,
+    /// A kubeconfig with a bootstrap token: while --kubeconfig holds no valid client
+    /// certificate, the kubelet asks for one with a CertificateSigningRequest and writes
+    /// --kubeconfig when it is issued (TLS bootstrap).
+    #[arg(long)]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// Where the bootstrapped client certificate and key are kept.
+    #[arg(long, default_value = "/var/lib/kubelet/pki")]
+    pub cert_dir: PathBuf,
     /// A KubeletConfiguration file (kubelet.config.k8s.io/v1beta1); flags given on the
     /// command line win over it, as upstream.
     #[arg(long)]
@@ -223,10 +231,16 @@ impl Args {
 /// Runs `kumo kubelet`.
 pub async fn run(args: Args) -> crate::Result<()> {
     let nodes = args.sim_nodes;
-    if nodes > 0 {
-        return crate::fleet::run(args.config()?, nodes).await;
+    let bootstrap = args.bootstrap_kubeconfig.clone();
+    let cert_dir = args.cert_dir.clone();
+    let cfg = args.config()?;
+    if let Some(b) = bootstrap {
+        crate::bootstrap::load_client_cert(&cfg.kubeconfig, &b, &cert_dir, &cfg.node_name).await?;
     }
-    crate::run(args.config()?).await
+    if nodes > 0 {
+        return crate::fleet::run(cfg, nodes).await;
+    }
+    crate::run(cfg).await
 }
 
 #[cfg(test)]

@@ -62,16 +62,14 @@ fn referenced(pod: &Value) -> (Vec<String>, Vec<String>) {
             }
         }
     }
-    // ConfigMap and Secret volumes (not the service account's own projected volume).
+    // ConfigMap and Secret volumes, the service account's projected one too (its
+    // `kube-root-ca.crt`).
     for v in pod
         .pointer("/spec/volumes")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
     {
-        if str_at(v, "/name").starts_with("kube-api-access-") {
-            continue;
-        }
         let projected = v
             .pointer("/projected/sources")
             .and_then(Value::as_array)
@@ -95,10 +93,94 @@ fn referenced(pod: &Value) -> (Vec<String>, Vec<String>) {
     (cms, secrets)
 }
 
-/// Reads what `pod`'s environment refers to, to be put under [`SOURCES`].
+/// The projected service account tokens of `pod`'s volumes, keyed `<volume>/<path>`:
+/// each requested as the kubelet's token manager does (TokenRequest bound to the pod, with
+/// the source's audience and expiration), and reused from `previous` sources until 80 %
+/// of its lifetime has passed. A token that cannot be had is left out.
+async fn tokens(
+    client: &Client,
+    pod: &Value,
+    previous: Option<&Value>,
+) -> serde_json::Map<String, Value> {
+    let ns = str_at(pod, "/metadata/namespace");
+    let sa = match str_at(pod, "/spec/serviceAccountName") {
+        s if s.is_empty() => "default".to_owned(),
+        s => s,
+    };
+    let now = unix_now();
+    let mut out = serde_json::Map::new();
+    for v in pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        for src in v
+            .pointer("/projected/sources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(t) = src.get("serviceAccountToken") else {
+                continue;
+            };
+            let key = format!("{}/{}", str_at(v, "/name"), str_at(t, "/path"));
+            let kept = previous
+                .and_then(|p| {
+                    p.pointer(&format!(
+                        "/tokens/{}",
+                        key.replace('~', "~0").replace('/', "~1")
+                    ))
+                })
+                .filter(|k| k["refreshAt"].as_u64().is_some_and(|r| r > now));
+            if let Some(k) = kept {
+                out.insert(key, k.clone());
+                continue;
+            }
+            let ttl = t
+                .get("expirationSeconds")
+                .and_then(Value::as_u64)
+                .unwrap_or(3600);
+            let mut spec = json!({
+                "expirationSeconds": ttl,
+                "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
+                    "name": str_at(pod, "/metadata/name"), "uid": str_at(pod, "/metadata/uid")},
+            });
+            let audience = str_at(t, "/audience");
+            if !audience.is_empty() {
+                spec["audiences"] = json!([audience]);
+            }
+            let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec});
+            let Ok(req) = http::Request::post(format!(
+                "/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token"
+            ))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string().into_bytes()) else {
+                continue;
+            };
+            match client.request::<Value>(req).await {
+                Ok(tr) => {
+                    let token = str_at(&tr, "/status/token");
+                    out.insert(
+                        key,
+                        json!({"token": token, "refreshAt": now + ttl * 8 / 10}),
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %str_at(pod, "/metadata/name"), "token request: {e}")
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Reads what `pod`'s environment refers to, to be put under [`SOURCES`]; `previous`:
+/// what was read for it before (tokens are reused from it while fresh).
 pub async fn sources(
     client: &Client,
     pod: &Value,
+    previous: Option<&Value>,
     host_ip: &str,
     cpu: &str,
     memory: &str,
@@ -143,6 +225,7 @@ pub async fn sources(
         }
     }
     sources["serviceEnv"] = json!(service_env(&services));
+    sources["tokens"] = Value::Object(tokens(client, pod, previous).await);
     for (kind, names) in [("configmaps", cms), ("secrets", secrets)] {
         for name in names {
             let req = http::Request::get(format!("/api/v1/namespaces/{ns}/{kind}/{name}"))
@@ -526,10 +609,17 @@ pub fn has_projected_volumes(pod: &Value) -> bool {
 }
 
 /// Whether the sources read for `pod` are to be read again: its volumes follow their
-/// ConfigMaps and Secrets, re-read every 5 s.
+/// ConfigMaps and Secrets, re-read every 5 s, and a projected token is renewed once 80 %
+/// of its lifetime has passed.
 pub fn sources_stale(pod: &Value, sources: &Value) -> bool {
-    has_projected_volumes(pod)
-        && unix_now().saturating_sub(sources["fetchedAt"].as_u64().unwrap_or(0)) >= 5
+    let now = unix_now();
+    let token_due = sources["tokens"].as_object().is_some_and(|ts| {
+        ts.values()
+            .any(|t| t["refreshAt"].as_u64().is_some_and(|r| r <= now))
+    });
+    token_due
+        || (has_projected_volumes(pod)
+            && now.saturating_sub(sources["fetchedAt"].as_u64().unwrap_or(0)) >= 5)
 }
 
 /// The kubelet-managed `/etc/hosts` of a pod (pod network).
@@ -731,7 +821,14 @@ fn volume_source(
             } else if let Some(d) = src.get("downwardAPI") {
                 downward(d, mode, &mut files);
             } else if let Some(t) = src.get("serviceAccountToken") {
-                files.insert(str_at(t, "/path"), ("sim-token".into(), mode));
+                let key = format!("{name}/{}", str_at(t, "/path"));
+                let token = pod
+                    .get(SOURCES)
+                    .and_then(|s| s.get("tokens"))
+                    .and_then(|ts| ts.get(&key))
+                    .map(|k| str_at(k, "/token"))
+                    .unwrap_or_default();
+                files.insert(str_at(t, "/path"), (token, mode));
             }
         }
     } else {

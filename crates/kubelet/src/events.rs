@@ -18,7 +18,7 @@ pub struct Record {
     /// `spec.containers{name}` for container events.
     pub field_path: Option<String>,
     pub warning: bool,
-    pub reason: &'static str,
+    pub reason: std::borrow::Cow<'static, str>,
     pub message: String,
 }
 
@@ -29,7 +29,7 @@ impl Record {
         container: &str,
         init: bool,
         warning: bool,
-        reason: &'static str,
+        reason: impl Into<std::borrow::Cow<'static, str>>,
         message: String,
     ) -> Record {
         let s = |p: &str| {
@@ -59,7 +59,27 @@ impl Record {
             uid: s("/metadata/uid"),
             field_path: Some(format!("spec.{list}{{{container}}}")),
             warning,
-            reason,
+            reason: reason.into(),
+            message,
+        }
+    }
+
+    /// An event about `pod` itself.
+    pub fn pod(pod: &Value, warning: bool, reason: String, message: String) -> Record {
+        let s = |p: &str| {
+            pod.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        Record {
+            kind: "Pod",
+            namespace: s("/metadata/namespace"),
+            name: s("/metadata/name"),
+            uid: s("/metadata/uid"),
+            field_path: None,
+            warning,
+            reason: reason.into(),
             message,
         }
     }
@@ -95,7 +115,7 @@ pub fn emit(client: &Client, node: &str, records: Vec<Record>) {
             let body = json!({
                 "metadata": {"name": format!("{}.{:x}", r.name, now.as_nanosecond()), "namespace": ns},
                 "involvedObject": involved,
-                "reason": r.reason,
+                "reason": &*r.reason,
                 "message": r.message,
                 "source": {"component": "kubelet", "host": node},
                 "firstTimestamp": stamp,
@@ -110,7 +130,7 @@ pub fn emit(client: &Client, node: &str, records: Vec<Record>) {
             };
             let api: Api<Event> = Api::namespaced(client.clone(), &ns);
             if let Err(e) = api.create(&PostParams::default(), &ev).await {
-                tracing::debug!(reason = r.reason, error = %e, "recording an event");
+                tracing::debug!(reason = &*r.reason, error = %e, "recording an event");
             }
         }
     });

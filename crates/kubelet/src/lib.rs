@@ -8,6 +8,9 @@
 //! status; [`static_pods`] the manifest directory and mirror pods; [`runtime`] the runtime
 //! interface and the `sim` runtime; [`fleet`] many simulated nodes in one process.
 
+pub mod admission;
+mod agnhost_webhook;
+pub mod bootstrap;
 pub mod cli;
 pub mod env;
 pub mod events;
@@ -184,6 +187,9 @@ async fn run_with(
 ) -> Result<()> {
     let runtime: Arc<dyn runtime::Runtime> =
         Arc::new(runtime::Sim::with_dataplane(cfg.dataplane.clone()));
+    if let Some(dp) = &cfg.dataplane {
+        dp.add_runtime(Arc::downgrade(&runtime));
+    }
     let _net = cfg.dataplane.clone().map(|dp| {
         AbortOnDrop(tokio::spawn(net::sync_pods(
             client.clone(),
@@ -235,7 +241,7 @@ async fn run_with(
         uid: uid.to_owned(),
         field_path: None,
         warning: false,
-        reason,
+        reason: reason.into(),
         message,
     };
     let n = &cfg.node_name;

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use serde_json::Value;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -94,6 +94,9 @@ pub struct Dataplane {
     tables: RwLock<Tables>,
     /// Round-robin among endpoints.
     next: AtomicUsize,
+    /// The runtimes of the kubelets on this network, for listeners that serve what their
+    /// containers' files hold (weak: a kubelet that stops takes its runtime along).
+    runtimes: RwLock<Vec<Weak<dyn crate::runtime::Runtime>>>,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -246,6 +249,56 @@ impl Dataplane {
     }
 }
 
+impl Dataplane {
+    /// A connection to what listens at `to`, for a client outside the simulation (the API
+    /// server's pod and service proxies): one end of an in-memory pipe whose other end the
+    /// listener answers. Refused and unreachable addresses fail with the I/O error a
+    /// socket would give.
+    pub fn dial(&self, to: SocketAddr) -> std::io::Result<tokio::io::DuplexStream> {
+        let (_, listener) = self.connect(to).map_err(|e| match e {
+            ConnectError::Refused => std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            ConnectError::Unreachable => {
+                std::io::Error::new(std::io::ErrorKind::HostUnreachable, "no route to host")
+            }
+        })?;
+        let (client, server) = tokio::io::duplex(64 << 10);
+        match listener {
+            Listener::AgnhostWebhook {
+                container,
+                cert_file,
+                key_file,
+                sidecar_image,
+            } => {
+                let cfg = crate::agnhost_webhook::Config {
+                    cert_pem: self.read_file(&container, &cert_file).unwrap_or_default(),
+                    key_pem: self.read_file(&container, &key_file).unwrap_or_default(),
+                    sidecar_image,
+                };
+                tokio::spawn(crate::agnhost_webhook::serve(server, cfg));
+            }
+            l => {
+                tokio::spawn(crate::portforward::serve_stream(server, l));
+            }
+        }
+        Ok(client)
+    }
+
+    /// Adds a kubelet's runtime (see `runtimes`).
+    pub fn add_runtime(&self, rt: Weak<dyn crate::runtime::Runtime>) {
+        let mut all = self.runtimes.write().unwrap_or_else(|e| e.into_inner());
+        all.retain(|r| r.strong_count() > 0);
+        all.push(rt);
+    }
+
+    /// File `path` of container `id`, from whichever runtime runs it.
+    fn read_file(&self, id: &str, path: &str) -> Option<String> {
+        let all = self.runtimes.read().unwrap_or_else(|e| e.into_inner());
+        all.iter()
+            .filter_map(Weak::upgrade)
+            .find_map(|rt| rt.read_file(id, path))
+    }
+}
+
 impl Tables {
     /// Recomputes the rule and name indexes from the Services.
     fn rebuild(&mut self) {
@@ -352,6 +405,35 @@ mod tests {
             "spec": {"containers": [{"name": "nginx", "image": "nginx:1.29", "ports": [{"containerPort": 80}]}]},
             "status": {"containerStatuses": [{"name": "nginx", "state": {"running": {}}}]}
         })
+    }
+
+    #[tokio::test]
+    async fn dial_hands_out_a_connection_the_listener_answers() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dp = Dataplane::default();
+        let ip: IpAddr = [10, 244, 0, 9].into();
+        let pod = serde_json::json!({
+            "metadata": {"name": "hostname-1"},
+            "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/e2e-test-images/agnhost:2.66.1",
+                "args": ["serve-hostname"], "ports": [{"containerPort": 9376}]}]},
+            "status": {"containerStatuses": [{"name": "c", "state": {"running": {}}}]}
+        });
+        dp.set_pod("u1", ip, pod);
+        let mut conn = dp.dial(SocketAddr::new(ip, 9376)).expect("a listener");
+        conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("written");
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).await.expect("read");
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nhostname-1"), "{answer}");
+        let refused = dp.dial(SocketAddr::new(ip, 80)).map(|_| ()).unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        let nobody = dp
+            .dial(([10, 244, 9, 9], 80).into())
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(nobody.to_string(), "no route to host");
     }
 
     #[test]

@@ -354,7 +354,7 @@ fn node_status_event(node: &str, uid: &str, reason: &'static str) -> crate::even
         uid: uid.to_owned(),
         field_path: None,
         warning: false,
-        reason,
+        reason: reason.into(),
         message: format!("Node {node} status is now: {reason}"),
     }
 }

@@ -152,6 +152,10 @@ struct Workers {
     prober: Prober,
     /// Pods the last pass found quiet: uid, resourceVersion, until when.
     quiet_found: Vec<(String, String, Instant)>,
+    /// The API pods admitted to run here (what the next admission counts), by uid.
+    admitted: HashMap<String, Pod>,
+    /// The Node as admission last read it, and when.
+    node_seen: Option<(Instant, Node)>,
 }
 
 fn parse_cidr(c: &str) -> Option<(Ipv4Addr, u8)> {
@@ -170,7 +174,7 @@ fn rejected_manifest_event(node: &str, uid: &str, r: static_pods::Rejected) -> R
         uid: uid.to_owned(),
         field_path: None,
         warning: true,
-        reason: "FailedValidation",
+        reason: "FailedValidation".into(),
         message: format!(
             "Could not process manifest file {:?}: {}, ignoring",
             r.path, r.error
@@ -253,6 +257,8 @@ pub async fn run(
         pulled: std::collections::HashSet::new(),
         sources: HashMap::new(),
         quiet_found: Vec::new(),
+        admitted: HashMap::new(),
+        node_seen: None,
     };
     let mut last_node_read = None::<Instant>;
     loop {
@@ -396,8 +402,23 @@ impl Workers {
                         .collect();
                     crate::events::emit(&self.client, &self.cfg.node_name, killing);
                 }
+                let last = self.stop_for_deletion(&uid, pod);
                 self.kill(&uid);
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+                // The final status goes before the pod is let go: a finalizer (a Job's
+                // job-tracking) holds the pod until its controller has seen it terminal.
+                if let Some(st) = last {
+                    if let Err(e) = api
+                        .patch_status(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"status": st})),
+                        )
+                        .await
+                    {
+                        tracing::debug!(namespace = %ns, pod = %name, error = %e, "final status of a deleted pod");
+                    }
+                }
                 let dp = DeleteParams {
                     grace_period_seconds: Some(0),
                     preconditions: Some(Preconditions {
@@ -410,6 +431,18 @@ impl Workers {
                     tracing::debug!(namespace = %ns, pod = %name, error = %e, "deleting a terminated pod");
                 }
                 continue;
+            }
+            if !is_static && !self.workers.contains_key(&uid) {
+                // A terminal pod is not run again; a new one is admitted first.
+                let phase = pod.pointer("/status/phase").and_then(Value::as_str);
+                if matches!(phase, Some("Succeeded" | "Failed")) {
+                    self.admitted.remove(&uid);
+                    continue;
+                }
+                if let Err(r) = self.admit(&uid, pod).await {
+                    self.reject(pod, r).await;
+                    continue;
+                }
             }
             keep.insert(uid.clone());
             // What the containers' environment refers to (ConfigMaps, Secrets), read once
@@ -424,6 +457,7 @@ impl Workers {
                 let src = crate::env::sources(
                     &self.client,
                     pod,
+                    self.sources.get(&uid),
                     &self.host_ip(),
                     &self.cfg.cpu,
                     &self.cfg.memory,
@@ -675,7 +709,147 @@ impl Workers {
         }
     }
 
+    /// Stops the containers of a pod being deleted and returns its final status, as
+    /// upstream's kubelet reports it before the pod goes: each container that ran
+    /// terminated (its exit code; `Completed` for 0, else `Error`), the phase `Succeeded`
+    /// when every container exited 0 and `Failed` otherwise, not ready. `None` when the
+    /// pod was already terminal or this kubelet never ran it.
+    fn stop_for_deletion(&mut self, uid: &str, pod: &Value) -> Option<Value> {
+        let current = pod.get("status")?;
+        if matches!(
+            current.get("phase").and_then(Value::as_str),
+            Some("Succeeded" | "Failed")
+        ) {
+            return None;
+        }
+        let w = self.workers.get(uid)?;
+        let grace = pod
+            .pointer("/spec/terminationGracePeriodSeconds")
+            .and_then(Value::as_u64)
+            .unwrap_or(30);
+        let mut exits: HashMap<String, (i32, SystemTime, SystemTime)> = HashMap::new();
+        for (name, c) in &w.containers {
+            let Some(id) = &c.id else { continue };
+            let _ = self.runtime.stop_container(id, Duration::from_secs(grace));
+            if let Ok(State::Exited {
+                exit_code,
+                started_at,
+                finished_at,
+            }) = self.runtime.container_state(id)
+            {
+                exits.insert(name.clone(), (exit_code, started_at, finished_at));
+            }
+        }
+        let mut statuses = current
+            .get("containerStatuses")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mut all_zero = !statuses.is_empty();
+        for st in &mut statuses {
+            let name = st["name"].as_str().unwrap_or("").to_owned();
+            match exits.get(&name) {
+                Some(&(code, started, finished)) => {
+                    st["state"] = json!({"terminated": {
+                        "exitCode": code,
+                        "reason": if code == 0 { "Completed" } else { "Error" },
+                        "startedAt": rfc3339(started),
+                        "finishedAt": rfc3339(finished),
+                        "containerID": st["containerID"].clone(),
+                    }});
+                    all_zero &= code == 0;
+                }
+                None => {
+                    all_zero &= st
+                        .pointer("/state/terminated/exitCode")
+                        .and_then(Value::as_i64)
+                        == Some(0);
+                }
+            }
+            st["ready"] = json!(false);
+            st["started"] = json!(false);
+        }
+        let now = rfc3339(SystemTime::now());
+        let not_ready = |t: &str| {
+            json!({"type": t, "status": "False", "reason": "PodCompleted",
+                   "lastProbeTime": null, "lastTransitionTime": now})
+        };
+        let new = json!({
+            "phase": if all_zero { "Succeeded" } else { "Failed" },
+            "containerStatuses": statuses,
+            "conditions": [
+                {"type": "PodReadyToStartContainers", "status": "False",
+                 "lastProbeTime": null, "lastTransitionTime": now},
+                not_ready("Ready"),
+                not_ready("ContainersReady"),
+            ],
+        });
+        Some(merge_conditions(Some(current), new))
+    }
+
+    /// Admits an API pod this kubelet does not run yet (see [`crate::admission`]) and
+    /// counts it from then on. A pod or Node that cannot be read is admitted.
+    async fn admit(
+        &mut self,
+        uid: &str,
+        pod: &Value,
+    ) -> std::result::Result<(), crate::admission::Rejection> {
+        let Ok(typed) = serde_json::from_value::<Pod>(pod.clone()) else {
+            return Ok(());
+        };
+        let others: Vec<Pod> = self
+            .admitted
+            .iter()
+            .filter(|(u, _)| u.as_str() != uid)
+            .map(|(_, p)| p.clone())
+            .collect();
+        // A Node read in the last moments admits; a refusal is only trusted on a Node
+        // read now (a label added just before the pod must count, as with a watch).
+        let cached = self
+            .node_seen
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < Duration::from_secs(2))
+            .map(|(_, n)| crate::admission::admit(&typed, n, &others, false));
+        if !matches!(cached, Some(Ok(()))) {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            if let Ok(n) = nodes.get(&self.cfg.node_name).await {
+                self.node_seen = Some((Instant::now(), n));
+            }
+            if let Some((_, node)) = &self.node_seen {
+                crate::admission::admit(&typed, node, &others, false)?;
+            }
+        }
+        self.admitted.insert(uid.to_owned(), typed);
+        Ok(())
+    }
+
+    /// Fails a pod admission refused, as upstream's rejectPod: a Warning event with the
+    /// reason, and the pod Failed with `Pod was rejected: <message>`.
+    async fn reject(&mut self, pod: &Value, r: crate::admission::Rejection) {
+        let (ns, name) = (s(pod, "/metadata/namespace"), s(pod, "/metadata/name"));
+        tracing::info!(namespace = %ns, pod = %name, reason = %r.reason, "pod rejected");
+        let status = json!({"status": {
+            "phase": "Failed",
+            "reason": r.reason,
+            "message": format!("Pod was rejected: {}", r.message),
+            "startTime": rfc3339(SystemTime::now()),
+        }});
+        crate::events::emit(
+            &self.client,
+            &self.cfg.node_name,
+            vec![Record::pod(pod, true, r.reason, r.message)],
+        );
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        if let Err(e) = api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+        {
+            tracing::debug!(namespace = %ns, pod = %name, error = %e, "status of a rejected pod");
+        }
+    }
+
     fn kill(&mut self, uid: &str) {
+        self.admitted.remove(uid);
         self.sources.remove(uid);
         if let Some(w) = self.workers.remove(uid) {
             for c in w.containers.values() {
@@ -766,7 +940,7 @@ impl Workers {
                 uid: s("/metadata/uid"),
                 field_path: None,
                 warning: false,
-                reason: "DeadlineExceeded",
+                reason: "DeadlineExceeded".into(),
                 message: "Pod was active on the node longer than the specified deadline".into(),
             });
         }

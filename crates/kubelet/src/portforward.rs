@@ -791,9 +791,28 @@ pub enum Listener {
     Nginx(Option<String>),
     /// Any other declared port: a plain HTTP answer naming the pod.
     Http(String),
+    /// agnhost's `serve-hostname` (9376, or `--port`): the pod's hostname, no newline.
+    Hostname(String),
+    /// agnhost's `test-webserver` (80, or `--port`): a file server over the container's
+    /// root. `found` is whether the requested file exists, when the caller asked the
+    /// runtime (the prober does); unknown answers as found.
+    FileServer {
+        pod: String,
+        container: String,
+        found: Option<bool>,
+    },
     /// agnhost's `liveness` server on 8080: `/healthz` answers 200 for the first 10 s
     /// after the container started (`started`, when known), then 500.
     AgnhostLiveness { started: Option<SystemTime> },
+    /// agnhost's `webhook` (443, or `--port`): admission webhooks over TLS with the
+    /// certificate and key at these paths of `container` (see [`crate::agnhost_webhook`]);
+    /// `/readyz` answers `ok`.
+    AgnhostWebhook {
+        container: String,
+        cert_file: String,
+        key_file: String,
+        sidecar_image: String,
+    },
 }
 
 /// How long agnhost's `liveness` server stays healthy.
@@ -807,6 +826,7 @@ fn image_listener(
     pod_name: &str,
     port: u16,
     started: Option<SystemTime>,
+    container_id: Option<String>,
 ) -> Option<Listener> {
     let image = c["image"].as_str().unwrap_or("");
     let (repo, _) = split_image(image);
@@ -827,16 +847,48 @@ fn image_listener(
                 .and_then(|v| v.parse::<u16>().ok())
         })
     };
+    let text_flag = |name: &str| {
+        args.iter()
+            .find_map(|a| a.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+            .unwrap_or("")
+            .to_owned()
+    };
     match args.first().copied() {
         Some("liveness") if port == 8080 => Some(Listener::AgnhostLiveness { started }),
+        Some("webhook") if port == flag("--port").unwrap_or(443) => {
+            Some(Listener::AgnhostWebhook {
+                container: container_id.unwrap_or_default(),
+                cert_file: text_flag("--tls-cert-file"),
+                key_file: text_flag("--tls-private-key-file"),
+                sidecar_image: text_flag("--sidecar-image"),
+            })
+        }
         Some("test-webserver") if port == flag("--port").unwrap_or(80) => {
-            Some(Listener::Http(pod_name.to_owned()))
+            Some(Listener::FileServer {
+                pod: pod_name.to_owned(),
+                container: container_id.unwrap_or_default(),
+                found: None,
+            })
         }
         Some("netexec") if port == flag("--http-port").unwrap_or(8080) => {
             Some(Listener::Http(pod_name.to_owned()))
         }
+        Some("serve-hostname") if port == flag("--port").unwrap_or(9376) => {
+            Some(Listener::Hostname(pod_name.to_owned()))
+        }
         _ => None,
     }
+}
+
+/// The runtime's id of container `name` of `pod` (its status's `sim://<id>`).
+fn container_id_of(pod: &Value, name: &Value) -> Option<String> {
+    pod.pointer("/status/containerStatuses")?
+        .as_array()?
+        .iter()
+        .find(|s| &s["name"] == name)?
+        .get("containerID")?
+        .as_str()
+        .map(|id| id.rsplit("://").next().unwrap_or(id).to_owned())
 }
 
 /// When container `name` of `pod` started running, as its status says.
@@ -893,7 +945,13 @@ fn listener_of(pod: &Value, port: u16, running_only: bool) -> Option<Listener> {
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .unwrap_or("");
-        if let Some(l) = image_listener(c, pod_name, port, started_at(pod, &c["name"])) {
+        if let Some(l) = image_listener(
+            c,
+            pod_name,
+            port,
+            started_at(pod, &c["name"]),
+            container_id_of(pod, &c["name"]),
+        ) {
             return Some(l);
         }
         let image = c["image"].as_str().unwrap_or("");
@@ -1182,6 +1240,33 @@ async fn read_ws_frame<R: AsyncRead + Unpin>(r: &mut R) -> Option<(u8, Vec<u8>)>
     Some((opcode, payload))
 }
 
+/// Serves one in-memory connection with the listener's HTTP server (a connection the
+/// simulated pod network hands a client outside the sim, e.g. the API server's proxy).
+pub(crate) async fn serve_stream(io: tokio::io::DuplexStream, l: Listener) {
+    let (mut r, w) = tokio::io::split(io);
+    let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.send(Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    let w = Arc::new(tokio::sync::Mutex::new(w));
+    http_server(&mut rx, &l, |out| {
+        let w = w.clone();
+        async move { w.lock().await.write_all(&out).await.is_ok() }
+    })
+    .await;
+    let _ = w.lock().await.shutdown().await;
+}
+
 /// A minimal HTTP/1.x server on one connection: requests in, answers out, keep-alive as
 /// HTTP/1.1 has it.
 async fn http_server<F, Fut>(rx: &mut mpsc::Receiver<Bytes>, l: &Listener, send: F)
@@ -1254,7 +1339,15 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
         (Listener::Nginx(_), "GET" | "HEAD", "/" | "/index.html") => (200, "OK"),
         (Listener::Nginx(_), "GET" | "HEAD", _) => (404, "Not Found"),
         (Listener::Nginx(_), _, _) => (405, "Not Allowed"),
-        (Listener::Http(_), _, _) => (200, "OK"),
+        (Listener::Http(_) | Listener::Hostname(_), _, _) => (200, "OK"),
+        (
+            Listener::FileServer {
+                found: Some(false), ..
+            },
+            _,
+            _,
+        ) => (404, "Not Found"),
+        (Listener::FileServer { .. }, _, _) => (200, "OK"),
         (Listener::AgnhostLiveness { started }, _, "/healthz") => {
             let up = started.and_then(|s| s.elapsed().ok()).unwrap_or_default();
             if up < AGNHOST_LIVENESS_HEALTHY {
@@ -1264,6 +1357,8 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
             }
         }
         (Listener::AgnhostLiveness { .. }, _, _) => (404, "Not Found"),
+        (Listener::AgnhostWebhook { .. }, _, "/readyz") => (200, "OK"),
+        (Listener::AgnhostWebhook { .. }, _, _) => (404, "Not Found"),
     }
 }
 
@@ -1297,6 +1392,15 @@ pub(crate) fn response(
             (Some(server), "text/html", body)
         }
         Listener::Http(pod) => (None, "text/plain; charset=utf-8", format!("{pod}\n")),
+        Listener::Hostname(host) => (None, "text/plain; charset=utf-8", host.clone()),
+        Listener::FileServer { pod, .. } if code == 200 => {
+            (None, "text/plain; charset=utf-8", format!("{pod}\n"))
+        }
+        Listener::FileServer { .. } => (
+            None,
+            "text/plain; charset=utf-8",
+            "404 page not found\n".to_owned(),
+        ),
         Listener::AgnhostLiveness { started } => {
             let up = started.and_then(|s| s.elapsed().ok()).unwrap_or_default();
             let body = match code {
@@ -1305,6 +1409,14 @@ pub(crate) fn response(
                 _ => "404 page not found\n".to_owned(),
             };
             (None, "text/plain; charset=utf-8", body)
+        }
+        Listener::AgnhostWebhook { .. } => {
+            let body = if code == 200 {
+                "ok"
+            } else {
+                "404 page not found\n"
+            };
+            (None, "text/plain; charset=utf-8", body.to_owned())
         }
     };
     let mut r = format!("HTTP/1.1 {code} {reason}\r\n");
@@ -1432,10 +1544,22 @@ mod tests {
         });
         let l = declared_listener(&pod, 8080).expect("liveness on 8080");
         assert_eq!(l, Listener::AgnhostLiveness { started: None });
+        let files = declared_listener(&pod, 8081).expect("test-webserver on 8081");
         assert_eq!(
-            declared_listener(&pod, 8081),
-            Some(Listener::Http("p".into()))
+            files,
+            Listener::FileServer {
+                pod: "p".into(),
+                container: String::new(),
+                found: None
+            }
         );
+        let gone = Listener::FileServer {
+            pod: "p".into(),
+            container: "c1".into(),
+            found: Some(false),
+        };
+        assert_eq!(status(&gone, "GET", "/localhost.crt", "HTTP/1.1").0, 404);
+        assert_eq!(status(&files, "GET", "/localhost.crt", "HTTP/1.1").0, 200);
         assert_eq!(declared_listener(&pod, 80), None);
         // Healthy for its first 10 s, then 500; other paths are not found.
         let young = Listener::AgnhostLiveness {

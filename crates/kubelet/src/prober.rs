@@ -437,9 +437,20 @@ impl Worker {
                     started: Some(started_at),
                 })
             }
+            // Its file server serves its own files.
+            Route::Sim(Listener::FileServer {
+                pod,
+                container,
+                found,
+            }) if container.is_empty() => Route::Sim(Listener::FileServer {
+                pod,
+                container: self.id.clone(),
+                found,
+            }),
             r => r,
         };
-        match tokio::time::timeout(s.timeout, run(&s.action, route)).await {
+        let runtime = self.inner.runtime.clone();
+        match tokio::time::timeout(s.timeout, run(&s.action, route, runtime.as_ref())).await {
             Ok(r) => r,
             Err(_) => Err(timeout_message(&s.action, s.timeout)),
         }
@@ -555,12 +566,24 @@ fn timeout_message(action: &Action, timeout: Duration) -> String {
 }
 
 /// Runs `action` over `route` (the caller bounds it with the probe's timeout).
-async fn run(action: &Action, route: Route) -> Result<(), String> {
+async fn run(action: &Action, route: Route, runtime: &dyn Runtime) -> Result<(), String> {
     match route {
         Route::Unreachable => std::future::pending().await,
         Route::Refused => Err(refused_message(action)),
         Route::Sim(l) => match action {
             Action::Http { path, .. } => {
+                let l = match l {
+                    portforward::Listener::FileServer { pod, container, .. } => {
+                        let found =
+                            runtime.file_exists(&container, path.split('?').next().unwrap_or(""));
+                        portforward::Listener::FileServer {
+                            pod,
+                            container,
+                            found,
+                        }
+                    }
+                    l => l,
+                };
                 let (code, _) = portforward::status(&l, "GET", path, "HTTP/1.1");
                 http_verdict(code)
             }

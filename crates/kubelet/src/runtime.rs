@@ -136,6 +136,16 @@ pub trait Runtime: Send + Sync {
     }
     /// Kills a container at once (SIGKILL: exit code 137), as after a failed liveness probe.
     fn kill_container(&self, id: &str) -> Result<(), RuntimeError>;
+    /// Whether `path` exists in container `id`'s files now (what a file server in it
+    /// answers); `None` when the runtime cannot tell.
+    fn file_exists(&self, _id: &str, _path: &str) -> Option<bool> {
+        None
+    }
+    /// The content of file `path` in container `id` now, when the runtime can read it
+    /// (a simulated server loads its certificate this way).
+    fn read_file(&self, _id: &str, _path: &str) -> Option<String> {
+        None
+    }
     /// The container's log file, in the CRI log format (what ReadLogs reads).
     fn read_logs(&self, id: &str) -> Result<String, RuntimeError>;
     /// Runs `cmd` in a running container (the CRI's Exec), with `stdin` when the command
@@ -397,6 +407,48 @@ impl Sim {
     }
 }
 
+/// Files of an image's root filesystem the sim provides: agnhost's `/localhost.crt` and
+/// `/localhost.key` (its `porter` serves them; the StatefulSet e2e tests probe the first
+/// through `test-webserver`). Their content stands for the image's.
+fn image_files(image: &str) -> &'static [(&'static str, &'static str)] {
+    let repo = image.split('@').next().unwrap_or(image);
+    let repo = repo
+        .rsplit_once(':')
+        .filter(|(_, t)| !t.contains('/'))
+        .map_or(repo, |(r, _)| r);
+    if repo.rsplit('/').next() == Some("agnhost") {
+        &[
+            (
+                "/localhost.crt",
+                "(agnhost's localhost certificate, simulated)\n",
+            ),
+            ("/localhost.key", "(agnhost's localhost key, simulated)\n"),
+        ]
+    } else {
+        &[]
+    }
+}
+
+/// Whether the container's first process is one that has no SIGTERM handler: a shell
+/// (also busybox's default command) or `sleep`, with no `trap` in its script.
+fn ignores_sigterm(config: &ContainerConfig) -> bool {
+    let argv0 = match config.command.first().or(config.args.first()) {
+        Some(a) => a.as_str(),
+        // An image's own entrypoint: busybox's is sh, the others' servers handle SIGTERM.
+        None => {
+            let repo = config.image.split(['@', ':']).next().unwrap_or("");
+            return repo.rsplit('/').next() == Some("busybox");
+        }
+    };
+    let name = argv0.rsplit('/').next().unwrap_or(argv0);
+    matches!(name, "sh" | "bash" | "ash" | "dash" | "sleep")
+        && !config
+            .command
+            .iter()
+            .chain(&config.args)
+            .any(|a| a.contains("trap "))
+}
+
 impl Runtime for Sim {
     fn version(&self) -> (String, String) {
         ("sim".into(), "0.1.0".into())
@@ -435,6 +487,21 @@ impl Runtime for Sim {
     fn create_container(&self, sandbox: &str, config: &ContainerConfig, image_ref: &str) -> String {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let program_start = SystemTime::now();
+        // The files the image ships that the e2e tests rely on.
+        for (path, content) in image_files(&config.image) {
+            self.files.put(
+                &format!(
+                    "{}{}",
+                    fs::View::container_prefix(&id),
+                    path.trim_start_matches('/')
+                ),
+                program_start,
+                Some(fs::Node::File {
+                    content: (*content).to_owned(),
+                    mode: 0o644,
+                }),
+            );
+        }
         let (exit, output, writes) =
             program(&self.files, &self.net, sandbox, &id, config, program_start);
         let created = self
@@ -492,6 +559,20 @@ impl Runtime for Sim {
         Ok(())
     }
 
+    fn file_exists(&self, id: &str, path: &str) -> Option<bool> {
+        let all = self.lock();
+        let c = all.get(id)?;
+        let view = c.context(&self.files, id).fs?;
+        Some(view.stat(path, SystemTime::now()).is_some())
+    }
+
+    fn read_file(&self, id: &str, path: &str) -> Option<String> {
+        let all = self.lock();
+        let c = all.get(id)?;
+        let view = c.context(&self.files, id).fs?;
+        view.read(path, SystemTime::now()).ok()
+    }
+
     fn stop_container(&self, id: &str, _grace: Duration) -> Result<(), RuntimeError> {
         let mut all = self.lock();
         let c = all
@@ -499,11 +580,14 @@ impl Runtime for Sim {
             .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
         Self::advance(c);
         if let State::Running { started_at } = c.status.state {
-            // A simulated process honours SIGTERM at once and exits cleanly.
+            // A simulated process honours SIGTERM at once and exits cleanly, unless it is
+            // a shell or `sleep` as the container's PID 1 without a trap: PID 1 ignores
+            // signals it has no handler for, so SIGKILL ends it after the grace period.
+            let code = if ignores_sigterm(&c.config) { 137 } else { 0 };
             let now = SystemTime::now();
-            c.status.message = Self::message(c, 0, started_at, now);
+            c.status.message = Self::message(c, code, started_at, now);
             c.status.state = State::Exited {
-                exit_code: 0,
+                exit_code: code,
                 started_at,
                 finished_at: now,
             };
@@ -764,5 +848,51 @@ mod tests {
         assert!(sim.pull_image("nginx", &a, "web").is_err());
         sim.remove_pod_sandbox(&sb);
         assert!(sim.container_status(&web).is_err());
+    }
+
+    #[test]
+    fn agnhost_ships_its_certificate_and_pid1_shells_die_by_sigkill() {
+        let sim = Sim::default();
+        let sb = sim.run_pod_sandbox("u2");
+        let agnhost = "registry.k8s.io/e2e-test-images/agnhost:2.55";
+        let web = sim.create_container(
+            &sb,
+            &ContainerConfig {
+                name: "webserver".into(),
+                image: agnhost.into(),
+                args: vec!["test-webserver".into()],
+                ..Default::default()
+            },
+            agnhost,
+        );
+        sim.start_container(&web).expect("start");
+        assert_eq!(sim.file_exists(&web, "/localhost.crt"), Some(true));
+        // What the StatefulSet e2e tests do to break the readiness probe.
+        let cmd: Vec<String> = ["/bin/sh", "-x", "-c", "mv -v /localhost.crt /tmp/ || true"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        sim.exec(&web, &cmd, None).expect("exec");
+        assert_eq!(sim.file_exists(&web, "/localhost.crt"), Some(false));
+        assert_eq!(sim.file_exists(&web, "/tmp/localhost.crt"), Some(true));
+        assert_eq!(sim.file_exists("nope", "/localhost.crt"), None);
+
+        let sleeper = sim.create_container(
+            &sb,
+            &ContainerConfig {
+                name: "sleeper".into(),
+                image: "busybox".into(),
+                command: vec!["sh".into(), "-c".into(), "sleep 3600".into()],
+                ..Default::default()
+            },
+            "busybox",
+        );
+        sim.start_container(&sleeper).expect("start");
+        sim.stop_container(&sleeper, Duration::from_secs(1))
+            .expect("stop");
+        assert!(matches!(
+            sim.container_status(&sleeper).expect("status").state,
+            State::Exited { exit_code: 137, .. }
+        ));
     }
 }

@@ -113,7 +113,9 @@ async fn sim_nodes_run_as_their_own_nodes() {
         )
         .await;
     }
-    let (_, hosts, _) = k(
+    // Events are posted by the recorder's own task, so the Started event may trail
+    // the Running status: wait for it, then check which node wrote it.
+    let hosts = until(
         &admin,
         &[
             "get",
@@ -123,6 +125,8 @@ async fn sim_nodes_run_as_their_own_nodes() {
             "-o",
             "jsonpath={.items[*].source.host}",
         ],
+        "the Started event of on-7",
+        |o| !o.is_empty(),
     )
     .await;
     assert_eq!(hosts, "sim-7");

@@ -160,6 +160,93 @@ async fn kubelet_runs_pods_and_static_pods() {
     })
     .await;
 
+    // Deleted while a finalizer holds it (a Job's pods carry one): the kubelet reports
+    // the final status, terminal and not ready, and the pod goes once the finalizer does.
+    let held = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: held\n  finalizers: [example.com/hold]\nspec:\n  nodeName: w1\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: busybox\n    command: [sleep, \"3600\"]\n";
+    let f = dir.path().join("held.yaml");
+    std::fs::write(&f, held).unwrap();
+    let (ok, _, err) = k(&admin, &["create", "-f", f.to_str().unwrap()]).await;
+    assert!(ok, "{err}");
+    until(
+        &admin,
+        &["get", "pod", "held", "-o", "jsonpath={.status.phase}"],
+        "held running",
+        |o| o == "Running",
+    )
+    .await;
+    let (ok, _, err) = k(&admin, &["delete", "pod", "held", "--wait=false"]).await;
+    assert!(ok, "{err}");
+    until(
+        &admin,
+        &[
+            "get",
+            "pod",
+            "held",
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[0].state.terminated.reason} {.status.containerStatuses[0].ready} {.status.conditions[?(@.type==\"Ready\")].status}",
+        ],
+        "held terminal",
+        |o| o == "Failed Error false False",
+    )
+    .await;
+    let (ok, _, err) = k(
+        &admin,
+        &[
+            "patch",
+            "pod",
+            "held",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    until(&admin, &["get", "pods", "-o", "name"], "held gone", |o| {
+        !o.contains("pod/held\n")
+    })
+    .await;
+
+    // Admission: a second pod bound here that wants a host port already taken is never
+    // started; it fails with upstream's reason and message.
+    for n in ["port-a", "port-b"] {
+        let body = format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {n}\nspec:\n  nodeName: w1\n  containers:\n  - name: c\n    image: nginx\n    ports:\n    - containerPort: 80\n      hostPort: 8080\n");
+        let f = dir.path().join(format!("{n}.yaml"));
+        std::fs::write(&f, body).unwrap();
+        let (ok, _, err) = k(&admin, &["create", "-f", f.to_str().unwrap()]).await;
+        assert!(ok, "{err}");
+        if n == "port-a" {
+            until(
+                &admin,
+                &["get", "pod", n, "-o", "jsonpath={.status.phase}"],
+                "port-a running",
+                |o| o == "Running",
+            )
+            .await;
+        }
+    }
+    until(
+        &admin,
+        &["get", "pod", "port-b", "-o", "jsonpath={.status.phase}|{.status.reason}|{.status.message}|{.status.containerStatuses}"],
+        "port-b rejected",
+        |o| o == "Failed|NodePorts|Pod was rejected: Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports|",
+    )
+    .await;
+    until(
+        &admin,
+        &[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=port-b",
+            "-o",
+            "jsonpath={.items[*].type} {.items[*].reason}",
+        ],
+        "the NodePorts event",
+        |o| o == "Warning NodePorts",
+    )
+    .await;
+
     // Restart policies: a crashing container backs off; a finished one succeeds.
     let crash = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: crash\n  annotations:\n    sim.kumo.io/exit-after-seconds: \"0\"\n    sim.kumo.io/exit-code: \"1\"\nspec:\n  nodeName: w1\n  containers:\n  - name: c\n    image: busybox\n";
     let done = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: done\n  annotations:\n    sim.kumo.io/exit-after-seconds: \"0\"\nspec:\n  nodeName: w1\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: busybox\n";
