@@ -73,41 +73,10 @@ pub struct Args {
     secure_port: u16,
 }
 
-/// Go's `time.ParseDuration` for non-negative durations (`1m30s`, `500ms`, `1.5h`).
-fn go_duration(s: &str) -> Result<Duration, String> {
-    let invalid = || format!("time: invalid duration {s:?}");
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = s.strip_prefix('+').unwrap_or(s);
-    if rest.is_empty() {
-        return Err(invalid());
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("time: missing unit in duration {s:?}"))?;
-        let (num, tail) = rest.split_at(num_len);
-        let value: f64 = num.parse().map_err(|_| invalid())?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let nanos = match unit {
-            "ns" => 1.0,
-            "us" | "µs" | "μs" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "m" => 60e9,
-            "h" => 3600e9,
-            "" => return Err(format!("time: missing unit in duration {s:?}")),
-            u => return Err(format!("time: unknown unit {u:?} in duration {s:?}")),
-        };
-        total += value * nanos;
-        rest = tail;
-    }
-    Ok(Duration::from_nanos(total.round() as u64))
+/// A Go duration flag value (`1m30s`, `500ms`, `1.5h`; not negative).
+pub(crate) fn go_duration(s: &str) -> Result<Duration, String> {
+    kumo_apimachinery::time::parse_go_duration(s)
+        .ok_or_else(|| format!("time: invalid duration {s:?}"))
 }
 
 /// The cloud client configuration: `--cloud-config`, else the environment or data

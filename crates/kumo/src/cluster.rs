@@ -204,9 +204,13 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             .context("--cloud-controllers")?;
     }
     let dial = KubeletDialOverrides::default();
+    // The network every kubelet's pods share; the API server's pod and service proxies
+    // reach the pods through it, never through the host.
+    let dataplane = kumo_kubelet::net::Dataplane::new();
     let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&cfg.data_dir);
     api_cfg.bind = std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), cfg.port);
     api_cfg.kubelet_dial_overrides = dial.clone();
+    api_cfg.pod_network = Some(Arc::new(PodNetwork(dataplane.clone())));
     api_cfg.store = cfg.store.clone();
     let api = kumo_apiserver::ApiServer::start(api_cfg).await?;
     if cfg.addons {
@@ -238,7 +242,6 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
         crate::controlplane::write_manifests(&cfg.static_pod_path(), &cfg.data_dir, &endpoints)?;
     }
     // kube-proxy as system:kube-proxy, programming the network every kubelet's pods share.
-    let dataplane = kumo_kubelet::net::Dataplane::new();
     let server = server_url(&api.admin_kubeconfig)?;
     let proxy_kc = kumo_apiserver::pki::kube_proxy_kubeconfig(&cfg.data_dir, &server)?;
     tokio::spawn(run_proxy(proxy_kc, dataplane.clone()));
@@ -522,6 +525,13 @@ async fn run_controller_manager(kubeconfig: PathBuf, serving: watch::Sender<Opti
         cfg.node_ipam.cluster_cidr =
             kumo_controller_manager::controllers::nodeipam::DEFAULT_CLUSTER_CIDR.into();
         cfg.node_ipam.service_cluster_ip_range = "10.96.0.0/12".into();
+        // As kubeadm: the bootstrap-token controllers too, and csrsigning issues from the
+        // cluster CA (kubelets joining with a bootstrap token get their certificates).
+        cfg.controllers = vec!["*".into(), "bootstrapsigner".into(), "tokencleaner".into()];
+        if let Some(dir) = kubeconfig.parent() {
+            cfg.csr_signing.cert_file = Some(dir.join("pki/ca.crt"));
+            cfg.csr_signing.key_file = Some(dir.join("pki/ca.key"));
+        }
         let mut cm = kumo_controller_manager::ControllerManager::start(cfg.clone()).await;
         if let Err(kumo_controller_manager::Error::Listen { .. }) = cm {
             // 10257 is taken (another cluster on this machine): serve /healthz elsewhere.
@@ -603,6 +613,21 @@ async fn run_scheduler(kubeconfig: PathBuf, serving: watch::Sender<Option<Socket
 }
 
 /// kube-proxy as system:kube-proxy; started again if it stops.
+/// The simulated pod network as the API server reaches it.
+struct PodNetwork(Arc<kumo_kubelet::net::Dataplane>);
+
+impl std::fmt::Debug for PodNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PodNetwork(simulated)")
+    }
+}
+
+impl kumo_apiserver::resource_proxy::PodNetwork for PodNetwork {
+    fn connect(&self, to: std::net::SocketAddr) -> std::io::Result<tokio::io::DuplexStream> {
+        self.0.dial(to)
+    }
+}
+
 async fn run_proxy(kubeconfig: PathBuf, dataplane: Arc<kumo_kubelet::net::Dataplane>) {
     loop {
         if let Err(e) = kumo_proxy::run(&kubeconfig, dataplane.clone()).await {

@@ -141,6 +141,15 @@ pub fn manifests(data_dir: &Path, ep: &Endpoints) -> Vec<(&'static str, Value)> 
                     format!("--authorization-kubeconfig={}", conf.display()),
                     "--bind-address=127.0.0.1".into(),
                     "--cluster-cidr=10.244.0.0/16".into(),
+                    format!(
+                        "--cluster-signing-cert-file={}",
+                        pki.join("ca.crt").display()
+                    ),
+                    format!(
+                        "--cluster-signing-key-file={}",
+                        pki.join("ca.key").display()
+                    ),
+                    "--controllers=*,bootstrapsigner,tokencleaner".into(),
                     format!("--kubeconfig={}", conf.display()),
                     "--leader-elect=true".into(),
                     format!("--secure-port={p}"),

@@ -15,6 +15,7 @@ use anyhow::Result;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
+use kumo_controller_manager::controllers::nodelifecycle;
 
 #[derive(Parser)]
 #[command(
@@ -118,6 +119,9 @@ struct ApiserverArgs {
     /// Where audit events are written, one JSON line each ('-' for stdout).
     #[arg(long)]
     audit_log_path: Option<std::path::PathBuf>,
+    /// How much history the store keeps: older revisions are compacted away (0 keeps all).
+    #[arg(long, default_value = "5m0s", value_parser = ccm::go_duration)]
+    etcd_compaction_interval: std::time::Duration,
 }
 
 /// Flags of `kumo controller-manager`, named as kube-controller-manager's.
@@ -168,6 +172,25 @@ struct ControllerManagerArgs {
     /// The Service range(s): node ranges overlapping them are never handed out.
     #[arg(long, default_value = "")]
     service_cluster_ip_range: String,
+    /// How often the node controller looks at every node's health.
+    #[arg(long, default_value = "5s", value_parser = nodelifecycle::parse_duration_flag)]
+    node_monitor_period: std::time::Duration,
+    /// How long a kubelet may stay silent before its node's conditions become Unknown.
+    #[arg(long, default_value = "50s", value_parser = nodelifecycle::parse_duration_flag)]
+    node_monitor_grace_period: std::time::Duration,
+    /// The same for a node whose kubelet never posted status.
+    #[arg(long, default_value = "1m0s", value_parser = nodelifecycle::parse_duration_flag)]
+    node_startup_grace_period: std::time::Duration,
+    /// The CA certificate (PEM) csrsigning issues certificates from.
+    #[arg(long)]
+    cluster_signing_cert_file: Option<std::path::PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long)]
+    cluster_signing_key_file: Option<std::path::PathBuf>,
+    /// The longest certificate csrsigning issues; a request may ask for less
+    /// (spec.expirationSeconds).
+    #[arg(long, default_value = "8760h0m0s", value_parser = nodelifecycle::parse_duration_flag)]
+    cluster_signing_duration: std::time::Duration,
 }
 
 /// Flags of `kumo up`.
@@ -373,6 +396,16 @@ async fn controller_manager(args: ControllerManagerArgs) -> Result<()> {
         node_cidr_mask_size_ipv6: args.node_cidr_mask_size_ipv6,
         service_cluster_ip_range: args.service_cluster_ip_range,
     };
+    cfg.csr_signing = kumo_controller_manager::controllers::certificates::signer::Settings {
+        cert_file: args.cluster_signing_cert_file,
+        key_file: args.cluster_signing_key_file,
+        duration: args.cluster_signing_duration,
+    };
+    cfg.node_lifecycle = nodelifecycle::Settings {
+        monitor_period: args.node_monitor_period,
+        grace_period: args.node_monitor_grace_period,
+        startup_grace_period: args.node_startup_grace_period,
+    };
     cfg.serve = (args.secure_port != 0)
         .then(|| std::net::SocketAddr::new(args.bind_address, args.secure_port));
     let cm = kumo_controller_manager::ControllerManager::start(cfg).await?;
@@ -391,6 +424,7 @@ async fn apiserver(args: ApiserverArgs) -> Result<()> {
     cfg.advertise_address = args.advertise_address;
     cfg.audit_policy_file = args.audit_policy_file;
     cfg.audit_log_path = args.audit_log_path;
+    cfg.compaction_interval = args.etcd_compaction_interval;
     cfg.store = match args.store.as_str() {
         "etcd" if args.etcd_servers.is_empty() => {
             anyhow::bail!("--store etcd needs --etcd-servers")

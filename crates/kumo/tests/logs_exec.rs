@@ -243,6 +243,45 @@ async fn logs_and_exec_through_the_kubelet() {
     assert_ne!(code, 0);
     assert!(err.contains("executable file not found in $PATH"), "{err}");
 
+    // The service-account volume: a bound token the API server accepts as the pod's
+    // ServiceAccount, the cluster CA as kube-root-ca.crt publishes it, and the namespace.
+    let sa_file = |f: &str| format!("/var/run/secrets/kubernetes.io/serviceaccount/{f}");
+    let (code, out, err) = k(kc, &["exec", "talker", "--", "cat", &sa_file("namespace")]).await;
+    assert_eq!((code, out.as_str()), (0, "default"), "{err}");
+    let (code, ca, err) = k(kc, &["exec", "talker", "--", "cat", &sa_file("ca.crt")]).await;
+    assert_eq!(code, 0, "{err}");
+    let (_, root_ca, _) = k(
+        kc,
+        &[
+            "get",
+            "configmap",
+            "kube-root-ca.crt",
+            "-o",
+            r"jsonpath={.data.ca\.crt}",
+        ],
+    )
+    .await;
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
+    assert_eq!(ca, root_ca);
+    let (code, token, err) = k(kc, &["exec", "talker", "--", "cat", &sa_file("token")]).await;
+    assert_eq!(code, 0, "{err}");
+    let review = format!(
+        "apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec:\n  token: {token}\n"
+    );
+    let (code, out, err) = k_in(kc, &["create", "-f", "-", "-o", "json"], Some(&review)).await;
+    assert_eq!(code, 0, "{err}");
+    let review: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let status = &review["status"];
+    assert_eq!(status["authenticated"], true, "{out}");
+    assert_eq!(
+        status["user"]["username"],
+        "system:serviceaccount:default:default"
+    );
+    assert_eq!(
+        status["user"]["extra"]["authentication.kubernetes.io/pod-name"][0], "talker",
+        "{out}"
+    );
+
     // A user who may read pods but not exec into them or read their logs.
     for args in [
         &[

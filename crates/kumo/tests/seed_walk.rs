@@ -143,7 +143,11 @@ fn wait_nodes(u: &Up, n: usize) -> serde_json::Value {
                     .into_iter()
                     .flatten()
                     .any(|t| t["key"] == "node.cloudprovider.kubernetes.io/uninitialized");
-                ready && initialized && node["spec"]["providerID"].is_string()
+                // The addresses come in a second write, after the taint is lifted.
+                let addressed = node["status"]["addresses"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|a| a["type"] == "Hostname"));
+                ready && initialized && addressed && node["spec"]["providerID"].is_string()
             });
         done.then_some(nodes)
     })

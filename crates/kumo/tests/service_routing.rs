@@ -352,4 +352,67 @@ async fn no_cloud_cluster_routes_cluster_ips() {
             28
         )
     );
+
+    // The API server's pod and service proxies reach the pods through the simulated pod
+    // network, never through the host: agnhost's serve-hostname answers with its name.
+    let out = k(
+        kc,
+        &[
+            "run",
+            "hostname-1",
+            "--image=registry.k8s.io/e2e-test-images/agnhost:2.66.1",
+            "--port=9376",
+            "--",
+            "serve-hostname",
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let answer = eventually(60, "hostname-1 through pods/proxy", || async {
+        let out = k(
+            kc,
+            &[
+                "get",
+                "--raw",
+                "/api/v1/namespaces/default/pods/hostname-1/proxy/",
+            ],
+        )
+        .await;
+        out.ok.then_some(out.stdout)
+    })
+    .await;
+    assert_eq!(answer, "hostname-1");
+    let page = k(
+        kc,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/services/hello:80/proxy/",
+        ],
+    )
+    .await;
+    assert!(
+        page.stdout.contains("<title>Welcome to nginx!</title>"),
+        "{}{}",
+        page.stdout,
+        page.stderr
+    );
+    // Nothing listens on the pod's port 81: the dial error as upstream words it.
+    let out = k(
+        kc,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/pods/hostname-1:81/proxy/",
+        ],
+    )
+    .await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr
+            .contains("error trying to reach service: dial tcp ")
+            && out.stderr.contains(":81: connect: connection refused"),
+        "{}",
+        out.stderr
+    );
 }

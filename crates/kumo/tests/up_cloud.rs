@@ -115,7 +115,11 @@ async fn cloud_nodes_join_initialized_and_serve_pods() {
             let init = n["spec"]["providerID"].is_string()
                 && !taint_keys(&n)
                     .iter()
-                    .any(|t| t.starts_with("node.cloudprovider.kubernetes.io/uninitialized"));
+                    .any(|t| t.starts_with("node.cloudprovider.kubernetes.io/uninitialized"))
+                // The addresses come in a second write, after the taint is lifted.
+                && n["status"]["addresses"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|a| a["type"] == "InternalIP"));
             init.then_some(n)
         })
         .await;
