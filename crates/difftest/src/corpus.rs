@@ -10,6 +10,8 @@
 //!     body: {metadata: {name: one}}       # optional, sent as JSON (Content-Type application/json
 //!                                         # unless `headers` says otherwise)
 //!     body_raw: "..."                     # or: sent verbatim; needs a Content-Type header
+//!     body_repeat: 1000                   # optional: body_raw sent this many times over
+//!                                         # (size limits, deep nesting)
 //!     capture: {rv: /metadata/resourceVersion}   # name -> JSON pointer into this response
 //!     watch: {events: 3, timeout_seconds: 5}     # read up to 3 watch events, at most 5 s
 //!     expect_status: 201                  # optional: both sides must answer this
@@ -92,6 +94,10 @@ pub struct RequestSpec {
     /// A body sent verbatim (YAML, patches); needs a `Content-Type` header.
     #[serde(default)]
     pub body_raw: Option<String>,
+    /// `body_raw` is sent this many times over, so that the corpus can hold a body over
+    /// the size limit or nested thousands deep in one line.
+    #[serde(default)]
+    pub body_repeat: Option<usize>,
     /// Values to capture from this response: placeholder name -> JSON pointer.
     #[serde(default)]
     pub capture: BTreeMap<String, String>,
@@ -199,6 +205,9 @@ fn check(s: &Scenario) -> Result<(), String> {
         }
         if r.body.is_some() && r.body_raw.is_some() {
             return Err(at("body and body_raw are exclusive".into()));
+        }
+        if r.body_repeat.is_some() && r.body_raw.is_none() {
+            return Err(at("body_repeat needs body_raw".into()));
         }
         if r.body_raw.is_some() && !has_header(&r.headers, "content-type") {
             return Err(at("body_raw needs a Content-Type header".into()));

@@ -201,7 +201,9 @@ fn prepare(spec: &RequestSpec, vars: &BTreeMap<String, String>) -> Result<Prepar
             .to_string()
             .into_bytes()
     } else if let Some(raw) = &spec.body_raw {
-        corpus::substitute(raw, vars)?.into_bytes()
+        corpus::substitute(raw, vars)?
+            .repeat(spec.body_repeat.unwrap_or(1))
+            .into_bytes()
     } else {
         Vec::new()
     };

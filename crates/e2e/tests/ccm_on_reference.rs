@@ -233,7 +233,12 @@ async fn cloud_controller_manager_on_the_reference_apiserver() {
             let tainted = n["spec"]["taints"]
                 .as_array()
                 .is_some_and(|t| t.iter().any(|t| t["key"] == UNINITIALIZED));
-            (n["spec"]["providerID"].is_string() && !tainted).then_some(n)
+            // Upstream lifts the taint first and fills the addresses with a second
+            // write (the status), so wait for both.
+            let addressed = n["status"]["addresses"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty());
+            (n["spec"]["providerID"].is_string() && !tainted && addressed).then_some(n)
         })
         .await;
         assert_eq!(
@@ -255,19 +260,21 @@ async fn cloud_controller_manager_on_the_reference_apiserver() {
             "{addrs:?}"
         );
     }
-    let events = get(&kc, &["events", "-n", "default"]).await.unwrap();
-    let synced: Vec<&Value> = events["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["reason"] == "Synced")
-        .collect();
+    // The Synced event is posted after the writes, by the recorder's own task.
     for name in ["worker-a", "worker-b"] {
-        assert!(
-            synced.iter().any(|e| e["involvedObject"]["name"] == name
-                && e["source"]["component"] == "cloud-node-controller"),
-            "no Synced event for {name}: {synced:?}"
-        );
+        eventually(30, &format!("Synced event for {name}"), || async {
+            let events = get(&kc, &["events", "-n", "default"]).await?;
+            events["items"]
+                .as_array()?
+                .iter()
+                .any(|e| {
+                    e["reason"] == "Synced"
+                        && e["involvedObject"]["name"] == name
+                        && e["source"]["component"] == "cloud-node-controller"
+                })
+                .then_some(())
+        })
+        .await;
     }
 
     // The route controller: a route per pod CIDR, the stale one gone, the foreign one kept.

@@ -126,17 +126,25 @@ async fn controller_manager_and_scheduler_on_the_reference_apiserver() {
             rs["metadata"]["labels"]["pod-template-hash"]
         );
     }
-    let out = k(&kc, &["get", "events", "-n", "apps", "-o", "json"]).await;
-    let ev: Value = serde_json::from_str(&out.stdout).unwrap();
-    let reasons: Vec<&str> = ev["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["reason"].as_str())
-        .collect();
-    for want in ["ScalingReplicaSet", "SuccessfulCreate", "Scheduled"] {
-        assert!(reasons.contains(&want), "no {want} event in {reasons:?}");
-    }
+    // Events are posted asynchronously by each recorder: they may trail the binding.
+    eventually(
+        30,
+        "ScalingReplicaSet, SuccessfulCreate and Scheduled events",
+        || async {
+            let out = k(&kc, &["get", "events", "-n", "apps", "-o", "json"]).await;
+            let ev: Value = serde_json::from_str(&out.stdout).ok()?;
+            let reasons: Vec<String> = ev["items"]
+                .as_array()?
+                .iter()
+                .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+                .collect();
+            ["ScalingReplicaSet", "SuccessfulCreate", "Scheduled"]
+                .iter()
+                .all(|want| reasons.iter().any(|r| r == want))
+                .then_some(())
+        },
+    )
+    .await;
 
     // A pod no node tolerates: upstream's FailedScheduling text.
     for n in ["worker-1", "worker-2"] {
