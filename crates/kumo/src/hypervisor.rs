@@ -1,6 +1,10 @@
 //! The hypervisor of `kumo up`'s cloud: a running instance is a kumo kubelet that joins the
 //! cluster as a node named after the instance, with `--cloud-provider=external`,
-//! `--node-ip=<private IP>`, its own kubeconfig (`system:node:<name>`) and the sim runtime.
+//! `--node-ip=<private IP>`, its own identity (`system:node:<name>`) and the sim runtime.
+//! The control plane's kubelet gets its kubeconfig from the cluster's PKI (`kubeadm init`'s
+//! kubelet.conf); a worker joins as `kubeadm join` does, with the bootstrap token its user
+//! data holds: `nodes/<name>/bootstrap-kubelet.conf`, then TLS bootstrap (a CSR the
+//! controller-manager approves and signs) to `nodes/<name>/kubelet.conf`.
 //! Stopping or terminating the instance halts the kubelet, as powering off a machine does.
 //!
 //! Each kubelet runs on a thread and a tokio runtime of its own, so that halting it ends
@@ -45,6 +49,12 @@ pub struct NodeBootstrap {
     /// and the node gets the control-plane role label once registered.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub control_plane: bool,
+    /// `kubeadm join --token`: the bootstrap token (`<id>.<secret>`) the kubelet joins
+    /// with. Its client certificate then comes from a CSR the controller-manager approves
+    /// and signs (TLS bootstrap); without one the kubelet gets a certificate from the
+    /// cluster's PKI, as `kubeadm init` writes the control plane's kubelet.conf.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join_token: Option<String>,
 }
 
 impl NodeBootstrap {
@@ -54,6 +64,15 @@ impl NodeBootstrap {
             node_labels: BTreeMap::from([(EXCLUDE_LB_LABEL.to_owned(), String::new())]),
             register_with_taints: vec![format!("{CONTROL_PLANE_LABEL}:NoSchedule")],
             control_plane: true,
+            join_token: None,
+        }
+    }
+
+    /// kubeadm's worker: joins with `token`.
+    pub fn worker(token: &str) -> NodeBootstrap {
+        NodeBootstrap {
+            join_token: Some(token.to_owned()),
+            ..NodeBootstrap::default()
         }
     }
 
@@ -141,19 +160,28 @@ impl KubeletHypervisor {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The kubelet configuration of `inst`.
+    /// The kubelet configuration of `inst`, whether it is the control plane, and how it
+    /// joins when it does so with a bootstrap token.
     fn kubelet_config(
         &self,
         inst: &Instance,
-    ) -> Result<(kumo_kubelet::KubeletConfig, bool), String> {
+    ) -> Result<(kumo_kubelet::KubeletConfig, bool, Option<TlsBootstrap>), String> {
         let boot = NodeBootstrap::parse(&inst.user_data)?;
         let node_ip: IpAddr = inst
             .private_ip
             .parse()
             .map_err(|_| format!("the instance has no private IP ({:?})", inst.private_ip))?;
-        let kubeconfig =
-            kumo_apiserver::pki::kubelet_kubeconfig(&self.data_dir, &inst.name, &self.server)
-                .map_err(|e| format!("node {:?}: {e}", inst.name))?;
+        let (kubeconfig, join) = match &boot.join_token {
+            Some(token) => {
+                let join = self.tls_bootstrap(&inst.name, token)?;
+                (join.kubeconfig.clone(), Some(join))
+            }
+            None => (
+                kumo_apiserver::pki::kubelet_kubeconfig(&self.data_dir, &inst.name, &self.server)
+                    .map_err(|e| format!("node {:?}: {e}", inst.name))?,
+                None,
+            ),
+        };
         let mut cfg = kumo_kubelet::KubeletConfig::new(&kubeconfig, &inst.name);
         cfg.node_ip = Some(node_ip);
         cfg.cloud_provider_external = true;
@@ -182,8 +210,92 @@ impl KubeletHypervisor {
             client_ca_file: Some(self.data_dir.join("pki").join("ca.crt")),
             ..Default::default()
         });
-        Ok((cfg, boot.control_plane))
+        Ok((cfg, boot.control_plane, join))
     }
+
+    /// What `kubeadm join` leaves on a worker: `bootstrap-kubelet.conf` with the token
+    /// (mode 0600) in the node's directory, where the kubelet then keeps its certificate
+    /// (`pki/`) and the `kubelet.conf` that uses it.
+    fn tls_bootstrap(&self, node: &str, token: &str) -> Result<TlsBootstrap, String> {
+        use base64::Engine;
+        let dir = self.data_dir.join("nodes").join(node);
+        let ca_file = self.data_dir.join("pki").join("ca.crt");
+        let ca = std::fs::read(&ca_file).map_err(|e| format!("{}: {e}", ca_file.display()))?;
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca);
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kubernetes\n  cluster:\n    \
+             server: {}\n    certificate-authority-data: {ca}\nusers:\n\
+             - name: tls-bootstrap-token-user\n  user:\n    token: {token}\ncontexts:\n\
+             - name: tls-bootstrap-token-user@kubernetes\n  context:\n    cluster: kubernetes\n    \
+             user: tls-bootstrap-token-user\ncurrent-context: tls-bootstrap-token-user@kubernetes\n",
+            self.server
+        );
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let bootstrap = dir.join("bootstrap-kubelet.conf");
+        write_private(&bootstrap, text.as_bytes())
+            .map_err(|e| format!("{}: {e}", bootstrap.display()))?;
+        let kubeconfig = dir.join("kubelet.conf");
+        if kubeconfig.exists() {
+            // Joined before: it keeps its certificate, but the API server may have moved
+            // (`kumo up --port 0`), as a kubelet.conf follows a new control-plane endpoint.
+            repoint_kubeconfig(&kubeconfig, &self.server)
+                .map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
+        }
+        Ok(TlsBootstrap {
+            kubeconfig,
+            bootstrap,
+            cert_dir: dir.join("pki"),
+        })
+    }
+}
+
+/// A worker kubelet's TLS bootstrap files.
+#[derive(Clone, Debug)]
+struct TlsBootstrap {
+    /// The kubeconfig it writes once its certificate is issued, and runs with.
+    kubeconfig: PathBuf,
+    /// The bootstrap kubeconfig (the token).
+    bootstrap: PathBuf,
+    /// Where its key and certificate are kept.
+    cert_dir: PathBuf,
+}
+
+/// Points every cluster of the kubeconfig at `path` to `server`, if it is not already.
+fn repoint_kubeconfig(path: &std::path::Path, server: &str) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| e.to_string())?;
+    let mut changed = false;
+    if let Some(clusters) = doc.get_mut("clusters").and_then(|c| c.as_sequence_mut()) {
+        for c in clusters {
+            if let Some(cluster) = c.get_mut("cluster").and_then(|c| c.as_mapping_mut()) {
+                let url = serde_yaml::Value::from(server);
+                if cluster.get("server") != Some(&url) {
+                    cluster.insert("server".into(), url);
+                    changed = true;
+                }
+            }
+        }
+    }
+    if changed {
+        let text = serde_yaml::to_string(&doc).map_err(|e| e.to_string())?;
+        write_private(path, text.as_bytes()).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Writes `data` to `path`, readable by its owner only (it holds a credential).
+fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // An existing file keeps its mode through open(): make sure.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(data)
 }
 
 impl Drop for KubeletHypervisor {
@@ -201,13 +313,13 @@ impl Hypervisor for KubeletHypervisor {
             // Booted already (a cloud restarted in this process resumes its instances).
             return Ok(());
         }
-        let (cfg, control_plane) = self.kubelet_config(inst).map_err(HypervisorError)?;
+        let (cfg, control_plane, join) = self.kubelet_config(inst).map_err(HypervisorError)?;
         let (stop, stop_rx) = watch::channel(false);
         let dial = self.dial.clone();
         let admin = control_plane.then(|| self.admin_kubeconfig.clone());
         let thread = std::thread::Builder::new()
             .name(format!("kubelet-{}", inst.name))
-            .spawn(move || kubelet_thread(cfg, dial, admin, stop_rx))
+            .spawn(move || kubelet_thread(cfg, join, dial, admin, stop_rx))
             .map_err(|e| HypervisorError(format!("starting the kubelet: {e}")))?;
         tracing::info!(instance = %inst.id, node = %inst.name, ip = %inst.private_ip, "kubelet booted");
         self.lock().insert(
@@ -252,6 +364,7 @@ fn free_port() -> std::io::Result<u16> {
 /// previous one lingers) when it fails.
 fn kubelet_thread(
     cfg: kumo_kubelet::KubeletConfig,
+    join: Option<TlsBootstrap>,
     dial: KubeletDialOverrides,
     admin: Option<PathBuf>,
     mut stop: watch::Receiver<bool>,
@@ -289,7 +402,18 @@ fn kubelet_thread(
             }
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => true,
-                r = kumo_kubelet::run(cfg) => {
+                r = async {
+                    if let Some(j) = &join {
+                        kumo_kubelet::bootstrap::load_client_cert(
+                            &j.kubeconfig,
+                            &j.bootstrap,
+                            &j.cert_dir,
+                            &node,
+                        )
+                        .await?;
+                    }
+                    kumo_kubelet::run(cfg).await
+                } => {
                     if let Err(e) = r {
                         tracing::warn!(node = %node, error = %e, "kubelet stopped; restarting");
                     }

@@ -86,6 +86,66 @@ async fn cloud_nodes_join_initialized_and_serve_pods() {
     assert_eq!(instances[0].tags["kumo.io/role"], "control-plane");
     assert_eq!(instances[1].tags["kumo.io/role"], "worker");
 
+    // The workers joined as `kubeadm join` does: a bootstrap token (in a 0600
+    // bootstrap-kubelet.conf), a CSR the controller-manager approved and signed. The
+    // control plane's kubelet.conf comes from the cluster's PKI, as `kubeadm init` writes it.
+    use std::os::unix::fs::PermissionsExt;
+    let nodes_dir = dir.path().join("kumo").join("nodes");
+    for w in ["ta-worker", "ta-worker2"] {
+        let conf = nodes_dir.join(w).join("bootstrap-kubelet.conf");
+        let mode = std::fs::metadata(&conf).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", conf.display());
+        assert!(nodes_dir.join(w).join("kubelet.conf").exists());
+    }
+    assert!(!nodes_dir
+        .join("ta-control-plane")
+        .join("bootstrap-kubelet.conf")
+        .exists());
+    let csrs = get(kc, &["csr"]).await.unwrap();
+    let joined: Vec<&serde_json::Value> = csrs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["spec"]["username"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("system:bootstrap:"))
+        })
+        .collect();
+    assert_eq!(joined.len(), 2, "{csrs}");
+    for c in joined {
+        assert_eq!(
+            c["spec"]["signerName"],
+            "kubernetes.io/kube-apiserver-client-kubelet"
+        );
+        let approved = c["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["type"] == "Approved" && x["reason"] == "AutoApproved");
+        assert!(approved, "{c}");
+        assert!(
+            c["status"]["certificate"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty()),
+            "{c}"
+        );
+    }
+    let token = k(
+        kc,
+        &[
+            "get",
+            "secrets",
+            "-n",
+            "kube-system",
+            "--field-selector=type=bootstrap.kubernetes.io/token",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert_eq!(token.stdout.lines().count(), 1, "{}", token.stdout);
+
     // kubeadm's control plane: role and exclusion labels, the NoSchedule taint.
     let cp = get(kc, &["node", "ta-control-plane"]).await.unwrap();
     let l = labels(&cp);
@@ -627,6 +687,18 @@ async fn kumo_up_restarts_on_its_instances() {
         async move { (renewed(kc).await != before).then_some(()) }
     })
     .await;
+    // It kept the certificate it joined with (re-pointed at the new port): no second CSR.
+    let o = k(
+        &kc,
+        &["get", "csr", "-o", "jsonpath={.items[*].spec.username}"],
+    )
+    .await;
+    let joins = o
+        .stdout
+        .split_whitespace()
+        .filter(|u| u.starts_with("system:bootstrap:"))
+        .count();
+    assert_eq!(joins, 1, "{}", o.stdout);
     let cli = Command::new(env!("CARGO_BIN_EXE_kumo"))
         .args(["cloud", "instances", "list"])
         .env("KUMO_CLOUD_DATA_DIR", &cloud_dir)
