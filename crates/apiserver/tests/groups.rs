@@ -460,6 +460,38 @@ async fn scheduling_storage_and_core_volumes() {
         r#"The PriorityClass "high" is invalid: value: Forbidden: may not be changed in an update."#
     );
 
+    // Priority admission: a named class gives its value and preemption policy, a pod that
+    // names none gets the global default class (d1), an unknown class is refused.
+    ok_stdin(
+        &kc,
+        &["apply", "-f", "-"],
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n",
+    )
+    .await;
+    let pod = |name: &str, class: &str| {
+        let class = if class.is_empty() {
+            String::new()
+        } else {
+            format!("  priorityClassName: {class}\n")
+        };
+        format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n{class}  containers:\n  - name: c\n    image: busybox\n")
+    };
+    let priority = "jsonpath={.spec.priorityClassName} {.spec.priority} {.spec.preemptionPolicy}";
+    ok_stdin(&kc, &["create", "-f", "-"], &pod("p-high", "high")).await;
+    assert_eq!(
+        ok(&kc, &["get", "pod", "p-high", "-o", priority]).await,
+        "high 1000 Never"
+    );
+    ok_stdin(&kc, &["create", "-f", "-"], &pod("p-default", "")).await;
+    assert_eq!(
+        ok(&kc, &["get", "pod", "p-default", "-o", priority]).await,
+        "d1 5 PreemptLowerPriority"
+    );
+    assert_eq!(
+        err(&kc, &["create", "-f", "-"], Some(&pod("p-none", "nope"))).await,
+        r#"Error from server (Forbidden): error when creating "STDIN": pods "p-none" is forbidden: no PriorityClass with name nope was found"#
+    );
+
     // StorageClasses from YAML: defaults, the (default) marker; CSINodes; PVs and PVCs.
     ok_stdin(&kc, &["create", "-f", "-"], STORAGE).await;
     assert_eq!(

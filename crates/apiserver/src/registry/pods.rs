@@ -557,6 +557,15 @@ impl Strategy for Pods {
         out
     }
 
+    // Priority: a pod that names no class gets the global default one, if any.
+    fn admission_lists(&self, obj: &Value) -> Vec<(&'static str, String)> {
+        if str_at(obj, "/spec/priorityClassName").is_empty() {
+            vec![("priorityclasses", "/registry/priorityclasses/".to_owned())]
+        } else {
+            Vec::new()
+        }
+    }
+
     fn admit_create(
         &self,
         obj: &mut Value,
@@ -567,9 +576,22 @@ impl Strategy for Pods {
             .is_some();
         admit_defaults(&mut obj["spec"], mirror);
         let get = |what: &str| found.iter().find(|(w, _)| *w == what).map(|(_, v)| v);
-        // Priority: the class's value (0 without a class), which the pod may not contradict.
-        let class = str_at(obj, "/spec/priorityClassName").to_owned();
-        let (priority, policy) = match (builtin_priority(&class), get("priorityclass")) {
+        // Priority: the class's value, which the pod may not contradict. Without a class,
+        // the global default one's (the lowest if several), else 0.
+        let mut class = str_at(obj, "/spec/priorityClassName").to_owned();
+        let default_class = get("priorityclasses")
+            .and_then(Value::as_array)
+            .and_then(|all| {
+                all.iter()
+                    .filter(|pc| pc.get("globalDefault") == Some(&json!(true)))
+                    .min_by_key(|pc| pc.get("value").and_then(Value::as_i64).unwrap_or(0))
+            });
+        if let Some(pc) = default_class.filter(|_| class.is_empty()) {
+            class = str_at(pc, "/metadata/name").to_owned();
+            obj["spec"]["priorityClassName"] = json!(class);
+        }
+        let named = get("priorityclass").or(default_class);
+        let (priority, policy) = match (builtin_priority(&class), named) {
             (Some(p), _) => (p, "PreemptLowerPriority".to_owned()),
             (None, Some(pc)) => (
                 pc.get("value").and_then(Value::as_i64).unwrap_or(0),
