@@ -34,6 +34,7 @@ pub mod server;
 pub mod strategic;
 pub mod streamtunnel;
 pub mod time;
+mod webhook_client;
 
 pub use server::{ApiServer, ApiServerConfig};
 

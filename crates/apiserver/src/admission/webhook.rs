@@ -8,13 +8,8 @@
 //! written, not at its revision.
 //!
 //! A webhook is called over HTTPS with an `admission.k8s.io/v1` (or `v1beta1`)
-//! AdmissionReview: at `clientConfig.url`, or at a Service reference, which
-//! `<service>.<namespace>.svc:<port>` is resolved as upstream's endpoint resolver does
-//! (`--enable-aggregator-routing`): the Service's port, then a ready address of its
-//! EndpointSlices with that port's target port, reached through the simulated pod network
-//! when the cluster has one. The TLS server name stays
-//! `<service>.<namespace>.svc`. `caBundle` is the only trusted root (without it no server
-//! certificate is trusted).
+//! AdmissionReview, through [`crate::webhook_client`] (`clientConfig.url` or a Service
+//! reference; `caBundle` the only trusted root).
 //!
 //! `matchConditions` are evaluated with `object`, `oldObject` and `request` (not
 //! `authorizer`). A mutating webhook's result is defaulted again (and a custom resource's
@@ -31,24 +26,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use base64::Engine;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
 use kumo_apimachinery::selector::LabelSelector;
 use kumo_apimachinery::status::{ApiError, Cause, Details, GroupResource};
-use rustls::pki_types::ServerName;
 use serde_json::{json, Value};
 
 use super::{Attributes, Operation, Plugin};
 use crate::cache::Cached;
 use crate::registry::{Registry, Resource};
 use crate::rest::Rest;
+use crate::webhook_client::{go_duration, go_quote, Client, PostError};
 
 /// Longest a webhook may take (`timeoutSeconds` is at most 30).
 const MAX_TIMEOUT: u64 = 30;
 /// The timeout of a webhook without `timeoutSeconds` (the v1 default).
 const DEFAULT_TIMEOUT: u64 = 10;
-/// Largest AdmissionReview answer read.
-const MAX_RESPONSE: usize = 16 << 20;
 
 /// One of the two webhook admission plugins.
 pub struct Webhooks {
@@ -72,17 +63,6 @@ struct Rule {
     scope: String,
 }
 
-/// Where a webhook is reached.
-enum Target {
-    Url(String),
-    Service {
-        namespace: String,
-        name: String,
-        path: String,
-        port: u16,
-    },
-}
-
 /// One webhook of a configuration, parsed.
 struct Hook {
     mutating: bool,
@@ -91,12 +71,11 @@ struct Hook {
     equivalent: bool,
     namespace_selector: Result<LabelSelector, String>,
     object_selector: Result<LabelSelector, String>,
-    target: Target,
-    timeout: u64,
+    /// Where and how it is called; its timeout is `timeoutSeconds`.
+    client: Client,
     ignore_failures: bool,
     side_effects: Option<String>,
     review_versions: Vec<String>,
-    tls: Result<Arc<rustls::ClientConfig>, String>,
     /// `matchConditions`: (name, CEL expression), all of which must hold for a call.
     match_conditions: Vec<(String, String)>,
 }
@@ -222,38 +201,17 @@ impl Hook {
                     .to_owned(),
             })
             .collect();
-        let cc = w.get("clientConfig").cloned().unwrap_or(Value::Null);
-        let target = match cc.get("service") {
-            Some(svc) if svc.is_object() => Target::Service {
-                namespace: svc
-                    .get("namespace")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-                name: svc
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-                path: svc
-                    .get("path")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-                port: svc
-                    .get("port")
-                    .and_then(Value::as_u64)
-                    .and_then(|p| u16::try_from(p).ok())
-                    .unwrap_or(443),
-            },
-            _ => Target::Url(
-                cc.get("url")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-            ),
-        };
-        let ca = cc.get("caBundle").and_then(Value::as_str).unwrap_or("");
+        let timeout = w
+            .get("timeoutSeconds")
+            .and_then(Value::as_u64)
+            .unwrap_or(DEFAULT_TIMEOUT)
+            .clamp(1, MAX_TIMEOUT);
+        let client = Client::from_config(
+            w.get("clientConfig").unwrap_or(&Value::Null),
+            Duration::from_secs(timeout),
+            format!("timeout={}", go_duration(timeout)),
+            "kube-apiserver-admission",
+        );
         Hook {
             mutating,
             name: s("name").unwrap_or_default(),
@@ -261,16 +219,10 @@ impl Hook {
             equivalent: s("matchPolicy").as_deref() != Some("Exact"),
             namespace_selector: selector(w.get("namespaceSelector")),
             object_selector: selector(w.get("objectSelector")),
-            target,
-            timeout: w
-                .get("timeoutSeconds")
-                .and_then(Value::as_u64)
-                .unwrap_or(DEFAULT_TIMEOUT)
-                .clamp(1, MAX_TIMEOUT),
+            client,
             ignore_failures: s("failurePolicy").as_deref() == Some("Ignore"),
             side_effects: s("sideEffects"),
             review_versions: strings(w.get("admissionReviewVersions")),
-            tls: tls_config(ca).map(Arc::new),
             match_conditions: w
                 .get("matchConditions")
                 .and_then(Value::as_array)
@@ -283,30 +235,6 @@ impl Hook {
                 .collect(),
         }
     }
-}
-
-/// A TLS client trusting only the certificates of `ca_bundle` (base64 of PEM).
-fn tls_config(ca_bundle: &str) -> Result<rustls::ClientConfig, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    if !ca_bundle.is_empty() {
-        let pem = base64::engine::general_purpose::STANDARD
-            .decode(ca_bundle)
-            .map_err(|e| format!("unable to load root certificates: {e}"))?;
-        for c in rustls_pemfile::certs(&mut pem.as_slice()) {
-            let c = c.map_err(|e| format!("unable to load root certificates: {e}"))?;
-            roots
-                .add(c)
-                .map_err(|e| format!("unable to load root certificates: {e}"))?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
 }
 
 /// Whether `items` holds `requested` or `*`.
@@ -403,12 +331,12 @@ fn own_type(sub: Option<&str>) -> bool {
 }
 
 /// The object `obj` of `from` as `to` serves it.
-fn convert(from: &Resource, to: &Resource, obj: &Value) -> Value {
+fn convert(from: &Resource, to: &Resource, obj: &Value) -> Result<Value, ApiError> {
     if std::ptr::eq(from, to) {
-        return obj.clone();
+        return Ok(obj.clone());
     }
     to.strategy
-        .served_form(from.strategy.stored_form(obj.clone()))
+        .served_form(from.strategy.stored_form(obj.clone())?)
 }
 
 fn labels_of(obj: Option<&Value>) -> Option<BTreeMap<String, String>> {
@@ -522,384 +450,6 @@ impl Hook {
     }
 }
 
-/// The webhook's URL as a Go rest client prints it (path cleaned, `timeout` added), with
-/// the address to connect to and the TLS server name.
-struct Endpoint {
-    url: String,
-    server_name: String,
-    path_and_query: String,
-    host_header: String,
-}
-
-/// `path.Join("/", p)` as Go cleans it.
-fn clean_path(p: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for seg in p.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            s => parts.push(s),
-        }
-    }
-    format!("/{}", parts.join("/"))
-}
-
-fn go_duration(secs: u64) -> String {
-    if secs >= 60 {
-        let (m, s) = (secs / 60, secs % 60);
-        if s == 0 {
-            format!("{m}m0s")
-        } else {
-            format!("{m}m{s}s")
-        }
-    } else {
-        format!("{secs}s")
-    }
-}
-
-/// The rest client's error for a non-2xx answer (`NewGenericServerResponse`), or the
-/// message of the Status the webhook answered with.
-fn server_response_error(code: u16, body: &[u8], text: bool) -> String {
-    if let Ok(v) = serde_json::from_slice::<Value>(body) {
-        if v.get("kind").and_then(Value::as_str) == Some("Status") {
-            if let Some(m) = v
-                .get("message")
-                .and_then(Value::as_str)
-                .filter(|m| !m.is_empty())
-            {
-                return m.to_owned();
-            }
-        }
-    }
-    let server_message = if text {
-        let mut s = String::from_utf8_lossy(body).trim().to_owned();
-        if s.len() > 2048 {
-            let mut end = 2048;
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            s = format!("{}...", &s[..end]);
-        }
-        s
-    } else {
-        "unknown".to_owned()
-    };
-    match code {
-        409 => "the server reported a conflict".into(),
-        404 => "the server could not find the requested resource".into(),
-        400 => "the server rejected our request for an unknown reason".into(),
-        401 => "the server has asked for the client to provide credentials".into(),
-        403 | 415 => server_message,
-        405 => "the server does not allow this method on the requested resource".into(),
-        422 => "the server rejected our request due to an error in our request".into(),
-        503 => "the server is currently unable to handle the request".into(),
-        504 => "the server was unable to return a response in the time allotted, but may still be processing the request".into(),
-        429 => "the server has received too many requests and has asked us to try again later".into(),
-        c if c >= 500 => format!(
-            "an error on the server ({}) has prevented the request from succeeding",
-            go_quote(&server_message)
-        ),
-        c => format!("the server responded with the status code {c} but did not return more information"),
-    }
-}
-
-/// Go's `%q` of a string.
-fn go_quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
-}
-
-/// Go's text of a TLS handshake failure.
-fn tls_error(e: &std::io::Error) -> String {
-    use rustls::{CertificateError, Error as T};
-    let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
-    match inner {
-        Some(T::InvalidCertificate(
-            CertificateError::UnknownIssuer | CertificateError::BadSignature,
-        )) => {
-            "tls: failed to verify certificate: x509: certificate signed by unknown authority"
-                .into()
-        }
-        Some(T::InvalidCertificate(CertificateError::NotValidForNameContext {
-            expected,
-            presented,
-        })) => format!(
-            "tls: failed to verify certificate: {}",
-            hostname_error(&expected.to_str(), presented)
-        ),
-        Some(T::InvalidCertificate(CertificateError::NotValidForName)) => {
-            "tls: failed to verify certificate: x509: certificate is not valid for the requested name".into()
-        }
-        Some(T::InvalidCertificate(CertificateError::Expired))
-        | Some(T::InvalidCertificate(CertificateError::ExpiredContext { .. }))
-        | Some(T::InvalidCertificate(CertificateError::NotValidYet))
-        | Some(T::InvalidCertificate(CertificateError::NotValidYetContext { .. })) => {
-            "tls: failed to verify certificate: x509: certificate has expired or is not yet valid".into()
-        }
-        Some(other) => format!("tls: {other}"),
-        None if e.kind() == std::io::ErrorKind::UnexpectedEof => "EOF".into(),
-        None => e.to_string(),
-    }
-}
-
-/// Go's x509 HostnameError: the certificate's IP names when an IP was asked for, else its
-/// DNS names.
-fn hostname_error(host: &str, presented: &[String]) -> String {
-    // rustls may quote or wrap the names it presents; keep the bare name.
-    let bare = |n: &String| {
-        let n = n.trim_end_matches(')');
-        let n = n.rsplit('(').next().unwrap_or(n);
-        n.trim_matches('"').to_owned()
-    };
-    let names: Vec<String> = presented.iter().map(bare).collect();
-    let is_ip = |n: &str| n.parse::<std::net::IpAddr>().is_ok();
-    let valid: Vec<&str> = if is_ip(host) {
-        let ips: Vec<&str> = names
-            .iter()
-            .map(String::as_str)
-            .filter(|n| is_ip(n))
-            .collect();
-        if ips.is_empty() {
-            return format!(
-                "x509: cannot validate certificate for {host} because it doesn't contain any IP SANs"
-            );
-        }
-        ips
-    } else {
-        names
-            .iter()
-            .map(String::as_str)
-            .filter(|n| !is_ip(n))
-            .collect()
-    };
-    if valid.is_empty() {
-        return format!("x509: certificate is not valid for any names, but wanted to match {host}");
-    }
-    format!(
-        "x509: certificate is valid for {}, not {host}",
-        valid.join(", ")
-    )
-}
-
-/// Go's text of a failed TCP dial to `addr`.
-fn dial_error(addr: &str, e: &std::io::Error) -> String {
-    use std::io::ErrorKind as K;
-    let why = match e.kind() {
-        K::ConnectionRefused => "connection refused".to_owned(),
-        K::ConnectionReset => "connection reset by peer".to_owned(),
-        K::TimedOut => "i/o timeout".to_owned(),
-        _ => e.to_string(),
-    };
-    format!("dial tcp {addr}: connect: {why}")
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// A connection to a webhook: TCP, or one of the simulated pod network.
-trait Conn: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Conn for T {}
-
-/// A TLS stream that takes a peer closing the connection without TLS's close_notify as
-/// the end of the stream, as Go's HTTP client does (a body read to the end of the
-/// connection is then complete).
-struct CloseTolerant<S>(S);
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for CloseTolerant<S> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match std::pin::Pin::new(&mut self.0).poll_read(cx, buf) {
-            std::task::Poll::Ready(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                std::task::Poll::Ready(Ok(()))
-            }
-            other => other,
-        }
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for CloseTolerant<S> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-impl Hook {
-    /// Resolves where to connect (a Service reference through its EndpointSlices).
-    async fn endpoint(&self, rest: &Rest) -> Result<(Endpoint, Result<String, String>), String> {
-        let query = format!("timeout={}", go_duration(self.timeout));
-        match &self.target {
-            Target::Url(u) => {
-                let uri: http::Uri = u
-                    .parse()
-                    .map_err(|e| format!("could not get REST client: {e}"))?;
-                let host = uri.host().unwrap_or("").trim_matches(['[', ']']).to_owned();
-                let port = uri.port_u16().unwrap_or(443);
-                let path = clean_path(uri.path());
-                let pq = match uri.query() {
-                    Some(q) if !q.is_empty() => format!("{path}?{q}&{query}"),
-                    _ => format!("{path}?{query}"),
-                };
-                let authority = uri
-                    .authority()
-                    .map(|a| a.as_str().to_owned())
-                    .unwrap_or_default();
-                let dial = if host.contains(':') {
-                    format!("[{host}]:{port}")
-                } else {
-                    format!("{host}:{port}")
-                };
-                Ok((
-                    Endpoint {
-                        url: format!("https://{authority}{pq}"),
-                        server_name: host,
-                        path_and_query: pq,
-                        host_header: authority,
-                    },
-                    Ok(dial),
-                ))
-            }
-            Target::Service {
-                namespace,
-                name,
-                path,
-                port,
-            } => {
-                let server_name = format!("{name}.{namespace}.svc");
-                let host = format!("{server_name}:{port}");
-                let pq = format!("{}?{query}", clean_path(path));
-                let resolved = resolve_service(rest, namespace, name, *port).await;
-                Ok((
-                    Endpoint {
-                        url: format!("https://{host}{pq}"),
-                        server_name,
-                        path_and_query: pq,
-                        host_header: host,
-                    },
-                    resolved,
-                ))
-            }
-        }
-    }
-}
-
-/// A ready address of Service `ns/name`'s EndpointSlices for its port `port`, as
-/// `ip:targetPort` (upstream's ResolveEndpoint, with its errors).
-async fn resolve_service(rest: &Rest, ns: &str, name: &str, port: u16) -> Result<String, String> {
-    let get = |key: String| async move {
-        let (kv, _) = rest
-            .store
-            .get(key.as_bytes(), None)
-            .await
-            .map_err(|e| e.to_string())?;
-        match kv {
-            Some(kv) => serde_json::from_slice::<Value>(&kv.value)
-                .map(Some)
-                .map_err(|e| e.to_string()),
-            None => Ok(None),
-        }
-    };
-    let svc = get(format!("/registry/services/{ns}/{name}"))
-        .await?
-        .ok_or_else(|| format!("service \"{name}\" not found"))?;
-    let typ = svc
-        .pointer("/spec/type")
-        .and_then(Value::as_str)
-        .unwrap_or("ClusterIP");
-    if !matches!(typ, "ClusterIP" | "LoadBalancer" | "NodePort") {
-        return Err(format!("unsupported service type \"{typ}\""));
-    }
-    let svc_port = svc
-        .pointer("/spec/ports")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .find(|p| p.get("port").and_then(Value::as_u64) == Some(u64::from(port)))
-        .ok_or_else(|| format!("no service port {port} found for service \"{name}\""))?;
-    let port_name = svc_port.get("name").and_then(Value::as_str).unwrap_or("");
-    let page = rest
-        .store
-        .range(kumo_storage::RangeRequest {
-            prefix: format!("/registry/endpointslices/{ns}/").into_bytes(),
-            start: None,
-            limit: 0,
-            revision: None,
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-    for kv in &page.kvs {
-        let Ok(slice) = serde_json::from_slice::<Value>(&kv.value) else {
-            continue;
-        };
-        if slice
-            .pointer("/metadata/labels/kubernetes.io~1service-name")
-            .and_then(Value::as_str)
-            != Some(name)
-        {
-            continue;
-        }
-        let target = slice
-            .get("ports")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .find(|p| p.get("name").and_then(Value::as_str).unwrap_or("") == port_name)
-            .and_then(|p| p.get("port").and_then(Value::as_u64));
-        let Some(target) = target else { continue };
-        for ep in slice
-            .get("endpoints")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if ep.pointer("/conditions/ready").and_then(Value::as_bool) == Some(false) {
-                continue;
-            }
-            if let Some(ip) = ep
-                .get("addresses")
-                .and_then(Value::as_array)
-                .and_then(|a| a.first())
-                .and_then(Value::as_str)
-            {
-                return Ok(if ip.contains(':') {
-                    format!("[{ip}]:{target}")
-                } else {
-                    format!("{ip}:{target}")
-                });
-            }
-        }
-    }
-    Err(format!("no endpoints available for service \"{name}\""))
-}
-
 /// The answer of a webhook, verified (upstream's AdmissionResponse).
 struct Answer {
     allowed: bool,
@@ -941,94 +491,16 @@ impl Hook {
                 calling("could not create admission objects: webhook does not accept known AdmissionReview versions (v1, v1beta1)".into())
             })?;
         let uid = uuid::Uuid::new_v4().to_string();
-        let review = review(a, inv, obj, &uid, &version);
+        let review = review(a, inv, obj, &uid, &version).map_err(CallError::Refused)?;
         let body = serde_json::to_vec(&review).map_err(|e| calling(e.to_string()))?;
-        let (ep, dial) = self.endpoint(a.rest).await.map_err(calling)?;
-        let failed = |why: String| {
-            calling(format!(
-                "failed to call webhook: Post \"{}\": {why}",
-                ep.url
-            ))
-        };
-        let tls = self
-            .tls
-            .clone()
-            .map_err(|e| calling(format!("could not get REST client: {e}")))?;
-        // A Service's endpoints are on the pod network: through the simulated one when
-        // the cluster has it (a pod IP is never dialed on the host).
-        let pod_network = match self.target {
-            Target::Service { .. } => a.rest.pod_network.clone(),
-            Target::Url(_) => None,
-        };
-        let exchange = async {
-            let addr = dial?;
-            let conn: Box<dyn Conn> = match (&pod_network, addr.parse::<std::net::SocketAddr>()) {
-                (Some(net), Ok(to)) => {
-                    Box::new(net.connect(to).map_err(|e| dial_error(&addr, &e))?)
-                }
-                _ => Box::new(tokio::net::TcpStream::connect(&addr).await.map_err(|e| {
-                    if addr.parse::<std::net::SocketAddr>().is_ok() {
-                        dial_error(&addr, &e)
-                    } else {
-                        format!("dial tcp: lookup {}: {e}", ep.server_name)
-                    }
-                })?),
-            };
-            let name =
-                ServerName::try_from(ep.server_name.clone()).map_err(|e| format!("tls: {e}"))?;
-            let stream = tokio_rustls::TlsConnector::from(tls)
-                .connect(name, conn)
-                .await
-                .map_err(|e| tls_error(&e))?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(
-                hyper_util::rt::TokioIo::new(CloseTolerant(stream)),
-            )
+        let bytes = self
+            .client
+            .post(&*a.rest.store, a.rest.pod_network.as_ref(), body)
             .await
-            .map_err(|e| e.to_string())?;
-            // The connection is driven beside the exchange and ends with it (also when the
-            // timeout drops the exchange).
-            let _conn = AbortOnDrop(tokio::spawn(async move {
-                let _ = conn.await;
-            }));
-            let req = http::Request::post(ep.path_and_query.as_str())
-                .header(http::header::HOST, ep.host_header.as_str())
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .header(http::header::ACCEPT, "application/json, */*")
-                .header(http::header::USER_AGENT, "kube-apiserver-admission")
-                .body(Full::new(Bytes::from(body)))
-                .map_err(|e| e.to_string())?;
-            let resp = sender.send_request(req).await.map_err(|e| {
-                if e.is_incomplete_message() {
-                    "EOF".to_owned()
-                } else {
-                    e.to_string()
-                }
+            .map_err(|e| match e {
+                PostError::Setup(why) => calling(why),
+                e => calling(format!("failed to call webhook: {e}")),
             })?;
-            let status = resp.status().as_u16();
-            let text = resp
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|c| c.starts_with("text/") || c.contains("json"));
-            let bytes = Limited::new(resp.into_body(), MAX_RESPONSE)
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            Ok::<_, String>((status, text, bytes))
-        };
-        let (status, text, bytes) =
-            match tokio::time::timeout(Duration::from_secs(self.timeout), exchange).await {
-                Err(_) => return Err(failed("context deadline exceeded".into())),
-                Ok(Err(why)) => return Err(failed(why)),
-                Ok(Ok(r)) => r,
-            };
-        if !(200..300).contains(&status) {
-            return Err(calling(format!(
-                "failed to call webhook: {}",
-                server_response_error(status, &bytes, text)
-            )));
-        }
         let invalid = |why: String| calling(format!("received invalid webhook response: {why}"));
         let resp: Value = serde_json::from_slice(&bytes).map_err(|e| {
             calling(format!(
@@ -1127,7 +599,7 @@ fn review(
     obj: Option<&Value>,
     uid: &str,
     version: &str,
-) -> Value {
+) -> Result<Value, ApiError> {
     let (rg, rv, rk) = request_kind(a.resource, a.subresource);
     let sub = a.subresource.unwrap_or("");
     let res = inv.resource(a);
@@ -1155,18 +627,18 @@ fn review(
     req["userInfo"] = a.user.to_json();
     let conv = |o: Option<&Value>| match o {
         Some(o) if !own_type(a.subresource) => convert(a.resource, res, o),
-        Some(o) => o.clone(),
-        None => Value::Null,
+        Some(o) => Ok(o.clone()),
+        None => Ok(Value::Null),
     };
-    req["object"] = conv(obj);
-    req["oldObject"] = conv(a.old);
+    req["object"] = conv(obj)?;
+    req["oldObject"] = conv(a.old)?;
     req["dryRun"] = json!(a.dry_run);
     req["options"] = a.options.clone();
-    json!({
+    Ok(json!({
         "kind": "AdmissionReview",
         "apiVersion": format!("admission.k8s.io/{version}"),
         "request": req,
-    })
+    }))
 }
 
 /// A webhook's Status reason as the `'static` string [`ApiError`] holds. Upstream passes
@@ -1280,7 +752,7 @@ impl Hook {
         if self.match_conditions.is_empty() {
             return Ok(true);
         }
-        let request = review(a, inv, obj, "", "v1")["request"].take();
+        let request = review(a, inv, obj, "", "v1").map_err(CallError::Refused)?["request"].take();
         let present = |k: &str| request.get(k).filter(|v| !v.is_null());
         let mut act = crate::cel::Activation::default();
         act.bind("object", present("object"));
@@ -1350,7 +822,7 @@ impl Hook {
         let mut versioned = if binding {
             obj.clone()
         } else {
-            convert(a.resource, res, obj)
+            convert(a.resource, res, obj).map_err(CallError::Refused)?
         };
         json_patch::patch(&mut versioned, &ops.0)
             .map_err(|e| CallError::Refused(ApiError::internal(e)))?;
@@ -1363,7 +835,7 @@ impl Hook {
         let mut back = if binding {
             versioned
         } else {
-            convert(res, a.resource, &versioned)
+            convert(res, a.resource, &versioned).map_err(CallError::Refused)?
         };
         // The kind and apiVersion are the decoder's, not the patch's.
         if let (Some(b), Some(o)) = (back.as_object_mut(), obj.as_object()) {
@@ -1478,14 +950,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn paths_are_cleaned_as_go_joins_them() {
-        assert_eq!(clean_path(""), "/");
-        assert_eq!(clean_path("/"), "/");
-        assert_eq!(clean_path("/validate/"), "/validate");
-        assert_eq!(clean_path("a//b/./c"), "/a/b/c");
-    }
-
-    #[test]
     fn denial_keeps_code_and_reason() {
         let e = denied(
             "deny.example.com",
@@ -1574,60 +1038,6 @@ mod tests {
                 _ => panic!("the webhook was not called"),
             }
         }
-    }
-
-    #[tokio::test]
-    async fn services_resolve_to_a_ready_endpoint() {
-        let (rest, _dir) = rest().await;
-        let put = |key: &str, v: Value| {
-            let store = rest.store.clone();
-            let key = key.to_owned();
-            async move {
-                store
-                    .create(key.as_bytes(), serde_json::to_vec(&v).expect("json"))
-                    .await
-                    .expect("write");
-            }
-        };
-        put(
-            "/registry/services/hooks/svc",
-            json!({"metadata": {"name": "svc"}, "spec": {"type": "ClusterIP",
-                "ports": [{"name": "https", "port": 443, "targetPort": 9443}]}}),
-        )
-        .await;
-        put(
-            "/registry/services/hooks/ext",
-            json!({"metadata": {"name": "ext"}, "spec": {"type": "ExternalName",
-                "ports": [{"port": 443}]}}),
-        )
-        .await;
-        put(
-            "/registry/endpointslices/hooks/other",
-            json!({"metadata": {"name": "other", "labels": {"kubernetes.io/service-name": "x"}},
-                "ports": [{"name": "https", "port": 1}],
-                "endpoints": [{"addresses": ["10.0.0.9"]}]}),
-        )
-        .await;
-        put(
-            "/registry/endpointslices/hooks/svc-1",
-            json!({"metadata": {"name": "svc-1", "labels": {"kubernetes.io/service-name": "svc"}},
-                "ports": [{"name": "https", "port": 9443}],
-                "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": false}},
-                              {"addresses": ["127.0.0.1"], "conditions": {"ready": true}}]}),
-        )
-        .await;
-        assert_eq!(
-            resolve_service(&rest, "hooks", "svc", 443).await,
-            Ok("127.0.0.1:9443".to_owned())
-        );
-        assert_eq!(
-            resolve_service(&rest, "hooks", "ext", 443).await,
-            Err("unsupported service type \"ExternalName\"".to_owned())
-        );
-        assert_eq!(
-            resolve_service(&rest, "hooks", "svc", 80).await,
-            Err("no service port 80 found for service \"svc\"".to_owned())
-        );
     }
 
     #[test]
@@ -1725,11 +1135,5 @@ mod tests {
             crate::openapi::type_error(&res, &obj).as_deref(),
             Some("json: cannot unmarshal number into Go struct field ConfigMap.data of type map[string]string")
         );
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(go_duration(10), "10s");
-        assert_eq!(go_duration(30), "30s");
     }
 }
