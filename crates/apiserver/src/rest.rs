@@ -128,7 +128,7 @@ fn storage_error(res: &Resource, name: &str, e: StorageError) -> ApiError {
 /// Decodes a stored object as the endpoint `res` serves it and stamps its resourceVersion.
 fn decode_stored(res: &Resource, bytes: &[u8], rv: Revision) -> Result<Value, ApiError> {
     let obj = decode_raw(bytes, rv)?;
-    Ok(res.strategy.served_form(obj))
+    res.strategy.served_form(obj)
 }
 
 /// Decodes a stored object in its stored form.
@@ -141,7 +141,7 @@ fn decode_raw(bytes: &[u8], rv: Revision) -> Result<Value, ApiError> {
 /// Encodes an object for storage, in its stored form and without its resourceVersion,
 /// which is the store's.
 fn encode_stored(res: &Resource, obj: &Value) -> Result<Vec<u8>, ApiError> {
-    let mut obj = res.strategy.stored_form(obj.clone());
+    let mut obj = res.strategy.stored_form(obj.clone())?;
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");
     }
@@ -534,13 +534,15 @@ impl Selectors {
             if !supported.contains(&field) {
                 // Kinds with their own field label conversion (the ones with selectable
                 // fields) word it their way; the rest get apimachinery's default.
-                return Err(ApiError::bad_request(if supported.len() > 2 {
-                    format!("field label not supported: {field}")
-                } else {
-                    format!(
+                return Err(ApiError::bad_request(
+                    if supported.len() > 2 || res.strategy.converts_field_labels() {
+                        format!("field label not supported: {field}")
+                    } else {
+                        format!(
                         "{field:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
                     )
-                }));
+                    },
+                ));
             }
         }
         Ok(Selectors { labels, fields })
@@ -1340,7 +1342,7 @@ impl Rest {
                     out.push(b'\n');
                     return Ok(Reply::Raw(200, Bytes::from(out)));
                 }
-                let obj = res.strategy.served_form(obj.object());
+                let obj = res.strategy.served_form(obj.object())?;
                 return Ok(Reply::Json(200, render_one(res, req, obj)));
             }
         }
@@ -1529,7 +1531,7 @@ impl Rest {
                     }
                     break;
                 }
-                let served = res.strategy.served_form(obj.object());
+                let served = res.strategy.served_form(obj.object())?;
                 if cheap || selectors.matches(res, &served) {
                     items.push(served);
                 }
@@ -2790,7 +2792,10 @@ impl WatchRun {
                     }
                     continue;
                 }
-                let obj = self.res.strategy.served_form(obj.object());
+                let obj = match self.res.strategy.served_form(obj.object()) {
+                    Ok(obj) => obj,
+                    Err(e) => return self.send_error(e).await,
+                };
                 if self.selectors.matches(&self.res, &obj) && !self.send("ADDED", obj).await {
                     return;
                 }
@@ -2851,7 +2856,20 @@ impl WatchRun {
 
     /// Sends a cached change.
     async fn on_cached(&mut self, ev: &CacheEvent) -> bool {
-        let served = |o: &Arc<Cached>| self.res.strategy.served_form(o.object());
+        let res = self.res.clone();
+        let served = |o: &Arc<Cached>| res.strategy.served_form(o.object());
+        // A conversion that fails ends the watch with its error.
+        macro_rules! or_end {
+            ($r:expr) => {
+                match $r {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.send_error(e).await;
+                        return false;
+                    }
+                }
+            };
+        }
         match ev {
             CacheEvent::Put { obj, prev, .. } if self.splices() => {
                 let labels = &self.selectors.labels;
@@ -2868,8 +2886,8 @@ impl WatchRun {
                     return true;
                 }
                 // It stopped matching: DELETED, which carries the revision of the change.
-                let (revision, prev) = (ev.revision(), prev.as_ref().map(served));
-                self.on_change(revision, None, prev).await
+                let prev = or_end!(prev.as_ref().map(served).transpose());
+                self.on_change(ev.revision(), None, prev).await
             }
             CacheEvent::Put {
                 revision,
@@ -2877,11 +2895,12 @@ impl WatchRun {
                 prev,
                 ..
             } => {
-                let (obj, prev) = (served(obj), prev.as_ref().map(served));
+                let obj = or_end!(served(obj));
+                let prev = or_end!(prev.as_ref().map(served).transpose());
                 self.on_change(*revision, Some(obj), prev).await
             }
             CacheEvent::Delete { revision, prev, .. } => {
-                let prev = served(prev);
+                let prev = or_end!(served(prev));
                 self.on_change(*revision, None, Some(prev)).await
             }
             CacheEvent::Progress(_) | CacheEvent::Reset => true,

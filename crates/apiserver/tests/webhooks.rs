@@ -49,6 +49,9 @@ impl Hooks {
 /// object labeled `sentinel`), `/label` adds the label `mutated: "yes"`, `/slow` answers
 /// after 3 s, `/warn` allows with a warning, `/allow` allows.
 fn answer(path: &str, review: &Value) -> Value {
+    if review["kind"] == "ConversionReview" {
+        return convert(review);
+    }
     let req = &review["request"];
     let uid = req["uid"].clone();
     let name = req["object"]["metadata"]["name"]
@@ -75,6 +78,40 @@ fn answer(path: &str, review: &Value) -> Value {
         _ => json!({"uid": uid, "allowed": true}),
     };
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+}
+
+/// A conversion webhook for `conv.kumo.test`: v1's `hostPort: "h:p"` is v2's `host` and
+/// `port` (agnhost's example converter); an object labeled `broken` fails to convert.
+fn convert(review: &Value) -> Value {
+    let req = &review["request"];
+    let desired = req["desiredAPIVersion"].as_str().unwrap_or("");
+    let mut out = Vec::new();
+    for obj in req["objects"].as_array().into_iter().flatten() {
+        if obj["metadata"]["labels"]["broken"].is_string() {
+            return json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+                "response": {"uid": req["uid"], "result": {"status": "Failure", "message": "cannot convert this one"}}});
+        }
+        let mut o = obj.clone();
+        let m = o.as_object_mut().unwrap();
+        if desired.ends_with("/v2") {
+            if let Some(hp) = m.remove("hostPort") {
+                let (h, p) = hp.as_str().unwrap().split_once(':').unwrap();
+                m.insert("host".into(), json!(h));
+                m.insert("port".into(), json!(p));
+            }
+        } else if let (Some(h), Some(p)) = (m.remove("host"), m.remove("port")) {
+            m.insert(
+                "hostPort".into(),
+                json!(format!("{}:{}", h.as_str().unwrap(), p.as_str().unwrap())),
+            );
+        }
+        // A webhook may not change what it was not asked to: this change is dropped.
+        m["metadata"]["generation"] = json!(99);
+        m.insert("apiVersion".into(), json!(desired));
+        out.push(o);
+    }
+    json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+        "response": {"uid": req["uid"], "convertedObjects": out, "result": {"status": "Success"}}})
 }
 
 /// Starts the webhook server on 127.0.0.1 with a certificate for 127.0.0.1 and
@@ -799,5 +836,201 @@ spec:
     assert!(
         h.seen_at("/warn").is_empty(),
         "the Exact webhook was called"
+    );
+}
+
+/// A definition with versions v1 (stored) and v2 converted by the test's webhook: objects
+/// are converted on write and read, lists of mixed stored versions are converted object by
+/// object, `selectableFields` select on the converted object, and a failed conversion is
+/// upstream's internal error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversion_webhooks_convert_between_versions() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let h = serve_hooks().await;
+    let crd = |storage_v2: bool| {
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {{name: convs.conv.kumo.test}}
+spec:
+  group: conv.kumo.test
+  scope: Namespaced
+  names: {{plural: convs, singular: conv, kind: Conv, listKind: ConvList}}
+  conversion:
+    strategy: Webhook
+    webhook:
+      conversionReviewVersions: [v1, v1beta1]
+      clientConfig: {{url: \"{}\", caBundle: {}}}
+  versions:
+  - name: v1
+    served: true
+    storage: {}
+    schema: {{openAPIV3Schema: {{type: object, properties: {{hostPort: {{type: string}}}}}}}}
+  - name: v2
+    served: true
+    storage: {}
+    selectableFields: [{{jsonPath: .host}}]
+    schema: {{openAPIV3Schema: {{type: object, properties: {{host: {{type: string}}, port: {{type: string}}}}}}}}
+",
+            h.url("/convert"),
+            h.ca_bundle,
+            !storage_v2,
+            storage_v2
+        )
+    };
+    let out = k_in(None, &kc, &["apply", "-f", "-"], Some(&crd(false))).await;
+    assert!(out.ok, "{}", out.stderr);
+    let obj = |name: &str, version: &str, body: &str| {
+        format!("apiVersion: conv.kumo.test/{version}\nkind: Conv\nmetadata: {{name: {name}, namespace: default}}\n{body}\n")
+    };
+    // The resource is served once the definition is established.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = k_in(
+            None,
+            &kc,
+            &["create", "-f", "-"],
+            Some(&obj("one", "v1", "hostPort: \"localhost:8080\"")),
+        )
+        .await;
+        if out.ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", out.stderr);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let get = |what: &str| {
+        let kc = kc.clone();
+        let what = what.to_owned();
+        async move {
+            let out = k(&kc, &["-n", "default", "get", &what, "-o", "json"]).await;
+            assert!(out.ok, "{}", out.stderr);
+            serde_json::from_str::<Value>(&out.stdout).unwrap()
+        }
+    };
+    let v2 = get("convs.v2.conv.kumo.test/one").await;
+    assert_eq!(v2["apiVersion"], "conv.kumo.test/v2");
+    assert_eq!(
+        (v2["host"].as_str(), v2["port"].as_str()),
+        (Some("localhost"), Some("8080"))
+    );
+    assert!(v2.get("hostPort").is_none());
+    // Metadata is the stored object's, whatever the webhook answered.
+    assert!(v2["metadata"].get("generation") != Some(&json!(99)), "{v2}");
+    let seen = h.seen_at("/convert");
+    let r = seen
+        .iter()
+        .find(|r| r["request"]["desiredAPIVersion"] == "conv.kumo.test/v2")
+        .expect("the webhook was asked for v2");
+    assert_eq!(r["apiVersion"], "apiextensions.k8s.io/v1");
+    assert_eq!(
+        r["request"]["objects"][0]["apiVersion"],
+        "conv.kumo.test/v1"
+    );
+
+    // A v2 write is converted to the storage version (v1), then the storage version moves
+    // to v2 and a second object is stored as v2: lists of both versions are converted.
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "-f", "-"],
+        Some(&obj("two", "v2", "host: example\nport: \"80\"")),
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k_in(None, &kc, &["apply", "-f", "-"], Some(&crd(true))).await;
+    assert!(out.ok, "{}", out.stderr);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = k_in(
+            None,
+            &kc,
+            &["create", "-f", "-"],
+            Some(&obj("three", "v1", "hostPort: \"other:9090\"")),
+        )
+        .await;
+        if out.ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", out.stderr);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let v1 = get("convs.v1.conv.kumo.test").await;
+    let hp: Vec<&str> = v1["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["hostPort"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(hp, ["localhost:8080", "other:9090", "example:80"]);
+    let v2 = get("convs.v2.conv.kumo.test").await;
+    let hosts: Vec<&str> = v2["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["host"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(hosts, ["localhost", "other", "example"]);
+
+    // selectableFields select on the version asked for.
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "get",
+            "convs.v2.conv.kumo.test",
+            "--field-selector",
+            "host=other",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), "conv.conv.kumo.test/three");
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "get",
+            "convs.v1.conv.kumo.test",
+            "--field-selector",
+            "host=other",
+        ],
+    )
+    .await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("field label not supported: host"),
+        "{}",
+        out.stderr
+    );
+
+    // A failed conversion is an internal error naming the webhook's message.
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "label",
+            "convs.v1.conv.kumo.test",
+            "one",
+            "broken=yes",
+        ],
+    )
+    .await;
+    assert!(
+        !out.ok,
+        "the label write needs a conversion to v2, which fails"
+    );
+    assert!(
+        out.stderr.contains(
+            "conversion webhook for conv.kumo.test/v1, Kind=Conv failed: cannot convert this one"
+        ),
+        "{}",
+        out.stderr
     );
 }

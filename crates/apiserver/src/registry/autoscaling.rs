@@ -938,12 +938,12 @@ impl Strategy for HorizontalPodAutoscalersV1 {
         true
     }
 
-    fn stored_form(&self, obj: Value) -> Value {
-        to_v2(obj)
+    fn stored_form(&self, obj: Value) -> Result<Value, kumo_apimachinery::status::ApiError> {
+        Ok(to_v2(obj))
     }
 
-    fn served_form(&self, obj: Value) -> Value {
-        to_v1(obj)
+    fn served_form(&self, obj: Value) -> Result<Value, kumo_apimachinery::status::ApiError> {
+        Ok(to_v1(obj))
     }
 
     fn converts(&self) -> bool {

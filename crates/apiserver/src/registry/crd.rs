@@ -15,6 +15,7 @@ use kumo_apimachinery::validation::{self, FieldError, Path};
 use kumo_storage::{RangeRequest, Revision, WatchEvent};
 use serde_json::{json, Value};
 
+use super::conversion::{Network, WebhookConverter};
 use super::custom::CustomResource;
 use super::{name_of, str_at, Column, Registry, Resource, Strategy};
 use crate::rest::Rest;
@@ -49,6 +50,13 @@ fn default_spec(obj: &mut Value) {
     };
     if spec.get("conversion").is_none_or(Value::is_null) {
         spec.insert("conversion".into(), json!({"strategy": "None"}));
+    }
+    if let Some(svc) = spec
+        .get_mut("conversion")
+        .and_then(|c| c.pointer_mut("/webhook/clientConfig/service"))
+        .and_then(Value::as_object_mut)
+    {
+        svc.entry("port").or_insert(json!(443));
     }
     if let Some(names) = spec.get_mut("names").and_then(Value::as_object_mut) {
         let kind = names
@@ -377,7 +385,112 @@ fn validate_crd(obj: &Value) -> Vec<FieldError> {
             "must have exactly one version marked as storage version",
         ));
     }
+    validate_conversion(obj, &spec.child("conversion"), &mut errs);
     errs
+}
+
+/// `spec.conversion`, worded with upstream's internal field names (`webhookClientConfig`,
+/// `conversionReviewVersions` directly under `conversion`), as kube-apiserver reports them.
+fn validate_conversion(obj: &Value, path: &Path, errs: &mut Vec<FieldError>) {
+    let Some(conv) = obj.pointer("/spec/conversion").filter(|c| c.is_object()) else {
+        return;
+    };
+    let strategy = str_at(conv, "/strategy");
+    let hook = conv.get("webhook").filter(|w| !w.is_null());
+    let cc = hook
+        .and_then(|w| w.get("clientConfig"))
+        .filter(|c| !c.is_null());
+    let review_versions: Vec<&str> = hook
+        .and_then(|w| w.get("conversionReviewVersions"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|v| v.as_str().unwrap_or(""))
+        .collect();
+    match strategy {
+        "None" => {
+            if cc.is_some() {
+                errs.push(FieldError::forbidden(
+                    &path.child("webhookClientConfig"),
+                    "should not be set when strategy is not set to Webhook",
+                ));
+            }
+            if !review_versions.is_empty() {
+                errs.push(FieldError::forbidden(
+                    &path.child("conversionReviewVersions"),
+                    "should not be set when strategy is not set to Webhook",
+                ));
+            }
+        }
+        "Webhook" => {
+            let ccp = path.child("webhookClientConfig");
+            match cc {
+                None => errs.push(FieldError::required(
+                    &ccp,
+                    "required when strategy is set to Webhook",
+                )),
+                Some(cc) => {
+                    let url = cc.get("url").filter(|u| !u.is_null());
+                    let svc = cc.get("service").filter(|s| !s.is_null());
+                    if url.is_some() == svc.is_some() {
+                        errs.push(FieldError::required(
+                            &ccp,
+                            "exactly one of url or service is required",
+                        ));
+                    } else if let Some(svc) = svc {
+                        let sp = ccp.child("service");
+                        if str_at(svc, "/name").is_empty() {
+                            errs.push(FieldError::required(
+                                &sp.child("name"),
+                                "service name is required",
+                            ));
+                        }
+                        if str_at(svc, "/namespace").is_empty() {
+                            errs.push(FieldError::required(
+                                &sp.child("namespace"),
+                                "service namespace is required",
+                            ));
+                        }
+                        if let Some(port) = svc.get("port").and_then(Value::as_i64) {
+                            if !(1..=65535).contains(&port) {
+                                errs.push(FieldError::invalid(
+                                    &sp.child("port"),
+                                    port,
+                                    "port is not valid: must be between 1 and 65535, inclusive",
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            let rp = path.child("conversionReviewVersions");
+            if review_versions.is_empty() {
+                errs.push(FieldError::required(&rp, ""));
+            } else {
+                let mut seen = HashSet::new();
+                for (i, v) in review_versions.iter().enumerate() {
+                    if !seen.insert(*v) {
+                        errs.push(FieldError::invalid(&rp.index(i), *v, "duplicate version"));
+                    }
+                }
+                if !review_versions
+                    .iter()
+                    .any(|v| matches!(*v, "v1" | "v1beta1"))
+                {
+                    errs.push(FieldError::invalid(
+                        &rp,
+                        json!(review_versions),
+                        "must include at least one of v1, v1beta1",
+                    ));
+                }
+            }
+        }
+        other => errs.push(FieldError::not_supported(
+            &path.child("strategy"),
+            other,
+            &["None", "Webhook"],
+        )),
+    }
 }
 
 /// Interned strings: a custom resource's names live as long as the server (`Resource`
@@ -417,7 +530,7 @@ fn intern_list(items: &[&str]) -> &'static [&'static str] {
 
 /// The resources a definition serves: one per served version, none while it is being
 /// deleted or not yet Established.
-fn served(crd: &Value) -> Vec<Resource> {
+fn served(crd: &Value, net: &Network) -> Vec<Resource> {
     if crd.pointer("/metadata/deletionTimestamp").is_some() || !established(crd) {
         return Vec::new();
     }
@@ -448,6 +561,7 @@ fn served(crd: &Value) -> Vec<Resource> {
         .find(|v| v.get("storage") == Some(&json!(true)))
         .map(|v| str_at(v, "/name").to_owned())
         .filter(|_| versions.len() > 1);
+    let conversion = WebhookConverter::of(crd, net).map(Arc::new);
     crd.pointer("/spec/versions")
         .and_then(Value::as_array)
         .into_iter()
@@ -473,7 +587,8 @@ fn served(crd: &Value) -> Vec<Resource> {
                 subresources: intern_list(&subs),
                 strategy: Box::new(
                     CustomResource::new(group, plural, kind, list_kind, v)
-                        .with_storage_version(storage.clone()),
+                        .with_storage_version(storage.clone())
+                        .with_conversion(conversion.clone()),
                 ),
             }
         })
@@ -490,6 +605,10 @@ async fn reload(rest: &Rest, registry: &Registry) -> anyhow::Result<(Revision, V
             ..Default::default()
         })
         .await?;
+    let net = Network {
+        store: rest.store.clone(),
+        pod_network: rest.pod_network.clone(),
+    };
     let mut resources = Vec::new();
     let mut source = String::new();
     let mut deleting = Vec::new();
@@ -505,7 +624,7 @@ async fn reload(rest: &Rest, registry: &Registry) -> anyhow::Result<(Revision, V
             deleting.push(crd);
             continue;
         }
-        let built = served(&crd);
+        let built = served(&crd, &net);
         if !built.is_empty() {
             // Only what the resources are built from: status-only writes change nothing.
             source.push_str(&crd["spec"].to_string());

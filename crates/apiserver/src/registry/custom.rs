@@ -9,6 +9,11 @@
 use kumo_apimachinery::validation::{FieldError, Path};
 use serde_json::{json, Map, Value};
 
+use std::sync::Arc;
+
+use kumo_apimachinery::status::ApiError;
+
+use super::conversion::WebhookConverter;
 use super::crd::intern;
 use super::{json_path_pointer, name_of, Column, ScaleSpec, SelectorForm, Strategy};
 
@@ -34,6 +39,11 @@ pub(super) struct CustomResource {
     /// stored in it and served in this one (the `None` conversion: only apiVersion
     /// changes).
     storage_version: Option<String>,
+    /// The definition's conversion webhook (`strategy: Webhook`); without it only
+    /// apiVersion changes between versions.
+    conversion: Option<Arc<WebhookConverter>>,
+    /// `selectableFields`: (field name, JSON pointer of its path).
+    selectable: Vec<(&'static str, String)>,
 }
 
 impl CustomResource {
@@ -119,6 +129,15 @@ impl CustomResource {
             has_defaults: false,
             has_rules: false,
             storage_version: None,
+            conversion: None,
+            selectable: version
+                .get("selectableFields")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f.get("jsonPath").and_then(Value::as_str))
+                .map(|p| (intern(p.trim_start_matches('.')), json_path_pointer(p)))
+                .collect(),
         }
         .with_defaults_noted()
     }
@@ -128,6 +147,20 @@ impl CustomResource {
     pub(super) fn with_storage_version(mut self, storage: Option<String>) -> Self {
         self.storage_version = storage;
         self
+    }
+
+    /// Notes the definition's conversion webhook.
+    pub(super) fn with_conversion(mut self, conversion: Option<Arc<WebhookConverter>>) -> Self {
+        self.conversion = conversion;
+        self
+    }
+
+    /// `obj` in `version`: by the conversion webhook, or by its apiVersion alone.
+    fn to_version(&self, obj: Value, version: &str) -> Result<Value, ApiError> {
+        match &self.conversion {
+            Some(c) => c.convert_blocking(obj, version),
+            None => Ok(self.in_version(obj, version)),
+        }
     }
 
     /// `obj` with apiVersion `<group>/<version>`.
@@ -256,16 +289,16 @@ impl Strategy for CustomResource {
 
     // Defaults apply on read too ("defaulting from storage"): objects stored before a
     // default was added to the schema are served with it.
-    fn stored_form(&self, obj: Value) -> Value {
+    fn stored_form(&self, obj: Value) -> Result<Value, ApiError> {
         match &self.storage_version {
-            Some(v) => self.in_version(obj, v),
-            None => obj,
+            Some(v) => self.to_version(obj, v),
+            None => Ok(obj),
         }
     }
 
-    fn served_form(&self, mut obj: Value) -> Value {
+    fn served_form(&self, mut obj: Value) -> Result<Value, ApiError> {
         if self.storage_version.is_some() {
-            obj = self.in_version(obj, &self.gvk[1]);
+            obj = self.to_version(obj, &self.gvk[1])?;
         }
         if self.has_defaults {
             if let Some(o) = obj.as_object_mut() {
@@ -281,11 +314,30 @@ impl Strategy for CustomResource {
                 }
             }
         }
-        obj
+        Ok(obj)
     }
 
     fn converts(&self) -> bool {
         self.has_defaults || self.storage_version.is_some()
+    }
+
+    fn converts_field_labels(&self) -> bool {
+        true
+    }
+
+    // Field values as upstream's `fmt.Sprint` of the unstructured value; "" when absent.
+    fn selectable_fields(&self, obj: &Value) -> Vec<(&'static str, String)> {
+        self.selectable
+            .iter()
+            .map(|(name, ptr)| {
+                let v = match obj.pointer(ptr) {
+                    None | Some(Value::Null) => String::new(),
+                    Some(Value::String(s)) => s.clone(),
+                    Some(other) => other.to_string(),
+                };
+                (*name, v)
+            })
+            .collect()
     }
 
     fn validate(&self, obj: &Value) -> Vec<FieldError> {

@@ -367,12 +367,12 @@ impl Strategy for EventsV1 {
         validate_event(&to_core(new.clone()), false)
     }
 
-    fn stored_form(&self, obj: Value) -> Value {
-        to_core(obj)
+    fn stored_form(&self, obj: Value) -> Result<Value, kumo_apimachinery::status::ApiError> {
+        Ok(to_core(obj))
     }
 
-    fn served_form(&self, obj: Value) -> Value {
-        from_core(obj)
+    fn served_form(&self, obj: Value) -> Result<Value, kumo_apimachinery::status::ApiError> {
+        Ok(from_core(obj))
     }
 
     fn converts(&self) -> bool {

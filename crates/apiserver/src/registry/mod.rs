@@ -16,6 +16,7 @@ pub mod binding;
 mod bootstrap;
 mod certificates;
 mod componentstatus;
+mod conversion;
 mod coordination;
 mod core;
 mod core_extra;
@@ -217,17 +218,24 @@ pub trait Strategy: Send + Sync {
     }
     /// The stored form of an object this endpoint serves (when it serves another
     /// version's objects, e.g. events.k8s.io/v1 Events are stored as core/v1 Events).
-    fn stored_form(&self, obj: Value) -> Value {
-        obj
+    /// Fails only where a conversion webhook is called.
+    fn stored_form(&self, obj: Value) -> Result<Value, kumo_apimachinery::status::ApiError> {
+        Ok(obj)
     }
     /// The endpoint's form of a stored object. A strategy that overrides it also says so
     /// in [`Strategy::converts`].
-    fn served_form(&self, obj: Value) -> Value {
-        obj
+    fn served_form(&self, obj: Value) -> Result<Value, kumo_apimachinery::status::ApiError> {
+        Ok(obj)
     }
     /// Whether `served_form` changes objects; when it does not, lists and watches hand out
     /// the stored bytes without decoding them.
     fn converts(&self) -> bool {
+        false
+    }
+    /// Whether the kind has a field label conversion of its own even without selectable
+    /// fields (custom resources): unsupported fields are then worded
+    /// `field label not supported: <field>`.
+    fn converts_field_labels(&self) -> bool {
         false
     }
     /// Whether `metadata.generation` counts changes of everything but metadata and status.
@@ -723,7 +731,9 @@ mod converts_tests {
         }
         for res in all {
             // The stored form of a typical object of the resource, as its endpoint writes it.
-            let obj = res.strategy.stored_form(json!({
+            let obj = res
+                .strategy
+                .stored_form(json!({
                 "apiVersion": res.api_version(),
                 "kind": res.kind,
                 "metadata": {"name": "x", "namespace": "default", "labels": {"a": "b"}},
@@ -732,10 +742,11 @@ mod converts_tests {
                 "reason": "R",
                 "note": "n",
                 "regarding": {"kind": "Pod", "name": "p"},
-            }));
+                }))
+                .expect("stored form");
             if !res.strategy.converts() {
                 assert_eq!(
-                    res.strategy.served_form(obj.clone()),
+                    res.strategy.served_form(obj.clone()).expect("served form"),
                     obj,
                     "{}/{} changes objects in served_form but does not say so in converts()",
                     res.api_version(),
