@@ -23,6 +23,9 @@ pub(crate) struct Config {
     pub key_pem: String,
     /// `--sidecar-image` (empty: `/mutating-pods-sidecar` refuses).
     pub sidecar_image: String,
+    /// agnhost `crd-conversion-webhook` rather than `webhook`: `/crdconvert` is served,
+    /// the admission paths are not.
+    pub crd_conversion: bool,
 }
 
 /// Serves one connection: TLS, then HTTP/1.1 requests until the client closes it. A
@@ -88,16 +91,25 @@ async fn handle(
     cfg: &Config,
 ) -> Result<http::Response<Full<Bytes>>, Dropped> {
     let path = req.uri().path().to_owned();
-    let json_body = req
+    let content_type = req
         .headers()
         .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes() == b"application/json");
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let json_body = content_type.as_deref() == Some("application/json");
     let body = req
         .into_body()
         .collect()
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
+    if cfg.crd_conversion {
+        return Ok(match path.as_str() {
+            "/crdconvert" => crd_convert(content_type.as_deref(), &body),
+            "/readyz" => reply(200, "text/plain; charset=utf-8", "ok"),
+            _ => reply(404, "text/plain; charset=utf-8", "404 page not found\n"),
+        });
+    }
     let Some(admit) = Admit::for_path(&path) else {
         return Ok(match path.as_str() {
             "/readyz" => reply(200, "text/plain; charset=utf-8", "ok"),
@@ -170,6 +182,111 @@ async fn handle(
         "response": response,
     });
     Ok(reply(200, "application/json", out.to_string()))
+}
+
+/// agnhost `crd-conversion-webhook`'s `/crdconvert`: a ConversionReview (v1 or v1beta1,
+/// in JSON) answered with the objects converted by its example converter.
+fn crd_convert(content_type: Option<&str>, body: &[u8]) -> http::Response<Full<Bytes>> {
+    let text = "text/plain; charset=utf-8";
+    let ct = content_type.unwrap_or("");
+    if !matches!(ct, "application/json" | "application/yaml") {
+        return reply(400, text, format!("invalid Content-Type header `{ct}`\n"));
+    }
+    let review: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = format!(
+                "failed to deserialize body ({}) with error {e}\n",
+                String::from_utf8_lossy(body)
+            );
+            return reply(400, text, msg);
+        }
+    };
+    let api_version = review["apiVersion"].as_str().unwrap_or("");
+    if review["kind"] != "ConversionReview"
+        || !matches!(
+            api_version,
+            "apiextensions.k8s.io/v1" | "apiextensions.k8s.io/v1beta1"
+        )
+    {
+        let msg = format!(
+            "Unsupported group version kind: {api_version}, Kind={}\n",
+            review["kind"].as_str().unwrap_or("")
+        );
+        return reply(400, text, msg);
+    }
+    let request = &review["request"];
+    let desired = request["desiredAPIVersion"].as_str().unwrap_or("");
+    let mut converted = Vec::new();
+    let mut result = json!({"metadata": {}, "status": "Success"});
+    for obj in request["objects"].as_array().into_iter().flatten() {
+        match convert_example(obj, desired) {
+            Ok(mut o) => {
+                o["apiVersion"] = json!(desired);
+                converted.push(o);
+            }
+            Err(message) => {
+                result = json!({"metadata": {}, "status": "Failure", "message": message});
+                converted.clear();
+                break;
+            }
+        }
+    }
+    let mut response = json!({"uid": request["uid"], "result": result});
+    if !converted.is_empty() {
+        response["convertedObjects"] = json!(converted);
+    }
+    let out = json!({
+        "kind": "ConversionReview",
+        "apiVersion": api_version,
+        "request": {"uid": "", "desiredAPIVersion": "", "objects": null},
+        "response": response,
+    });
+    reply(200, "application/json", out.to_string())
+}
+
+/// agnhost's example converter of `stable.example.com` v1 (`hostPort: "host:port"`) and
+/// v2 (`host`, `port`).
+fn convert_example(obj: &Value, to: &str) -> Result<Value, String> {
+    let from = obj["apiVersion"].as_str().unwrap_or("");
+    if from == to {
+        return Err(format!(
+            "conversion from a version to itself should not call the webhook: {to}"
+        ));
+    }
+    let mut out = obj.clone();
+    let Some(o) = out.as_object_mut() else {
+        return Err(format!("unexpected conversion version {from:?}"));
+    };
+    match (from, to) {
+        ("stable.example.com/v1", "stable.example.com/v2") => {
+            if let Some(hp) = o.remove("hostPort") {
+                let hp = hp.as_str().unwrap_or("").to_owned();
+                let parts: Vec<&str> = hp.split(':').collect();
+                if parts.len() != 2 {
+                    return Err(format!("invalid hostPort value `{hp}`"));
+                }
+                o.insert("host".into(), json!(parts[0]));
+                o.insert("port".into(), json!(parts[1]));
+            }
+        }
+        ("stable.example.com/v2", "stable.example.com/v1") => {
+            let (host, port) = (o.remove("host"), o.remove("port"));
+            if host.is_some() || port.is_some() {
+                let s = |v: Option<Value>| match v {
+                    Some(Value::String(s)) => s,
+                    Some(other) => other.to_string(),
+                    None => String::new(),
+                };
+                o.insert("hostPort".into(), json!(format!("{}:{}", s(host), s(port))));
+            }
+        }
+        ("stable.example.com/v1" | "stable.example.com/v2", _) => {
+            return Err(format!("unexpected conversion version {to:?}"))
+        }
+        _ => return Err(format!("unexpected conversion version {from:?}")),
+    }
+    Ok(out)
 }
 
 /// agnhost's admission paths.
@@ -498,6 +615,68 @@ fn admit_crd(request: &Value) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn body_of(r: http::Response<Full<Bytes>>) -> (u16, Value) {
+        let code = r.status().as_u16();
+        let b = r.into_body().collect().await.expect("body").to_bytes();
+        (code, serde_json::from_slice(&b).unwrap_or(Value::Null))
+    }
+
+    #[tokio::test]
+    async fn crd_conversions_answer_as_agnhost() {
+        let review = |desired: &str, obj: Value| {
+            serde_json::to_vec(&json!({"kind": "ConversionReview",
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "request": {"uid": "u1", "desiredAPIVersion": desired, "objects": [obj]}}))
+            .expect("json")
+        };
+        let v1 = json!({"apiVersion": "stable.example.com/v1", "kind": "E",
+            "metadata": {"name": "a"}, "hostPort": "localhost:8080"});
+        let (code, out) = body_of(crd_convert(
+            Some("application/json"),
+            &review("stable.example.com/v2", v1.clone()),
+        ))
+        .await;
+        assert_eq!(code, 200);
+        assert_eq!(out["response"]["uid"], "u1");
+        assert_eq!(out["response"]["result"]["status"], "Success");
+        assert_eq!(
+            out["response"]["convertedObjects"][0],
+            json!({"apiVersion": "stable.example.com/v2", "kind": "E",
+                "metadata": {"name": "a"}, "host": "localhost", "port": "8080"})
+        );
+        // And back.
+        let v2 = out["response"]["convertedObjects"][0].clone();
+        let (_, back) = body_of(crd_convert(
+            Some("application/json"),
+            &review("stable.example.com/v1", v2),
+        ))
+        .await;
+        assert_eq!(back["response"]["convertedObjects"][0], v1);
+        // A bad value and a conversion to the same version fail with agnhost's messages.
+        let bad = json!({"apiVersion": "stable.example.com/v1", "hostPort": "nocolon"});
+        let (_, out) = body_of(crd_convert(
+            Some("application/json"),
+            &review("stable.example.com/v2", bad),
+        ))
+        .await;
+        assert_eq!(out["response"]["result"]["status"], "Failure");
+        assert_eq!(
+            out["response"]["result"]["message"],
+            "invalid hostPort value `nocolon`"
+        );
+        let (_, out) = body_of(crd_convert(
+            Some("application/json"),
+            &review("stable.example.com/v1", v1),
+        ))
+        .await;
+        assert_eq!(
+            out["response"]["result"]["message"],
+            "conversion from a version to itself should not call the webhook: stable.example.com/v1"
+        );
+        let r = crd_convert(Some("text/plain"), b"{}");
+        assert_eq!(r.status().as_u16(), 400);
+    }
 
     fn review(resource: &str, op: &str, obj: Value) -> Value {
         json!({"uid": "u", "operation": op,

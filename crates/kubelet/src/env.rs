@@ -226,6 +226,7 @@ pub async fn sources(
     }
     sources["serviceEnv"] = json!(service_env(&services));
     sources["tokens"] = Value::Object(tokens(client, pod, previous).await);
+    sources["trustBundles"] = Value::Object(crate::trustbundle::fetch(client, pod).await);
     for (kind, names) in [("configmaps", cms), ("secrets", secrets)] {
         for name in names {
             let req = http::Request::get(format!("/api/v1/namespaces/{ns}/{kind}/{name}"))
@@ -820,6 +821,11 @@ fn volume_source(
                 );
             } else if let Some(d) = src.get("downwardAPI") {
                 downward(d, mode, &mut files);
+            } else if let Some(c) = src.get("clusterTrustBundle") {
+                files.insert(
+                    str_at(c, "/path"),
+                    (crate::trustbundle::content(pod.get(SOURCES), c), mode),
+                );
             } else if let Some(t) = src.get("serviceAccountToken") {
                 let key = format!("{name}/{}", str_at(t, "/path"));
                 let token = pod

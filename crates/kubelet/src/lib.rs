@@ -23,6 +23,7 @@ pub mod prober;
 pub mod runtime;
 pub mod server;
 pub mod static_pods;
+pub mod trustbundle;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -268,11 +268,13 @@ impl Dataplane {
                 cert_file,
                 key_file,
                 sidecar_image,
+                crd_conversion,
             } => {
                 let cfg = crate::agnhost_webhook::Config {
                     cert_pem: self.read_file(&container, &cert_file).unwrap_or_default(),
                     key_pem: self.read_file(&container, &key_file).unwrap_or_default(),
                     sidecar_image,
+                    crd_conversion,
                 };
                 tokio::spawn(crate::agnhost_webhook::serve(server, cfg));
             }

@@ -812,6 +812,8 @@ pub enum Listener {
         cert_file: String,
         key_file: String,
         sidecar_image: String,
+        /// `crd-conversion-webhook` (serves `/crdconvert`) rather than `webhook`.
+        crd_conversion: bool,
     },
 }
 
@@ -855,12 +857,15 @@ fn image_listener(
     };
     match args.first().copied() {
         Some("liveness") if port == 8080 => Some(Listener::AgnhostLiveness { started }),
-        Some("webhook") if port == flag("--port").unwrap_or(443) => {
+        Some(server @ ("webhook" | "crd-conversion-webhook"))
+            if port == flag("--port").unwrap_or(443) =>
+        {
             Some(Listener::AgnhostWebhook {
                 container: container_id.unwrap_or_default(),
                 cert_file: text_flag("--tls-cert-file"),
                 key_file: text_flag("--tls-private-key-file"),
                 sidecar_image: text_flag("--sidecar-image"),
+                crd_conversion: server == "crd-conversion-webhook",
             })
         }
         Some("test-webserver") if port == flag("--port").unwrap_or(80) => {
