@@ -320,6 +320,82 @@ fn service_env(services: &[Value]) -> Vec<(String, String)> {
     env
 }
 
+/// The volumes of `pod` (with its sources) that cannot be set up, with upstream's reason:
+/// a ConfigMap, Secret or ClusterTrustBundle that a non-optional volume or projection
+/// refers to and that does not exist. The kubelet starts no container until there are
+/// none (the pod stays ContainerCreating, with `FailedMount` events).
+pub fn mount_failures(pod: &Value) -> Vec<(String, String)> {
+    mount_failures_with(pod, pod.get(SOURCES))
+}
+
+/// [`mount_failures`] of `pod` with `sources`.
+fn mount_failures_with(pod: &Value, sources: Option<&Value>) -> Vec<(String, String)> {
+    let has = |kind: &str, name: &str| {
+        sources
+            .and_then(|s| s.get(kind))
+            .and_then(|m| m.get(name))
+            .is_some()
+    };
+    let optional = |v: &Value| v.get("optional").and_then(Value::as_bool) == Some(true);
+    let mut out = Vec::new();
+    for vol in pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let vname = str_at(vol, "/name");
+        let mut why = Vec::new();
+        if let Some(cm) = vol.get("configMap").filter(|c| !optional(c)) {
+            let name = str_at(cm, "/name");
+            if !has("configmaps", &name) {
+                why.push(format!("configmap \"{name}\" not found"));
+            }
+        }
+        if let Some(sec) = vol.get("secret").filter(|c| !optional(c)) {
+            let name = str_at(sec, "/secretName");
+            if !has("secrets", &name) {
+                why.push(format!("secret \"{name}\" not found"));
+            }
+        }
+        for src in vol
+            .pointer("/projected/sources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(cm) = src.get("configMap").filter(|c| !optional(c)) {
+                let name = str_at(cm, "/name");
+                if !has("configmaps", &name) {
+                    why.push(format!("configmap \"{name}\" not found"));
+                }
+            }
+            if let Some(sec) = src.get("secret").filter(|c| !optional(c)) {
+                let name = str_at(sec, "/name");
+                if !has("secrets", &name) {
+                    why.push(format!("secret \"{name}\" not found"));
+                }
+            }
+            if let Some(ctb) = src.get("clusterTrustBundle").filter(|c| !optional(c)) {
+                if crate::trustbundle::content(sources, ctb).is_empty() {
+                    why.push(match ctb.get("name").and_then(Value::as_str) {
+                        Some(n) => {
+                            format!("clustertrustbundle.certificates.k8s.io \"{n}\" not found")
+                        }
+                        None => "combined trust bundle is empty".to_owned(),
+                    });
+                }
+            }
+        }
+        match why.len() {
+            0 => {}
+            1 => out.push((vname, why.remove(0))),
+            _ => out.push((vname, format!("[{}]", why.join(", ")))),
+        }
+    }
+    out
+}
+
 /// `pod` with its sources.
 pub fn with_sources(pod: &Value, sources: &Value) -> Value {
     let mut pod = pod.clone();
@@ -610,17 +686,19 @@ pub fn has_projected_volumes(pod: &Value) -> bool {
 }
 
 /// Whether the sources read for `pod` are to be read again: its volumes follow their
-/// ConfigMaps and Secrets, re-read every 5 s, and a projected token is renewed once 80 %
-/// of its lifetime has passed.
+/// ConfigMaps and Secrets, re-read every 5 s (every second while one is missing), and a
+/// projected token is renewed once 80 % of its lifetime has passed.
 pub fn sources_stale(pod: &Value, sources: &Value) -> bool {
     let now = unix_now();
     let token_due = sources["tokens"].as_object().is_some_and(|ts| {
         ts.values()
             .any(|t| t["refreshAt"].as_u64().is_some_and(|r| r <= now))
     });
+    let age = now.saturating_sub(sources["fetchedAt"].as_u64().unwrap_or(0));
     token_due
-        || (has_projected_volumes(pod)
-            && now.saturating_sub(sources["fetchedAt"].as_u64().unwrap_or(0)) >= 5)
+        || (has_projected_volumes(pod) && age >= 5)
+        // A volume that cannot be set up is retried every second.
+        || (age >= 1 && !mount_failures_with(pod, Some(sources)).is_empty())
 }
 
 /// The kubelet-managed `/etc/hosts` of a pod (pod network).
@@ -881,6 +959,35 @@ fn mounts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_non_optional_sources_fail_their_volumes() {
+        let pod = json!({"spec": {"volumes": [
+            {"name": "cm", "configMap": {"name": "gone"}},
+            {"name": "opt", "configMap": {"name": "gone", "optional": true}},
+            {"name": "sec", "secret": {"secretName": "there"}},
+            {"name": "proj", "projected": {"sources": [
+                {"configMap": {"name": "there-too"}},
+                {"clusterTrustBundle": {"name": "ctb", "path": "ca.pem"}},
+                {"clusterTrustBundle": {"signerName": "a.b/c", "path": "x.pem", "optional": true}},
+            ]}},
+        ]}});
+        let sources = json!({"configmaps": {"there-too": {}}, "secrets": {"there": {}},
+            "trustBundles": {"name:ctb": {"missing": true}}});
+        assert_eq!(
+            mount_failures(&with_sources(&pod, &sources)),
+            vec![
+                ("cm".to_owned(), "configmap \"gone\" not found".to_owned()),
+                (
+                    "proj".to_owned(),
+                    "clustertrustbundle.certificates.k8s.io \"ctb\" not found".to_owned()
+                ),
+            ]
+        );
+        let all = json!({"configmaps": {"gone": {}, "there-too": {}}, "secrets": {"there": {}},
+            "trustBundles": {"name:ctb": {"pem": "PEM"}}});
+        assert!(mount_failures(&with_sources(&pod, &all)).is_empty());
+    }
 
     #[test]
     fn environment() {

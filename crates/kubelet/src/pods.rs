@@ -95,6 +95,9 @@ impl Bound {
     }
 }
 
+/// How often `FailedMount` events repeat while a pod's volumes cannot be set up.
+const MOUNT_EVENT_INTERVAL: Duration = Duration::from_secs(10);
+
 /// What the kubelet keeps of one pod.
 struct Worker {
     sandbox: Option<String>,
@@ -112,6 +115,8 @@ struct Worker {
     /// containers changes, or the resync period ends, passes skip it (upstream's pod
     /// workers sync on pod updates, PLEG events and every syncFrequency, not on a timer).
     steady: Option<Steady>,
+    /// When `FailedMount` events were last posted (they repeat while volumes fail).
+    mount_failed_at: Option<Instant>,
 }
 
 /// What a pod with nothing to do looked like.
@@ -886,6 +891,7 @@ impl Workers {
                     init_done: false,
                     written: None,
                     steady: None,
+                    mount_failed_at: None,
                 },
             );
         }
@@ -961,7 +967,32 @@ impl Workers {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        if !terminal {
+        // Volumes are set up before any container starts; one that cannot be keeps them all
+        // waiting (ContainerCreating), retried on each pass.
+        let mount_failures = if w.containers.is_empty() && !terminal {
+            crate::env::mount_failures(pod)
+        } else {
+            Vec::new()
+        };
+        if !mount_failures.is_empty()
+            && w.mount_failed_at
+                .is_none_or(|t| t.elapsed() >= MOUNT_EVENT_INTERVAL)
+        {
+            w.mount_failed_at = Some(Instant::now());
+            for (volume, why) in &mount_failures {
+                events.push(Record {
+                    kind: "Pod",
+                    namespace: s(pod, "/metadata/namespace").to_owned(),
+                    name: s(pod, "/metadata/name").to_owned(),
+                    uid: uid.clone(),
+                    field_path: None,
+                    warning: true,
+                    reason: "FailedMount".into(),
+                    message: format!("MountVolume.SetUp failed for volume \"{volume}\" : {why}"),
+                });
+            }
+        }
+        if !terminal && mount_failures.is_empty() {
             // Init containers one at a time, each to a successful exit.
             if !w.init_done {
                 let mut all_done = true;

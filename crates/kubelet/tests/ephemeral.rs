@@ -18,8 +18,7 @@ async fn kubectl_debug_runs_an_ephemeral_container_and_resize_applies() {
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "w1"), "w1");
     kcfg.status_update_frequency = Duration::from_secs(1);
     common::spawn_kubelet(kcfg);
-    let (ok, _, err) = k(&admin, &["create", "sa", "default"]).await;
-    assert!(ok, "{err}");
+    common::default_service_account(&admin, dir.path()).await;
     let pod = dir.path().join("web.yaml");
     std::fs::write(
         &pod,

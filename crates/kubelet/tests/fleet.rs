@@ -26,7 +26,7 @@ fn pod(name: &str, node: &str) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sim_nodes_run_as_their_own_nodes() {
-    let (server, _dir) = common::start_apiserver().await;
+    let (server, dir) = common::start_apiserver().await;
     let admin = server.admin_kubeconfig.clone();
     let mut cfg = KubeletConfig::new(&admin, "sim");
     cfg.status_update_frequency = std::time::Duration::from_secs(1);
@@ -95,8 +95,7 @@ async fn sim_nodes_run_as_their_own_nodes() {
 
     // A pod bound to one node is run by that node's kubelet, and only by it. (No
     // controller-manager runs here: the default service account is made by hand.)
-    let (ok, _, err) = k(&admin, &["create", "serviceaccount", "default"]).await;
-    assert!(ok, "{err}");
+    common::default_service_account(&admin, dir.path()).await;
     let pods: Api<Pod> = Api::namespaced(server_client(&admin).await, "default");
     pods.create(&PostParams::default(), &pod("on-7", "sim-7"))
         .await

@@ -74,6 +74,43 @@ async fn kubelet_runs_pods_and_static_pods() {
     )
     .await;
     assert!(ok, "{err}");
+    // Its token volume projects kube-root-ca.crt, which does not exist yet (no
+    // controller-manager publishes it here): the volume cannot be set up, so the container
+    // waits in ContainerCreating and the kubelet reports FailedMount, as upstream's does.
+    until(
+        &admin,
+        &[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[0].state.waiting.reason} {.status.conditions[?(@.type==\"Ready\")].reason}",
+        ],
+        "pod waiting for its volume",
+        |o| o == "Pending ContainerCreating ContainersNotReady",
+    )
+    .await;
+    let mount = until(
+        &admin,
+        &[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=web,reason=FailedMount",
+            "-o",
+            "jsonpath={.items[0].type} {.items[0].message}",
+        ],
+        "FailedMount event",
+        |o| !o.is_empty(),
+    )
+    .await;
+    assert!(
+        mount.starts_with("Warning MountVolume.SetUp failed for volume \"kube-api-access-")
+            && mount.ends_with("\" : configmap \"kube-root-ca.crt\" not found"),
+        "{mount}"
+    );
+    // Once it exists, the volume is set up on a retry and the pod starts.
+    common::publish_root_ca(&admin, dir.path()).await;
     until(
         &admin,
         &[

@@ -123,8 +123,7 @@ async fn port_forward_websocket_channels() {
     let client = ca.issue_client("pf-admin", &["system:masters"]).unwrap();
     let port = common::start_serving_kubelet(dir.path(), &admin, "pf1").await;
     let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\nspec:\n  nodeName: pf1\n  containers:\n  - name: nginx\n    image: nginx:1.29.1\n";
-    let (ok, _, err) = k(&admin, &["create", "sa", "default"]).await;
-    assert!(ok, "{err}");
+    common::default_service_account(&admin, dir.path()).await;
     std::fs::write(dir.path().join("web.yaml"), pod).unwrap();
     let (ok, _, err) = k(
         &admin,

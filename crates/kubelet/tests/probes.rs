@@ -137,9 +137,7 @@ async fn network_probes_follow_the_servers_they_probe() {
     common::spawn_kubelet(kcfg);
     common::node_ready(&admin, "w1").await;
 
-    // (No controller-manager here: the ServiceAccount pods are admitted with.)
-    let (ok, _, err) = k(&admin, &["create", "sa", "default"]).await;
-    assert!(ok, "{err}");
+    common::default_service_account(&admin, dir.path()).await;
     let code = Arc::new(AtomicU16::new(200));
     let http_port = http_server(code.clone()).await;
     let grpc_status = Arc::new(AtomicU16::new(2));

@@ -113,8 +113,7 @@ async fn kubelet_api_authenticates_authorizes_and_serves_logs() {
         Some((200, "ok".into()))
     );
     // A ServiceAccount token, allowed nodes/proxy through RBAC.
-    let (ok, _, err) = k(&admin, &["create", "sa", "default"]).await;
-    assert!(ok, "{err}");
+    common::default_service_account(&admin, dir.path()).await;
     for args in [
         &[
             "create",

@@ -20,6 +20,26 @@ pub async fn start_apiserver() -> (ApiServer, tempfile::TempDir) {
     (server, dir)
 }
 
+/// What the controller-manager makes in the `default` namespace and these tests play (no
+/// controller-manager runs): the `default` ServiceAccount pods are admitted with, and the
+/// `kube-root-ca.crt` ConfigMap their token volume projects (without it the volume cannot
+/// be set up and the pod's containers never start).
+pub async fn default_service_account(admin: &Path, data_dir: &Path) {
+    let (ok, _, err) = k(admin, &["create", "sa", "default"]).await;
+    assert!(ok, "{err}");
+    publish_root_ca(admin, data_dir).await;
+}
+
+/// The root-ca-cert-publisher's `kube-root-ca.crt` in `default`.
+pub async fn publish_root_ca(admin: &Path, data_dir: &Path) {
+    let ca = format!(
+        "--from-file=ca.crt={}",
+        data_dir.join("pki/ca.crt").display()
+    );
+    let (ok, _, err) = k(admin, &["create", "configmap", "kube-root-ca.crt", &ca]).await;
+    assert!(ok, "{err}");
+}
+
 /// Writes a kubeconfig for `system:node:<node>` (group `system:nodes`), signed by the
 /// cluster CA under `data_dir/pki`, pointing at the server named in `admin`.
 pub fn node_kubeconfig(data_dir: &Path, admin: &Path, node: &str) -> PathBuf {
