@@ -153,6 +153,7 @@ impl ApiServer {
                 authorizers.clone(),
             )),
             Arc::new(crate::admission::certificates::CertificateSubjectRestriction),
+            Arc::new(crate::admission::map::MutatingAdmissionPolicy),
             Arc::new(crate::admission::webhook::Webhooks::mutating()),
             Arc::new(crate::admission::vap::ValidatingAdmissionPolicy),
             Arc::new(crate::admission::webhook::Webhooks::validating()),

@@ -508,3 +508,150 @@ async fn validating_admission_policies_deny_and_warn() {
     .await;
     assert_eq!(out.stderr, "");
 }
+
+const MUTATING: &str = r#"apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicy
+metadata: {name: replicas.mutate.example.com}
+spec:
+  failurePolicy: Fail
+  reinvocationPolicy: Never
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [apps]
+      apiVersions: [v1]
+      operations: [CREATE, UPDATE]
+      resources: [deployments]
+  matchConditions:
+  - name: not-skipped
+    expression: "!has(object.metadata.labels) || !('skip' in object.metadata.labels)"
+  mutations:
+  - patchType: ApplyConfiguration
+    applyConfiguration:
+      expression: >
+        Object{metadata: Object.metadata{annotations: {"mutated-by": "admission-policy"}},
+               spec: Object.spec{replicas: object.spec.replicas * 2}}
+  - patchType: JSONPatch
+    jsonPatch:
+      expression: >
+        [JSONPatch{op: "add", path: "/metadata/labels/doubled", value: string(object.spec.replicas)}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicyBinding
+metadata: {name: replicas-mutate-binding}
+spec:
+  policyName: replicas.mutate.example.com
+  matchResources:
+    namespaceSelector:
+      matchLabels: {map: "on"}
+"#;
+
+/// MutatingAdmissionPolicy: an ApplyConfiguration merged into the object, then a
+/// JSONPatch that sees the first mutation's result; match conditions and the binding's
+/// namespace selector limit where it applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutating_admission_policies_mutate() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let out = create(&kc, MUTATING).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(k(&kc, &["create", "ns", "mapns"]).await.ok);
+    assert!(k(&kc, &["label", "ns", "mapns", "map=on"]).await.ok);
+    let get = |name: &'static str| {
+        let kc = kc.clone();
+        async move {
+            let out = k(
+                &kc,
+                &["-n", "mapns", "get", "deployment", name, "-o",
+                  "jsonpath={.spec.replicas} {.metadata.annotations.mutated-by} {.metadata.labels.doubled}"],
+            )
+            .await;
+            out.stdout
+        }
+    };
+    // The watch cache delivers the binding within moments.
+    let mut seen = String::new();
+    for i in 0..50 {
+        let name = format!("d{i}");
+        let out = k(
+            &kc,
+            &[
+                "-n",
+                "mapns",
+                "create",
+                "deployment",
+                &name,
+                "--image=nginx",
+                "--replicas=3",
+            ],
+        )
+        .await;
+        assert!(out.ok, "{}", out.stderr);
+        let got = k(
+            &kc,
+            &[
+                "-n",
+                "mapns",
+                "get",
+                "deployment",
+                &name,
+                "-o",
+                "jsonpath={.spec.replicas}",
+            ],
+        )
+        .await;
+        if got.stdout == "6" {
+            seen = name;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!seen.is_empty(), "the policy never took effect");
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "mapns",
+            "create",
+            "deployment",
+            "web",
+            "--image=nginx",
+            "--replicas=2",
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(get("web").await, "4 admission-policy 4");
+    // A match condition that does not hold, or a namespace outside the binding: untouched.
+    let skip = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: labeled, namespace: mapns, labels: {skip: \"yes\", app: l}}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: l}}\n  template:\n    metadata: {labels: {app: l}}\n    spec: {containers: [{name: c, image: nginx}]}\n";
+    let out = create(&kc, skip).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(get("labeled").await, "2  ");
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "create",
+            "deployment",
+            "outside",
+            "--image=nginx",
+            "--replicas=2",
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "get",
+            "deployment",
+            "outside",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "2");
+}

@@ -13,6 +13,7 @@
 
 pub mod certificates;
 pub mod limitranger;
+pub mod map;
 pub mod noderestriction;
 pub mod podsecurity;
 pub mod quota;

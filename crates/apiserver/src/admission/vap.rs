@@ -26,7 +26,7 @@ const BINDINGS: &str = "/registry/validatingadmissionpolicybindings/";
 #[derive(Default)]
 pub struct ValidatingAdmissionPolicy;
 
-fn strings(v: Option<&Value>) -> Vec<&str> {
+pub(super) fn strings(v: Option<&Value>) -> Vec<&str> {
     v.and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -44,7 +44,7 @@ fn labels_of(obj: Option<&Value>) -> Option<BTreeMap<String, String>> {
     )
 }
 
-fn is_namespaces(a: &Attributes<'_>) -> bool {
+pub(super) fn is_namespaces(a: &Attributes<'_>) -> bool {
     a.resource.group.is_empty() && a.resource.plural == "namespaces"
 }
 
@@ -92,7 +92,7 @@ fn rule_matches(r: &Value, a: &Attributes<'_>) -> bool {
 
 /// Whether `m` (a MatchResources) selects the request: `Err` when a selector cannot be
 /// evaluated.
-async fn matches(
+pub(super) async fn matches(
     m: &Value,
     a: &Attributes<'_>,
     obj: Option<&Value>,
@@ -149,7 +149,7 @@ fn cached(a: &Attributes<'_>, root: &str, key: &str) -> Option<Value> {
         .map(|(_, c)| c.object().clone())
 }
 
-async fn namespace(a: &Attributes<'_>, ns: &str) -> Option<Value> {
+pub(super) async fn namespace(a: &Attributes<'_>, ns: &str) -> Option<Value> {
     if ns.is_empty() {
         return None;
     }
@@ -162,7 +162,7 @@ async fn namespace(a: &Attributes<'_>, ns: &str) -> Option<Value> {
 }
 
 /// Every stored object under `root`.
-async fn all(a: &Attributes<'_>, root: &str) -> Result<Vec<Value>, ApiError> {
+pub(super) async fn all(a: &Attributes<'_>, root: &str) -> Result<Vec<Value>, ApiError> {
     let cache = a.rest.caches.get(root);
     if cache.wait_for(1, Duration::from_secs(3)).await.is_none() {
         return Err(ApiError::forbidden(
@@ -180,7 +180,7 @@ async fn all(a: &Attributes<'_>, root: &str) -> Result<Vec<Value>, ApiError> {
 }
 
 /// The AdmissionRequest as expressions see it.
-fn request(a: &Attributes<'_>) -> Value {
+pub(super) fn request(a: &Attributes<'_>) -> Value {
     let res = a.resource;
     let kind = json!({"group": res.group, "version": res.version, "kind": res.kind});
     let resource = json!({"group": res.group, "version": res.version, "resource": res.plural});
@@ -209,7 +209,7 @@ fn request(a: &Attributes<'_>) -> Value {
 }
 
 /// The parameter objects a binding selects (`Ok(None)`: the policy takes none).
-async fn params(
+pub(super) async fn params(
     a: &Attributes<'_>,
     policy: &Value,
     binding: &Value,

@@ -125,6 +125,8 @@ impl Rule {
 /// A compiled expression and what the checks learnt of it.
 pub struct Compiled {
     program: Program,
+    /// The type names of its struct literals (`Object{...}`, `JSONPatch{...}`).
+    structs: Vec<String>,
     /// Whether it reads `oldSelf` (a transition rule).
     pub uses_old_self: bool,
     /// The deepest nesting of comprehensions (`all`, `map`, ...), for the cost bound.
@@ -168,8 +170,11 @@ pub fn compile(src: &str, schema: &Value) -> Result<Arc<Compiled>, String> {
     if !check.errors.is_empty() {
         return Err(check.errors.join("\n"));
     }
+    let mut structs = std::collections::BTreeSet::new();
+    struct_names(program.expression(), &mut structs, 0);
     let compiled = Arc::new(Compiled {
         uses_old_self: check.uses_old_self,
+        structs: structs.into_iter().collect(),
         program,
         loops,
         cost,
@@ -1176,7 +1181,7 @@ impl Activation {
         if self.size.max(1).saturating_pow(c.loops).saturating_mul(3) > COST_LIMIT {
             return Err("operation cancelled: actual cost limit exceeded".to_owned());
         }
-        let mut ctx = Context::with_env(env().clone());
+        let mut ctx = Context::with_env(env_with(&c.structs));
         for (k, v) in &self.vars {
             ctx.add_variable_from_value(k.as_str(), v.clone());
         }
@@ -1202,6 +1207,11 @@ impl Activation {
         }
     }
 
+    /// Evaluates `src` to JSON (a mutation: an `Object{...}` or a list of `JSONPatch{...}`).
+    pub fn eval_json(&self, src: &str) -> Result<Value, String> {
+        to_json(&self.run(src)?, 0)
+    }
+
     /// Evaluates `src`; `Err` is the evaluation error in cel-go's words.
     pub fn eval(&self, src: &str) -> Result<Outcome, String> {
         Ok(match self.run(src)? {
@@ -1212,6 +1222,161 @@ impl Activation {
     }
 }
 
+/// Whether `name` is a type a mutation expression may construct: `Object` and the types of
+/// its fields (`Object.spec`, `Object.spec.template`, ...), and `JSONPatch`.
+fn constructible(name: &str) -> bool {
+    name == "Object" || name.starts_with("Object.") || name == "JSONPatch"
+}
+
+/// The type names of the struct literals in `e`.
+fn struct_names(e: &IdedExpr, out: &mut std::collections::BTreeSet<String>, depth: usize) {
+    if depth > 256 {
+        return;
+    }
+    if let Expr::Struct(st) = &e.expr {
+        out.insert(st.type_name.clone());
+    }
+    let mut each = |x: &IdedExpr| struct_names(x, out, depth + 1);
+    match &e.expr {
+        Expr::Call(c) => {
+            if let Some(t) = &c.target {
+                each(t);
+            }
+            c.args.iter().for_each(each);
+        }
+        Expr::Comprehension(c) => {
+            for x in [
+                &c.iter_range,
+                &c.accu_init,
+                &c.loop_cond,
+                &c.loop_step,
+                &c.result,
+            ] {
+                each(x);
+            }
+        }
+        Expr::List(l) => l.elements.iter().for_each(each),
+        Expr::Map(m) => {
+            for x in &m.entries {
+                match &x.expr {
+                    EntryExpr::MapEntry(me) => {
+                        each(&me.key);
+                        each(&me.value);
+                    }
+                    EntryExpr::StructField(f) => each(&f.value),
+                }
+            }
+        }
+        Expr::Select(sel) => each(&sel.operand),
+        Expr::Struct(st) => {
+            for x in &st.entries {
+                match &x.expr {
+                    EntryExpr::MapEntry(me) => each(&me.value),
+                    EntryExpr::StructField(f) => each(&f.value),
+                }
+            }
+        }
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+    }
+}
+
+/// A struct type of mutation expressions: a literal makes the map of its fields, which
+/// is what the object (or JSON patch operation) is in JSON.
+struct ObjectType(cel::common::types::Type);
+
+impl cel::StructType for ObjectType {
+    fn get_type(&self) -> &cel::common::types::Type {
+        &self.0
+    }
+
+    fn new_value<'b, 'v>(
+        &self,
+        fields: std::collections::BTreeMap<String, cel::common::value::CowVal<'b, 'v>>,
+    ) -> Result<Box<dyn cel::common::value::Val + 'v>, ExecutionError> {
+        let map: HashMap<cel::common::types::CelMapKey<'v>, Box<dyn cel::common::value::Val + 'v>> =
+            fields
+                .into_iter()
+                .map(|(k, v)| (cel::common::types::CelMapKey::from(k), v.into_owned()))
+                .collect();
+        Ok(Box::new(cel::common::types::CelMap::from(map)))
+    }
+}
+
+/// [`env`] with the struct types `names` (those [`constructible`]), kept per set of names.
+fn env_with(names: &[String]) -> Arc<Env> {
+    static ENVS: OnceLock<Mutex<HashMap<Vec<String>, Arc<Env>>>> = OnceLock::new();
+    let names: Vec<String> = names.iter().filter(|n| constructible(n)).cloned().collect();
+    if names.is_empty() {
+        return env().clone();
+    }
+    let envs = ENVS.get_or_init(Default::default);
+    if let Some(e) = envs.lock().ok().and_then(|m| m.get(&names).cloned()) {
+        return e;
+    }
+    let mut e = Env::stdlib();
+    let mut ok = cel::extensions::strings(&mut e)
+        .and_then(|()| library::register(&mut e))
+        .is_ok();
+    for n in &names {
+        ok &= e
+            .add_type(ObjectType(cel::common::types::Type::new_struct(n.clone())))
+            .is_ok();
+    }
+    if !ok {
+        tracing::error!("CEL: building the mutation environment failed");
+        return env().clone();
+    }
+    let e = Arc::new(e);
+    if let Ok(mut m) = envs.lock() {
+        if m.len() >= CACHE_SIZE {
+            m.clear();
+        }
+        m.insert(names, e.clone());
+    }
+    e
+}
+
+/// A CEL value as JSON (durations and timestamps as their strings, bytes as base64).
+fn to_json(v: &CelValue, depth: usize) -> Result<Value, String> {
+    if depth > 128 {
+        return Err("value nested too deeply".into());
+    }
+    Ok(match v {
+        CelValue::Null => Value::Null,
+        CelValue::Bool(b) => Value::Bool(*b),
+        CelValue::Int(i) => Value::from(*i),
+        CelValue::UInt(u) => Value::from(*u),
+        CelValue::Float(f) => serde_json::Number::from_f64(*f)
+            .map(Value::Number)
+            .ok_or("a number JSON cannot hold")?,
+        CelValue::String(s) => Value::String(s.as_str().to_owned()),
+        CelValue::Bytes(b) => {
+            use base64::Engine;
+            Value::String(base64::engine::general_purpose::STANDARD.encode(b.as_slice()))
+        }
+        CelValue::List(l) => Value::Array(
+            l.iter()
+                .map(|x| to_json(x, depth + 1))
+                .collect::<Result<_, _>>()?,
+        ),
+        CelValue::Map(m) => {
+            let mut out = serde_json::Map::new();
+            for (k, x) in m.map.iter() {
+                let Key::String(k) = k else {
+                    return Err("a map key that is not a string".into());
+                };
+                out.insert(k.as_str().to_owned(), to_json(x, depth + 1)?);
+            }
+            Value::Object(out)
+        }
+        CelValue::Duration(d) => {
+            Value::String(format!("{}s", d.num_milliseconds() as f64 / 1000.0))
+        }
+        CelValue::Timestamp(t) => Value::String(t.to_rfc3339()),
+        other => return Err(format!("a value of type {}", type_of(other))),
+    })
+}
+
 /// Whether `src` compiles as an admission expression; `Err` is the compiler's message.
 pub fn compile_expression(src: &str) -> Result<(), String> {
     compile(src, &Value::Null).map(|_| ())
@@ -1220,6 +1385,26 @@ pub fn compile_expression(src: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mutation_expressions_construct_objects_and_patches() {
+        let mut act = Activation::default();
+        act.bind("object", Some(&json!({"spec": {"replicas": 1}})));
+        assert_eq!(
+            act.eval_json("Object{spec: Object.spec{replicas: object.spec.replicas + 1336}}"),
+            Ok(json!({"spec": {"replicas": 1337}}))
+        );
+        assert_eq!(
+            act.eval_json(r#"Object{metadata: Object.metadata{annotations: {"a": "b"}}}"#),
+            Ok(json!({"metadata": {"annotations": {"a": "b"}}}))
+        );
+        assert_eq!(
+            act.eval_json(r#"[JSONPatch{op: "add", path: "/spec/x", value: [1, "two"]}]"#),
+            Ok(json!([{"op": "add", "path": "/spec/x", "value": [1, "two"]}]))
+        );
+        // Only those types: any other struct literal is unknown.
+        assert!(act.eval_json("acme.Account{id: 1}").is_err());
+    }
     use serde_json::json;
 
     fn eval(rule: &str, this: Value) -> Result<CelValue, String> {

@@ -270,6 +270,13 @@ fn schema_of(res: &Resource) -> Schema<'_> {
         .and_then(|n| s.get(n))
 }
 
+/// `config` merged into `obj` as server-side apply merges an applied configuration (maps
+/// and structs field by field, lists by their merge keys or whole), without tracking
+/// ownership: how a MutatingAdmissionPolicy's `ApplyConfiguration` mutates.
+pub fn merge_applied(res: &Resource, obj: &Value, config: &Value) -> Value {
+    typer().merge(obj, config, schema_of(res))
+}
+
 /// Which options a request's query carries, for error messages.
 #[derive(Clone, Copy)]
 pub enum Options {
