@@ -929,3 +929,136 @@ async fn local_api_services_as_the_aggregator_registers_them() {
         out.stderr
     );
 }
+
+/// storagemigration.k8s.io/v1 StorageVersionMigrations: discovery, the table kube-apiserver
+/// prints, the immutable spec, and the status subresource's condition rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_version_migrations() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let versions = ok(&kc, &["api-versions"]).await;
+    assert!(
+        versions.lines().any(|l| l == "storagemigration.k8s.io/v1"),
+        "{versions}"
+    );
+    ok_stdin(
+        &kc,
+        &["create", "-f", "-"],
+        "apiVersion: storagemigration.k8s.io/v1\nkind: StorageVersionMigration\nmetadata: {name: m1}\nspec:\n  resource: {group: apps, resource: deployments}\nstatus:\n  conditions: [{type: Running, status: \"True\", reason: R, message: m, lastTransitionTime: \"2026-01-01T00:00:00Z\"}]\n",
+    )
+    .await;
+    // Status is not set on create (and shows empty, as Go's struct does).
+    assert_eq!(
+        ok(
+            &kc,
+            &[
+                "get",
+                "storageversionmigration",
+                "m1",
+                "-o",
+                "jsonpath={.status}"
+            ]
+        )
+        .await,
+        "{}"
+    );
+    // So a JSON patch can add conditions to it.
+    ok(&kc, &["patch", "storageversionmigration", "m1", "--subresource=status", "--type=json", "-p",
+        r#"[{"op": "add", "path": "/status/conditions", "value": [{"type": "Running", "status": "False", "reason": "R", "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]"#]).await;
+    assert_eq!(
+        mask_ages(&ok(&kc, &["get", "storageversionmigrations"]).await),
+        table(&[
+            "NAME   RESOURCE           STATUS",
+            "m1     deployments.apps   Unknown"
+        ])
+    );
+    let e = err(
+        &kc,
+        &[
+            "patch",
+            "storageversionmigration",
+            "m1",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"resource":{"resource":"pods","group":""}}}"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(
+        e.contains("spec: Invalid value: ") && e.contains("field is immutable"),
+        "{e}"
+    );
+    let e = err(
+        &kc,
+        &["create", "-f", "-"],
+        Some("apiVersion: storagemigration.k8s.io/v1\nkind: StorageVersionMigration\nmetadata: {name: m2}\nspec:\n  resource: {group: apps}\n"),
+    )
+    .await;
+    assert!(
+        e.contains("spec.resource.resource: Required value: resource is required to be set"),
+        "{e}"
+    );
+    // Status: conditions are validated, and Succeeded cannot turn back.
+    let cond = |t: &str, s: &str| {
+        format!(
+            r#"{{"status":{{"conditions":[{{"type":"{t}","status":"{s}","reason":"R","message":"m","lastTransitionTime":"2026-01-01T00:00:00Z"}}]}}}}"#
+        )
+    };
+    ok(
+        &kc,
+        &[
+            "patch",
+            "storageversionmigration",
+            "m1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &cond("Succeeded", "True"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        mask_ages(&ok(&kc, &["get", "storageversionmigrations"]).await),
+        table(&[
+            "NAME   RESOURCE           STATUS",
+            "m1     deployments.apps   Succeeded"
+        ])
+    );
+    let e = err(
+        &kc,
+        &[
+            "patch",
+            "storageversionmigration",
+            "m1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &cond("Succeeded", "False"),
+        ],
+        None,
+    )
+    .await;
+    assert!(
+        e.contains("Success condition cannot be set to false once it is true"),
+        "{e}"
+    );
+    let e = err(
+        &kc,
+        &[
+            "patch",
+            "storageversionmigration",
+            "m1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &cond("Succeeded", "Maybe"),
+        ],
+        None,
+    )
+    .await;
+    assert!(
+        e.contains(r#"status.conditions[0].status: Unsupported value: "Maybe""#),
+        "{e}"
+    );
+}

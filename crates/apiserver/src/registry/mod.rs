@@ -39,6 +39,7 @@ mod resource;
 mod scheduling;
 mod services;
 mod storage;
+mod storagemigration;
 mod workloads_core;
 
 use std::sync::{Arc, RwLock};
@@ -550,6 +551,7 @@ impl Registry {
                 .chain(scheduling::resources())
                 .chain(node::resources())
                 .chain(storage::resources())
+                .chain(storagemigration::resources())
                 .chain(policy::resources())
                 .chain(ingress::resources())
                 .chain(certificates::resources())

@@ -320,9 +320,8 @@ fn invalid_raw(path: &Path, raw: &str, detail: &str) -> FieldError {
     FieldError::invalid(path, BadValue::Omitted, format!("{raw}: {detail}"))
 }
 
-/// Upstream's ValidateConditions for metav1.Conditions.
-fn validate_metav1_conditions(conds: &[Value], errs: &mut Vec<FieldError>) {
-    let path = status().child("conditions");
+/// Upstream's ValidateConditions for metav1.Conditions at `path`.
+pub(super) fn validate_metav1_conditions(conds: &[Value], path: &Path, errs: &mut Vec<FieldError>) {
     let mut seen: Vec<&str> = Vec::new();
     for (i, c) in conds.iter().enumerate() {
         let cp = path.index(i);
@@ -749,7 +748,7 @@ impl Strategy for PodCertificateRequests {
                 ));
             }
         }
-        validate_metav1_conditions(conds, &mut errs);
+        validate_metav1_conditions(conds, &status().child("conditions"), &mut errs);
         if !errs.is_empty() {
             return errs;
         }

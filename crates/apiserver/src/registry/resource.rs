@@ -1,12 +1,10 @@
 //! resource.k8s.io/v1 (dynamic resource allocation: DeviceClasses, ResourceClaims and their
-//! templates, ResourceSlices, DeviceTaintRules) and storagemigration.k8s.io/v1
-//! StorageVersionMigrations: served so that clients which watch them (kube-scheduler's
-//! DRA plugin, kube-controller-manager) work, with upstream's printing, immutability and
+//! templates, ResourceSlices, DeviceTaintRules): served so that clients which watch them
+//! (kube-scheduler's DRA plugin, kube-controller-manager) work, with upstream's printing, immutability and
 //! the structural rules of their validation (CEL selectors are stored, not evaluated).
 
 use kumo_apimachinery::validation::{
-    is_dns1035_label, is_dns1123_subdomain, is_qualified_name, is_valid_label_value, FieldError,
-    Path,
+    is_dns1123_subdomain, is_qualified_name, is_valid_label_value, FieldError, Path,
 };
 use serde_json::{json, Value};
 
@@ -71,18 +69,6 @@ pub(super) fn resources() -> Vec<Resource> {
             &[],
             Box::new(ResourceSlices),
         ),
-        Resource {
-            group: "storagemigration.k8s.io",
-            version: "v1",
-            kind: "StorageVersionMigration",
-            plural: "storageversionmigrations",
-            singular: "storageversionmigration",
-            namespaced: false,
-            short_names: &[],
-            categories: &[],
-            subresources: &["status"],
-            strategy: Box::new(StorageVersionMigrations),
-        },
     ]
 }
 
@@ -484,101 +470,5 @@ impl Strategy for DeviceTaintRules {
 
     fn cells(&self, obj: &Value) -> Vec<Value> {
         vec![json!(name_of(obj)), super::printing::created_at(obj)]
-    }
-}
-
-struct StorageVersionMigrations;
-
-impl StorageVersionMigrations {
-    fn validate_spec(&self, obj: &Value) -> Vec<FieldError> {
-        let mut errs = Vec::new();
-        let p = Path::new("spec").child("resource");
-        let resource = str_at(obj, "/spec/resource/resource");
-        if resource.is_empty() {
-            errs.push(FieldError::required(
-                &p.child("resource"),
-                "resource is required to be set",
-            ));
-        } else {
-            let msgs = is_dns1035_label(resource);
-            if !msgs.is_empty() {
-                errs.push(FieldError::invalid(
-                    &p.child("resource"),
-                    resource,
-                    msgs.join(","),
-                ));
-            }
-        }
-        let group = str_at(obj, "/spec/resource/group");
-        if !group.is_empty() {
-            let msgs = is_dns1123_subdomain(group);
-            if !msgs.is_empty() {
-                errs.push(FieldError::invalid(
-                    &p.child("group"),
-                    group,
-                    msgs.join(","),
-                ));
-            }
-        }
-        errs
-    }
-}
-
-impl Strategy for StorageVersionMigrations {
-    fn prepare_create(&self, obj: &mut Value) {
-        set(obj, "status", json!({}));
-    }
-
-    fn prepare_update(&self, new: &mut Value, old: &Value) {
-        keep_status(new, old);
-    }
-
-    fn validate(&self, obj: &Value) -> Vec<FieldError> {
-        self.validate_spec(obj)
-    }
-
-    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
-        let mut errs = self.validate_spec(new);
-        immutable(&mut errs, new, old, "/spec", &Path::new("spec"));
-        errs
-    }
-
-    fn validate_status_update(&self, _new: &Value, _old: &Value) -> Vec<FieldError> {
-        Vec::new()
-    }
-
-    fn columns(&self) -> Vec<Column> {
-        vec![
-            col("Name", "string", ""),
-            col("Resource", "string", "GroupResource to migrate"),
-            col("Status", "string", "Status of the migration"),
-        ]
-    }
-
-    fn cells(&self, obj: &Value) -> Vec<Value> {
-        let group = str_at(obj, "/spec/resource/group");
-        let resource = str_at(obj, "/spec/resource/resource");
-        // schema.GroupResource's String: `resource.group`, or `resource` alone.
-        let gr = if group.is_empty() {
-            resource.to_owned()
-        } else {
-            format!("{resource}.{group}")
-        };
-        let mut status = "Unknown";
-        for c in obj
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if str_at(c, "/status") != "True" {
-                continue;
-            }
-            let t = str_at(c, "/type");
-            if matches!(t, "Running" | "Failed" | "Succeeded") {
-                status = t;
-            }
-        }
-        vec![json!(name_of(obj)), json!(gr), json!(status)]
     }
 }
