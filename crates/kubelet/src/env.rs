@@ -330,13 +330,17 @@ pub fn mount_failures(pod: &Value) -> Vec<(String, String)> {
 
 /// [`mount_failures`] of `pod` with `sources`.
 fn mount_failures_with(pod: &Value, sources: Option<&Value>) -> Vec<(String, String)> {
-    let has = |kind: &str, name: &str| {
-        sources
-            .and_then(|s| s.get(kind))
-            .and_then(|m| m.get(name))
-            .is_some()
-    };
     let optional = |v: &Value| v.get("optional").and_then(Value::as_bool) == Some(true);
+    // A ConfigMap or Secret reference (`name_key` names it) that is required and missing.
+    let missing = |v: Option<&Value>, what: &str, kind: &str, name_key: &str| {
+        let v = v.filter(|v| !optional(v))?;
+        let name = str_at(v, name_key);
+        let found = sources
+            .and_then(|s| s.get(kind))
+            .and_then(|m| m.get(&name))
+            .is_some();
+        (!found).then(|| format!("{what} \"{name}\" not found"))
+    };
     let mut out = Vec::new();
     for vol in pod
         .pointer("/spec/volumes")
@@ -346,36 +350,31 @@ fn mount_failures_with(pod: &Value, sources: Option<&Value>) -> Vec<(String, Str
     {
         let vname = str_at(vol, "/name");
         let mut why = Vec::new();
-        if let Some(cm) = vol.get("configMap").filter(|c| !optional(c)) {
-            let name = str_at(cm, "/name");
-            if !has("configmaps", &name) {
-                why.push(format!("configmap \"{name}\" not found"));
-            }
-        }
-        if let Some(sec) = vol.get("secret").filter(|c| !optional(c)) {
-            let name = str_at(sec, "/secretName");
-            if !has("secrets", &name) {
-                why.push(format!("secret \"{name}\" not found"));
-            }
-        }
+        why.extend(missing(
+            vol.get("configMap"),
+            "configmap",
+            "configmaps",
+            "/name",
+        ));
+        why.extend(missing(
+            vol.get("secret"),
+            "secret",
+            "secrets",
+            "/secretName",
+        ));
         for src in vol
             .pointer("/projected/sources")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
         {
-            if let Some(cm) = src.get("configMap").filter(|c| !optional(c)) {
-                let name = str_at(cm, "/name");
-                if !has("configmaps", &name) {
-                    why.push(format!("configmap \"{name}\" not found"));
-                }
-            }
-            if let Some(sec) = src.get("secret").filter(|c| !optional(c)) {
-                let name = str_at(sec, "/name");
-                if !has("secrets", &name) {
-                    why.push(format!("secret \"{name}\" not found"));
-                }
-            }
+            why.extend(missing(
+                src.get("configMap"),
+                "configmap",
+                "configmaps",
+                "/name",
+            ));
+            why.extend(missing(src.get("secret"), "secret", "secrets", "/name"));
             if let Some(ctb) = src.get("clusterTrustBundle").filter(|c| !optional(c)) {
                 if crate::trustbundle::content(sources, ctb).is_empty() {
                     why.push(match ctb.get("name").and_then(Value::as_str) {

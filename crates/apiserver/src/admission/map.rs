@@ -18,9 +18,9 @@ use async_trait::async_trait;
 use kumo_apimachinery::status::ApiError;
 use serde_json::Value;
 
-use super::vap::{all, is_namespaces, matches, namespace, params, request};
+use super::vap::{all, is_namespaces, matches, namespace, params, preamble, request};
 use super::{Attributes, Operation, Plugin};
-use crate::cel::{Activation, Outcome};
+use crate::cel::Activation;
 
 const POLICIES: &str = "/registry/mutatingadmissionpolicies/";
 const BINDINGS: &str = "/registry/mutatingadmissionpolicybindings/";
@@ -44,31 +44,10 @@ fn mutate(
 ) -> Result<bool, String> {
     let spec = policy.get("spec").unwrap_or(&Value::Null);
     act.bind("object", Some(obj));
-    for v in spec
-        .get("variables")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let name = v.get("name").and_then(Value::as_str).unwrap_or("");
-        let expr = v.get("expression").and_then(Value::as_str).unwrap_or("");
-        act.define(name, expr);
-    }
-    for c in spec
-        .get("matchConditions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let expr = c.get("expression").and_then(Value::as_str).unwrap_or("");
-        match act.eval(expr) {
-            Ok(Outcome::Bool(true)) => {}
-            Ok(Outcome::Bool(false)) => return Ok(false),
-            _ => {
-                let name = c.get("name").and_then(Value::as_str).unwrap_or("");
-                return Err(format!("failed to evaluate match condition '{name}'"));
-            }
-        }
+    match preamble(spec, act) {
+        Ok(true) => {}
+        Ok(false) => return Ok(false),
+        Err(name) => return Err(format!("failed to evaluate match condition '{name}'")),
     }
     let mut first = true;
     for m in spec

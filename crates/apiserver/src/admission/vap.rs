@@ -289,10 +289,9 @@ struct Failure {
     reason: Option<String>,
 }
 
-/// Evaluates a policy's match conditions and validations with one parameter object.
-fn evaluate(policy: &Value, act: &mut Activation, fail_closed: bool) -> Vec<Failure> {
-    let spec = policy.get("spec").unwrap_or(&Value::Null);
-    let mut out = Vec::new();
+/// Defines a policy's `variables` and evaluates its `matchConditions`: `Ok(false)` when one
+/// does not hold, `Err` (the condition's name) when one does not evaluate to a bool.
+pub(super) fn preamble(spec: &Value, act: &mut Activation) -> Result<bool, String> {
     for v in spec
         .get("variables")
         .and_then(Value::as_array)
@@ -312,17 +311,34 @@ fn evaluate(policy: &Value, act: &mut Activation, fail_closed: bool) -> Vec<Fail
         let expr = c.get("expression").and_then(Value::as_str).unwrap_or("");
         match act.eval(expr) {
             Ok(Outcome::Bool(true)) => {}
-            Ok(Outcome::Bool(false)) => return out,
+            Ok(Outcome::Bool(false)) => return Ok(false),
             Ok(Outcome::Other(_) | Outcome::String(_)) | Err(_) => {
-                if fail_closed {
-                    let name = c.get("name").and_then(Value::as_str).unwrap_or("");
-                    out.push(Failure {
-                        message: format!("failed to evaluate match condition '{name}'"),
-                        reason: None,
-                    });
-                }
-                return out;
+                return Err(c
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned())
             }
+        }
+    }
+    Ok(true)
+}
+
+/// Evaluates a policy's match conditions and validations with one parameter object.
+fn evaluate(policy: &Value, act: &mut Activation, fail_closed: bool) -> Vec<Failure> {
+    let spec = policy.get("spec").unwrap_or(&Value::Null);
+    let mut out = Vec::new();
+    match preamble(spec, act) {
+        Ok(true) => {}
+        Ok(false) => return out,
+        Err(name) => {
+            if fail_closed {
+                out.push(Failure {
+                    message: format!("failed to evaluate match condition '{name}'"),
+                    reason: None,
+                });
+            }
+            return out;
         }
     }
     for v in spec

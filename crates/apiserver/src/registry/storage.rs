@@ -454,13 +454,7 @@ impl Strategy for VolumeAttachments {
 
     fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
         let mut errs = self.validate(new);
-        if new.get("spec") != old.get("spec") {
-            errs.push(FieldError::invalid(
-                &Path::new("spec"),
-                new.get("spec").cloned().unwrap_or(Value::Null),
-                "field is immutable",
-            ));
-        }
+        super::apps::immutable(&mut errs, new, old, "/spec", &Path::new("spec"));
         errs
     }
 

@@ -5,6 +5,7 @@
 use kumo_apimachinery::validation::{is_dns1035_label, is_dns1123_subdomain, FieldError, Path};
 use serde_json::Value;
 
+use super::apps::immutable;
 use super::podcertificates::validate_metav1_conditions;
 use super::printing::{col, keep_field, keep_status};
 use super::{name_of, str_at, Column, Resource, Strategy};
@@ -92,13 +93,7 @@ impl Strategy for Migrations {
 
     fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
         let mut errs = self.validate(new);
-        if new.get("spec") != old.get("spec") {
-            errs.push(FieldError::invalid(
-                &Path::new("spec"),
-                new.get("spec").cloned().unwrap_or(Value::Null),
-                "field is immutable",
-            ));
-        }
+        immutable(&mut errs, new, old, "/spec", &Path::new("spec"));
         errs
     }
 
