@@ -11,7 +11,9 @@ use anyhow::Result;
 
 /// mimalloc rather than the system allocator: the components allocate many small,
 /// short-lived JSON values across threads, where glibc's malloc spent a quarter of the API
-/// server's CPU (perf, `kumo bench nodes`) and fragmented its memory.
+/// server's CPU (perf, `kumo bench nodes`) and fragmented its memory. Built with `no_thp`:
+/// otherwise it asks for transparent huge pages and every 2 MiB it touches stays resident
+/// (idle RSS 66 MiB instead of 37, docs/BENCHMARKS.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
