@@ -59,6 +59,12 @@ pub struct Args {
     /// delivery rather than queueing behind a burst.
     #[arg(long, default_value_t = 5)]
     watch_interval_ms: u64,
+    /// Writers of the watch step, each creating objects back to back (with the pause above
+    /// between its writes). More than one, with no pause, saturates the server's fan-out, so
+    /// that the step measures how many events it can deliver rather than one writer's
+    /// round trip.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    watch_writers: u16,
     /// Server processes on this machine to sample (resident memory from /proc/PID/status,
     /// CPU time from /proc/PID/stat); comma-separated, e.g. an API server and its etcd.
     #[arg(long, value_delimiter = ',')]
@@ -423,6 +429,7 @@ struct Bench {
     seconds: f64,
     timeout: Duration,
     watch_interval: Duration,
+    watch_writers: usize,
     /// The last version seen of each pre-created object, per resource: updates PUT it back.
     cache: [Vec<Mutex<Option<Value>>>; 2],
     /// Names made by the create and watch steps, per resource, for the delete step.
@@ -826,8 +833,8 @@ impl Bench {
         Ok(row(res, verb, conc, rec, elapsed, (cpu0, cpu1, elapsed)))
     }
 
-    /// `conc` watchers on the namespace; one writer creates objects `watch_interval` apart
-    /// for `seconds`; the latency is from issuing each write to each watcher's event.
+    /// `conc` watchers on the namespace; `watch_writers` writers each create objects
+    /// `watch_interval` apart for `seconds`; the latency is from issuing each write to each watcher's event.
     async fn watch_step(
         self: &Arc<Self>,
         procs: &[Proc],
@@ -922,40 +929,64 @@ impl Bench {
         }
         drop(tx);
 
-        let mut rec = Recorder::default();
-        let mut sent: Vec<Instant> = Vec::new();
-        let mut written: Vec<bool> = Vec::new();
+        // Each write's index, the instant it was issued and whether it succeeded.
+        struct Writes {
+            sent: Vec<Instant>,
+            ok: Vec<bool>,
+            errors: Vec<String>,
+        }
+        let writes = Mutex::new(Writes {
+            sent: Vec::new(),
+            ok: Vec::new(),
+            errors: Vec::new(),
+        });
         let cpu0 = cpu_mark(procs);
         let start = Instant::now();
         let deadline = start + Duration::from_secs_f64(self.seconds);
-        while Instant::now() < deadline {
-            let i = sent.len();
-            let name = format!("{label}-{i}");
-            let body = self.object(
-                res,
-                &name,
-                json!({"kumo-bench/set": "watch", "kumo-bench/watch": label}),
-            );
-            sent.push(Instant::now());
-            let ok = match self
-                .call(Method::POST, &self.coll(res), Some(JSON), body)
-                .await
-            {
-                Ok(r) if r.status.is_success() => {
-                    lock(&self.created[res.index()]).push(name);
-                    true
+        let writer = || async {
+            while Instant::now() < deadline {
+                let i = {
+                    let mut w = lock(&writes);
+                    w.sent.push(Instant::now());
+                    w.ok.push(false);
+                    w.sent.len() - 1
+                };
+                let name = format!("{label}-{i}");
+                let body = self.object(
+                    res,
+                    &name,
+                    json!({"kumo-bench/set": "watch", "kumo-bench/watch": label}),
+                );
+                let failed = match self
+                    .call(Method::POST, &self.coll(res), Some(JSON), body)
+                    .await
+                {
+                    Ok(r) if r.status.is_success() => {
+                        lock(&self.created[res.index()]).push(name);
+                        None
+                    }
+                    Ok(r) => Some(format!("watch step write: {}", r.describe())),
+                    Err(e) => Some(format!("watch step write: {e:#}")),
+                };
+                {
+                    let mut w = lock(&writes);
+                    match failed {
+                        None => w.ok[i] = true,
+                        Some(m) => w.errors.push(m),
+                    }
                 }
-                Ok(r) => {
-                    rec.err(format!("watch step write: {}", r.describe()));
-                    false
-                }
-                Err(e) => {
-                    rec.err(format!("watch step write: {e:#}"));
-                    false
-                }
-            };
-            written.push(ok);
-            tokio::time::sleep(self.watch_interval).await;
+                tokio::time::sleep(self.watch_interval).await;
+            }
+        };
+        futures::future::join_all((0..self.watch_writers).map(|_| writer())).await;
+        let Writes {
+            sent,
+            ok: written,
+            errors,
+        } = writes.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut rec = Recorder::default();
+        for m in errors {
+            rec.err(m);
         }
         let writes_done = Instant::now();
         let expected = written.iter().filter(|w| **w).count() * conc;
@@ -1246,6 +1277,7 @@ pub async fn run(args: Args) -> Result<()> {
         seconds: args.seconds,
         timeout: Duration::from_secs_f64(args.timeout),
         watch_interval: Duration::from_millis(args.watch_interval_ms),
+        watch_writers: usize::from(args.watch_writers),
         cache: [
             (0..args.objects).map(|_| Mutex::new(None)).collect(),
             (0..args.objects).map(|_| Mutex::new(None)).collect(),
@@ -1268,7 +1300,7 @@ pub async fn run(args: Args) -> Result<()> {
     println!("namespace: {}", bench.ns);
     println!(
         "{} {} of {} B data pre-created; {} s per step; list: 1/{groups} of them by label; \
-         list-paged: limit {page_size}; watch: writes {} ms apart",
+         list-paged: limit {page_size}; watch: {} writer(s), writes {} ms apart",
         args.objects,
         args.resources
             .iter()
@@ -1277,6 +1309,7 @@ pub async fn run(args: Args) -> Result<()> {
             .join(" and "),
         args.object_bytes,
         args.seconds,
+        args.watch_writers,
         args.watch_interval_ms,
     );
 
