@@ -48,6 +48,12 @@ pub(crate) fn tls_config(ca_bundle: &str) -> Result<rustls::ClientConfig, String
                 .add(c)
                 .map_err(|e| format!("unable to load root certificates: {e}"))?;
         }
+        // As Go's x509 pool: a bundle without a single certificate is refused.
+        if roots.is_empty() {
+            return Err(
+                "unable to load root certificates: unable to parse bytes as PEM block".into(),
+            );
+        }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
@@ -136,15 +142,10 @@ fn server_response_error(code: u16, body: &[u8], text: bool) -> String {
         429 => "the server has received too many requests and has asked us to try again later".into(),
         c if c >= 500 => format!(
             "an error on the server ({}) has prevented the request from succeeding",
-            go_quote(&server_message)
+            kumo_apimachinery::validation::go_quote(&server_message)
         ),
         c => format!("the server responded with the status code {c} but did not return more information"),
     }
-}
-
-/// Go's `%q` of a string.
-pub(crate) fn go_quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
 }
 
 /// Go's text of a TLS handshake failure.

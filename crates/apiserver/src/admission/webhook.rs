@@ -34,7 +34,8 @@ use super::{Attributes, Operation, Plugin};
 use crate::cache::Cached;
 use crate::registry::{Registry, Resource};
 use crate::rest::Rest;
-use crate::webhook_client::{go_duration, go_quote, Client, PostError};
+use crate::webhook_client::{go_duration, Client, PostError};
+use kumo_apimachinery::validation::go_quote;
 
 /// Longest a webhook may take (`timeoutSeconds` is at most 30).
 const MAX_TIMEOUT: u64 = 30;

@@ -156,15 +156,10 @@ impl Strategy for Webhooks {
                     &["None", "NoneOnDryRun"],
                 ));
             }
-            let cc = h.get("clientConfig").cloned().unwrap_or(Value::Null);
-            let url = cc.get("url").is_some_and(|u| !u.is_null());
-            let svc = cc.get("service").is_some_and(|s| !s.is_null());
-            if url == svc {
-                errs.push(FieldError::required(
-                    &path.child("clientConfig"),
-                    "exactly one of url or service is required",
-                ));
-            }
+            errs.extend(validate_client_config(
+                h.get("clientConfig").unwrap_or(&Value::Null),
+                &path.child("clientConfig"),
+            ));
             if arr(h, "/admissionReviewVersions").is_empty() {
                 errs.push(FieldError::required(
                     &path.child("admissionReviewVersions"),
@@ -197,6 +192,192 @@ impl Strategy for Webhooks {
             json!(arr(obj, "/webhooks").len()),
             json!(age_of(obj)),
         ]
+    }
+}
+
+/// A webhook's `clientConfig` (admission webhooks and CRD conversion alike): exactly one of
+/// an https `url` or a `service` reference, as upstream's ValidateWebhookURL and
+/// ValidateWebhookService check them.
+pub(super) fn validate_client_config(cc: &Value, path: &Path) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let url = cc.get("url").filter(|u| !u.is_null());
+    let svc = cc.get("service").filter(|s| !s.is_null());
+    match (url, svc) {
+        (Some(url), None) => {
+            validate_webhook_url(url.as_str().unwrap_or(""), &path.child("url"), &mut errs)
+        }
+        (None, Some(svc)) => validate_webhook_service(svc, &path.child("service"), &mut errs),
+        _ => errs.push(FieldError::required(
+            path,
+            "exactly one of url or service is required",
+        )),
+    }
+    errs
+}
+
+/// The parts of a URL that the checks look at, split as Go's `url.Parse` does.
+struct UrlParts<'a> {
+    scheme: &'a str,
+    user: Option<&'a str>,
+    host: &'a str,
+    query: &'a str,
+    fragment: &'a str,
+}
+
+/// Go's `url.Parse`, as far as the webhook checks need it: Err carries its message.
+fn parse_url(raw: &str) -> Result<UrlParts<'_>, String> {
+    let fail = |why: &str| {
+        format!(
+            "parse {}: {why}",
+            kumo_apimachinery::validation::go_quote(raw)
+        )
+    };
+    if raw.bytes().any(|b| b < 0x20 || b == 0x7f) {
+        return Err(fail("net/url: invalid control character in URL"));
+    }
+    let (rest, fragment) = raw.split_once('#').unwrap_or((raw, ""));
+    // A scheme is letters first, then letters, digits, '+', '-' or '.', up to a ':'.
+    let mut scheme = "";
+    let mut rest = rest;
+    for (i, c) in rest.char_indices() {
+        match c {
+            'a'..='z' | 'A'..='Z' => {}
+            '0'..='9' | '+' | '-' | '.' if i > 0 => {}
+            ':' if i == 0 => return Err(fail("missing protocol scheme")),
+            ':' => {
+                scheme = &rest[..i];
+                rest = &rest[i + 1..];
+                break;
+            }
+            _ => break,
+        }
+    }
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (mut user, mut host) = (None, "");
+    if let Some(after) = rest.strip_prefix("//") {
+        let authority = &after[..after.find('/').unwrap_or(after.len())];
+        match authority.rsplit_once('@') {
+            Some((u, h)) => {
+                user = Some(u);
+                host = h;
+            }
+            None => host = authority,
+        }
+    } else if scheme.is_empty() && rest.split('/').next().is_some_and(|s| s.contains(':')) {
+        return Err(fail("first path segment in URL cannot contain colon"));
+    }
+    Ok(UrlParts {
+        scheme,
+        user,
+        host,
+        query,
+        fragment,
+    })
+}
+
+fn validate_webhook_url(raw: &str, path: &Path, errs: &mut Vec<FieldError>) {
+    const FORM: &str = "; desired format: https://host[/path]";
+    let u = match parse_url(raw) {
+        Ok(u) => u,
+        Err(e) => {
+            errs.push(FieldError::required(
+                path,
+                format!("url must be a valid URL: {e}{FORM}"),
+            ));
+            return;
+        }
+    };
+    if u.scheme != "https" {
+        errs.push(FieldError::invalid(
+            path,
+            u.scheme,
+            format!("'https' is the only allowed URL scheme{FORM}"),
+        ));
+    }
+    if u.host.is_empty() {
+        errs.push(FieldError::invalid(
+            path,
+            u.host,
+            format!("host must be specified{FORM}"),
+        ));
+    }
+    if let Some(user) = u.user {
+        errs.push(FieldError::invalid(
+            path,
+            user,
+            "user information is not permitted in the URL",
+        ));
+    }
+    if !u.fragment.is_empty() {
+        errs.push(FieldError::invalid(
+            path,
+            u.fragment,
+            "fragments are not permitted in the URL",
+        ));
+    }
+    if !u.query.is_empty() {
+        errs.push(FieldError::invalid(
+            path,
+            u.query,
+            "query parameters are not permitted in the URL",
+        ));
+    }
+}
+
+fn validate_webhook_service(svc: &Value, path: &Path, errs: &mut Vec<FieldError>) {
+    if str_at(svc, "/name").is_empty() {
+        errs.push(FieldError::required(&path.child("name"), ""));
+    }
+    if str_at(svc, "/namespace").is_empty() {
+        errs.push(FieldError::required(&path.child("namespace"), ""));
+    }
+    // Defaulted to 443 before validation; 0 only if set so.
+    let port = svc.get("port").and_then(Value::as_i64).unwrap_or(443);
+    if !(1..=65535).contains(&port) {
+        errs.push(FieldError::invalid(
+            &path.child("port"),
+            port,
+            "port is not valid: must be between 1 and 65535, inclusive",
+        ));
+    }
+    let Some(url_path) = svc.get("path").and_then(Value::as_str) else {
+        return;
+    };
+    let pp = path.child("path");
+    match url_path {
+        "" | "/" => return,
+        "//" => {
+            errs.push(FieldError::invalid(
+                &pp,
+                url_path,
+                "segment[0] may not be empty",
+            ));
+            return;
+        }
+        _ => {}
+    }
+    if !url_path.starts_with('/') {
+        errs.push(FieldError::invalid(&pp, url_path, "must start with a '/'"));
+    }
+    // Go slices off the first byte whatever it is.
+    let rest = url_path.get(1..).unwrap_or("");
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    for (i, step) in rest.split('/').enumerate() {
+        if step.is_empty() {
+            errs.push(FieldError::invalid(
+                &pp,
+                url_path,
+                format!("segment[{i}] may not be empty"),
+            ));
+            continue;
+        }
+        for failure in is_dns1123_subdomain(step) {
+            errs.push(FieldError::invalid(
+                &pp,
+                url_path,
+                format!("segment[{i}]: {failure}"),
+            ));
+        }
     }
 }
 

@@ -17,7 +17,8 @@ use kumo_storage::Store;
 use serde_json::{json, Map, Value};
 
 use crate::resource_proxy::PodNetwork;
-use crate::webhook_client::{go_quote, Client};
+use crate::webhook_client::Client;
+use kumo_apimachinery::validation::go_quote;
 
 /// How long a conversion call may take (upstream's webhook client default).
 const TIMEOUT: Duration = Duration::from_secs(30);
