@@ -692,3 +692,148 @@ async fn server_side_apply_types_custom_resources_with_their_schema() {
         "{warnings:?}"
     );
 }
+
+/// A definition's status conditions as (type, status, reason, message).
+async fn conditions(kc: &Path, name: &str) -> Vec<(String, String, String, String)> {
+    let crd = out_json(&k(kc, &["get", "crd", name, "-o", "json"]).await);
+    crd["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let s = |f: &str| c[f].as_str().unwrap_or("").to_owned();
+            (s("type"), s("status"), s("reason"), s("message"))
+        })
+        .collect()
+}
+
+fn named(plural: &str, kind: &str, short: &str) -> String {
+    format!(
+        "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: {plural}.names.example.com
+spec:
+  group: names.example.com
+  scope: Namespaced
+  names: {{plural: {plural}, kind: {kind}, shortNames: [{short}]}}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}
+"
+    )
+}
+
+/// The naming and establishing controllers: a definition is written with no names
+/// accepted, then accepted and Established; one whose kind another definition of the group
+/// holds is not accepted nor served until that one is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_in_use_are_not_accepted() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let out = k_in(
+        None,
+        &kc,
+        &["create", "-f", "-", "-o", "json"],
+        Some(&named("alphas", "Alpha", "al")),
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    // The create answer is what upstream's strategy writes, before any controller acts.
+    let created = out_json(&out);
+    assert_eq!(
+        created["status"],
+        serde_json::json!({"acceptedNames": {"plural": "", "kind": ""}, "conditions": null, "storedVersions": ["v1"]})
+    );
+    eventually(&kc, &["get", "alphas"]).await;
+    let accepted = [
+        ("NamesAccepted", "True", "NoConflicts", "no conflicts found"),
+        (
+            "Established",
+            "True",
+            "InitialNamesAccepted",
+            "the initial names have been accepted",
+        ),
+    ];
+    let owned = |c: &[(&str, &str, &str, &str)]| -> Vec<(String, String, String, String)> {
+        c.iter()
+            .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), d.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        conditions(&kc, "alphas.names.example.com").await,
+        owned(&accepted)
+    );
+
+    // The same kind (so list kind) and short name: the last conflict checked is reported.
+    let out = create(&kc, &named("betas", "Alpha", "al"), &[]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let refused = [
+        (
+            "NamesAccepted",
+            "False",
+            "ListKindConflict",
+            "\"AlphaList\" is already in use",
+        ),
+        (
+            "Established",
+            "False",
+            "NotAccepted",
+            "not all names are accepted",
+        ),
+    ];
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        got = conditions(&kc, "betas.names.example.com").await;
+        if got == owned(&refused) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(got, owned(&refused));
+    let crd = out_json(
+        &k(
+            &kc,
+            &["get", "crd", "betas.names.example.com", "-o", "json"],
+        )
+        .await,
+    );
+    assert_eq!(crd["status"]["acceptedNames"]["plural"], "betas");
+    assert!(crd["status"]["acceptedNames"].get("shortNames").is_none());
+    let out = k(
+        &kc,
+        &[
+            "get",
+            "--raw",
+            "/apis/names.example.com/v1/namespaces/default/betas",
+        ],
+    )
+    .await;
+    assert!(
+        !out.ok,
+        "a definition whose names are not accepted is not served"
+    );
+
+    // Once the holder is gone, its names are free.
+    let out = k(&kc, &["delete", "crd", "alphas.names.example.com"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    eventually(&kc, &["get", "betas"]).await;
+    assert_eq!(
+        conditions(&kc, "betas.names.example.com").await,
+        owned(&accepted)
+    );
+    let crd = out_json(
+        &k(
+            &kc,
+            &["get", "crd", "betas.names.example.com", "-o", "json"],
+        )
+        .await,
+    );
+    assert_eq!(
+        crd["status"]["acceptedNames"]["shortNames"],
+        serde_json::json!(["al"])
+    );
+}

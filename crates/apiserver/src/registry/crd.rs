@@ -1,10 +1,10 @@
 //! apiextensions.k8s.io/v1 CustomResourceDefinitions, and keeping the registry's custom
 //! resources in step with the stored definitions.
 //!
-//! Upstream's naming and establishing controllers accept the names and mark a definition
-//! Established shortly after it is written; here the strategy sets those conditions on the
-//! write itself. [`watch`] watches the definitions and replaces the registry's custom
-//! resources on every change. Deleting a definition works as upstream: the DELETE marks it
+//! A definition is written as upstream's strategy leaves it (no names accepted, no
+//! conditions). [`watch`] watches the definitions; on every change it takes the next step of
+//! upstream's naming and establishing controllers ([`naming_step`], written back as status)
+//! and replaces the registry's custom resources with those of the Established definitions. Deleting a definition works as upstream: the DELETE marks it
 //! and adds the `customresourcecleanup.apiextensions.k8s.io` finalizer, [`watch`] stops
 //! serving the resource, deletes its objects and then the definition.
 
@@ -73,21 +73,23 @@ fn default_spec(obj: &mut Value) {
     }
 }
 
-/// The status the naming and establishing controllers give a definition: its names
-/// accepted, Established, and its storage version recorded.
-fn refresh_status(obj: &mut Value, old: Option<&Value>) {
-    let now = crate::time::now_rfc3339();
-    let names = obj.pointer("/spec/names").cloned().unwrap_or(json!({}));
-    let storage: Vec<Value> = obj
+/// The status a definition is written with, as upstream's strategy leaves it: names not yet
+/// accepted, no conditions, and the storage version recorded (added to the old status on an
+/// update). [`naming_step`] then does what upstream's naming and establishing controllers do.
+fn written_status(obj: &mut Value, old: Option<&Value>) {
+    let mut status = match old.and_then(|o| o.get("status")).filter(|s| s.is_object()) {
+        Some(s) => s.clone(),
+        None => json!({"acceptedNames": {"plural": "", "kind": ""}, "conditions": null}),
+    };
+    let storage = obj
         .pointer("/spec/versions")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .filter(|v| v.get("storage") == Some(&json!(true)))
-        .filter_map(|v| v.get("name").cloned())
-        .collect();
-    let mut stored: Vec<Value> = old
-        .and_then(|o| o.pointer("/status/storedVersions"))
+        .filter_map(|v| v.get("name").cloned());
+    let mut stored: Vec<Value> = status
+        .get("storedVersions")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
@@ -96,32 +98,216 @@ fn refresh_status(obj: &mut Value, old: Option<&Value>) {
             stored.push(v);
         }
     }
-    let conditions = match old.and_then(|o| o.pointer("/status/conditions")) {
-        Some(c) if c.as_array().is_some_and(|a| !a.is_empty()) => c.clone(),
-        _ => json!([
-            {"lastTransitionTime": now, "message": "no conflicts found", "reason": "NoConflicts",
-             "status": "True", "type": "NamesAccepted"},
-            {"lastTransitionTime": now, "message": "the initial names have been accepted",
-             "reason": "InitialNamesAccepted", "status": "True", "type": "Established"},
-        ]),
-    };
+    status["storedVersions"] = json!(stored);
     if let Some(o) = obj.as_object_mut() {
-        o.insert(
-            "status".into(),
-            json!({"acceptedNames": names, "conditions": conditions, "storedVersions": stored}),
+        o.insert("status".into(), status);
+    }
+}
+
+/// The names a group's definitions have been given (accepted names): resource names
+/// (plural, singular, short names) and kinds (kind, list kind).
+#[derive(Default)]
+struct TakenNames {
+    resources: HashSet<String>,
+    kinds: HashSet<String>,
+}
+
+impl TakenNames {
+    fn of_group(crds: &[Value], group: &str) -> TakenNames {
+        let mut t = TakenNames::default();
+        for c in crds.iter().filter(|c| str_at(c, "/spec/group") == group) {
+            let Some(a) = c.pointer("/status/acceptedNames") else {
+                continue;
+            };
+            t.resources.insert(str_at(a, "/plural").to_owned());
+            t.resources.insert(str_at(a, "/singular").to_owned());
+            t.resources.extend(strings(a, "/shortNames"));
+            t.kinds.insert(str_at(a, "/kind").to_owned());
+            t.kinds.insert(str_at(a, "/listKind").to_owned());
+        }
+        t
+    }
+}
+
+fn strings(v: &Value, ptr: &str) -> Vec<String> {
+    v.pointer(ptr)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Sets a condition as upstream's SetCRDCondition: the transition time changes only with
+/// the status.
+fn set_condition(conds: &mut Vec<Value>, type_: &str, status: &str, reason: &str, msg: &str) {
+    let now = crate::time::now_rfc3339();
+    match conds.iter_mut().find(|c| str_at(c, "/type") == type_) {
+        Some(c) => {
+            if str_at(c, "/status") != status || str_at(c, "/lastTransitionTime").is_empty() {
+                c["lastTransitionTime"] = json!(now);
+            }
+            c["status"] = json!(status);
+            c["reason"] = json!(reason);
+            c["message"] = json!(msg);
+        }
+        None => conds.push(json!({
+            "type": type_, "status": status, "lastTransitionTime": now,
+            "reason": reason, "message": msg,
+        })),
+    }
+}
+
+fn condition_true(crd: &Value, type_: &str) -> bool {
+    crd.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| str_at(c, "/type") == type_ && str_at(c, "/status") == "True")
+        })
+}
+
+/// One step of upstream's naming controller, or else of its establishing controller: the
+/// definition's next status, or None when it is settled. Names are accepted unless another
+/// definition of the group holds them (NamesAccepted False with the conflict); Established
+/// becomes True once every name is accepted (False, InvalidCABundle, when the conversion
+/// webhook's caBundle holds no certificate).
+fn naming_step(crd: &Value, taken: &TakenNames) -> Option<Value> {
+    let status = crd.get("status").cloned().unwrap_or_else(|| json!({}));
+    let requested = crd.pointer("/spec/names").cloned().unwrap_or(json!({}));
+    let accepted = status.get("acceptedNames").cloned().unwrap_or(json!({}));
+    let mut names = accepted.clone();
+    let mut conflict: Option<(&str, String)> = None;
+    let in_use = |n: &str| {
+        format!(
+            "{} is already in use",
+            kumo_apimachinery::validation::go_quote(n)
+        )
+    };
+    // Requested names equal to the accepted ones, or free, are taken.
+    let fresh = |field: &str, used: &HashSet<String>| {
+        let want = str_at(&requested, &format!("/{field}"));
+        want == str_at(&accepted, &format!("/{field}")) || !used.contains(want)
+    };
+    for (field, reason, used) in [
+        ("plural", "PluralConflict", &taken.resources),
+        ("singular", "SingularConflict", &taken.resources),
+    ] {
+        if fresh(field, used) {
+            names[field] = requested.get(field).cloned().unwrap_or(json!(""));
+        } else {
+            conflict = Some((reason, in_use(str_at(&requested, &format!("/{field}")))));
+        }
+    }
+    let want_short = strings(&requested, "/shortNames");
+    let have_short = strings(&accepted, "/shortNames");
+    if want_short != have_short {
+        let clashes: Vec<String> = want_short
+            .iter()
+            .filter(|n| !have_short.contains(n) && taken.resources.contains(*n))
+            .map(|n| in_use(n))
+            .collect();
+        match clashes.len() {
+            0 => names["shortNames"] = json!(want_short),
+            1 => conflict = Some(("ShortNamesConflict", clashes[0].clone())),
+            _ => conflict = Some(("ShortNamesConflict", format!("[{}]", clashes.join(", ")))),
+        }
+    }
+    for (field, reason) in [("kind", "KindConflict"), ("listKind", "ListKindConflict")] {
+        if fresh(field, &taken.kinds) {
+            names[field] = requested.get(field).cloned().unwrap_or(json!(""));
+        } else {
+            conflict = Some((reason, in_use(str_at(&requested, &format!("/{field}")))));
+        }
+    }
+    match requested.get("categories") {
+        Some(c) => names["categories"] = c.clone(),
+        None => {
+            if let Some(n) = names.as_object_mut() {
+                n.remove("categories");
+            }
+        }
+    }
+    let mut next = status.clone();
+    let mut conds: Vec<Value> = status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let was_established = condition_true(crd, "Established");
+    match &conflict {
+        Some((reason, msg)) => set_condition(&mut conds, "NamesAccepted", "False", reason, msg),
+        None => set_condition(
+            &mut conds,
+            "NamesAccepted",
+            "True",
+            "NoConflicts",
+            "no conflicts found",
+        ),
+    }
+    if !was_established {
+        if conflict.is_none() {
+            set_condition(
+                &mut conds,
+                "Established",
+                "False",
+                "Installing",
+                "the initial names have been accepted",
+            );
+        } else if !conds.iter().any(|c| str_at(c, "/type") == "Established") {
+            set_condition(
+                &mut conds,
+                "Established",
+                "False",
+                "NotAccepted",
+                "not all names are accepted",
+            );
+        }
+    }
+    next["acceptedNames"] = names;
+    next["conditions"] = json!(conds);
+    if next != status {
+        return Some(next);
+    }
+    // Settled names: the establishing controller's turn.
+    if !condition_true(crd, "NamesAccepted") || was_established {
+        return None;
+    }
+    let ca = crd
+        .pointer("/spec/conversion/webhook/clientConfig/caBundle")
+        .and_then(Value::as_str)
+        .filter(|c| !c.is_empty());
+    let bad_ca = ca.is_some_and(|c| crate::webhook_client::tls_config(c).is_err());
+    if bad_ca {
+        set_condition(
+            &mut conds,
+            "Established",
+            "False",
+            "InvalidCABundle",
+            "The conversion webhook CABundle is invalid",
+        );
+    } else {
+        set_condition(
+            &mut conds,
+            "Established",
+            "True",
+            "InitialNamesAccepted",
+            "the initial names have been accepted",
         );
     }
+    next["conditions"] = json!(conds);
+    (next != status).then_some(next)
 }
 
 impl Strategy for Crds {
     fn prepare_create(&self, obj: &mut Value) {
         default_spec(obj);
-        refresh_status(obj, None);
+        written_status(obj, None);
     }
 
     fn prepare_update(&self, new: &mut Value, old: &Value) {
         default_spec(new);
-        refresh_status(new, Some(old));
+        written_status(new, Some(old));
     }
 
     fn tracks_generation(&self) -> bool {
@@ -217,12 +403,7 @@ impl Strategy for Crds {
 
 /// Whether a definition has the condition Established True.
 fn established(obj: &Value) -> bool {
-    obj.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| str_at(c, "/type") == "Established" && str_at(c, "/status") == "True")
-        })
+    condition_true(obj, "Established")
 }
 
 /// Upstream's ValidateCustomResourceDefinition, its main rules.
@@ -429,39 +610,9 @@ fn validate_conversion(obj: &Value, path: &Path, errs: &mut Vec<FieldError>) {
                     &ccp,
                     "required when strategy is set to Webhook",
                 )),
-                Some(cc) => {
-                    let url = cc.get("url").filter(|u| !u.is_null());
-                    let svc = cc.get("service").filter(|s| !s.is_null());
-                    if url.is_some() == svc.is_some() {
-                        errs.push(FieldError::required(
-                            &ccp,
-                            "exactly one of url or service is required",
-                        ));
-                    } else if let Some(svc) = svc {
-                        let sp = ccp.child("service");
-                        if str_at(svc, "/name").is_empty() {
-                            errs.push(FieldError::required(
-                                &sp.child("name"),
-                                "service name is required",
-                            ));
-                        }
-                        if str_at(svc, "/namespace").is_empty() {
-                            errs.push(FieldError::required(
-                                &sp.child("namespace"),
-                                "service namespace is required",
-                            ));
-                        }
-                        if let Some(port) = svc.get("port").and_then(Value::as_i64) {
-                            if !(1..=65535).contains(&port) {
-                                errs.push(FieldError::invalid(
-                                    &sp.child("port"),
-                                    port,
-                                    "port is not valid: must be between 1 and 65535, inclusive",
-                                ));
-                            }
-                        }
-                    }
-                }
+                Some(cc) => errs.extend(super::admissionregistration::validate_client_config(
+                    cc, &ccp,
+                )),
             }
             let rp = path.child("conversionReviewVersions");
             if review_versions.is_empty() {
@@ -612,11 +763,40 @@ async fn reload(rest: &Rest, registry: &Registry) -> anyhow::Result<(Revision, V
     let mut resources = Vec::new();
     let mut source = String::new();
     let mut deleting = Vec::new();
-    for kv in &page.kvs {
-        let Ok(mut crd) = serde_json::from_slice::<Value>(&kv.value) else {
-            tracing::warn!(key = %String::from_utf8_lossy(&kv.key), "undecodable definition");
-            continue;
-        };
+    let crds: Vec<(&kumo_storage::KeyValue, Value)> = page
+        .kvs
+        .iter()
+        .filter_map(|kv| match serde_json::from_slice::<Value>(&kv.value) {
+            Ok(v) => Some((kv, v)),
+            Err(_) => {
+                tracing::warn!(key = %String::from_utf8_lossy(&kv.key), "undecodable definition");
+                None
+            }
+        })
+        .collect();
+    let all: Vec<Value> = crds.iter().map(|(_, c)| c.clone()).collect();
+    for (kv, mut crd) in crds {
+        if crd.pointer("/metadata/deletionTimestamp").is_none() {
+            let taken = TakenNames::of_group(&all, str_at(&crd, "/spec/group"));
+            if let Some(status) = naming_step(&crd, &taken) {
+                // Served (or not) as written; the watch brings the write back for the next
+                // step (or, on a conflict, the newer definition).
+                crd["status"] = status;
+                if let Some(m) = crd.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("resourceVersion");
+                }
+                match rest
+                    .store
+                    .update(&kv.key, serde_json::to_vec(&crd)?, Some(kv.mod_revision))
+                    .await
+                {
+                    Ok(_)
+                    | Err(kumo_storage::StorageError::Conflict { .. })
+                    | Err(kumo_storage::StorageError::NotFound) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
         if crd.pointer("/metadata/deletionTimestamp").is_some() {
             if let Some(m) = crd.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
