@@ -655,3 +655,115 @@ async fn mutating_admission_policies_mutate() {
     .await;
     assert_eq!(out.stdout, "2");
 }
+
+/// Two policies whose mutation fails at run time (a key the object lacks): one fails
+/// closed, one is ignored. Each binding selects ConfigMaps by a label.
+const FAILING_MUTATIONS: &str = r#"apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicy
+metadata: {name: fail.mutate.example.com}
+spec:
+  failurePolicy: Fail
+  reinvocationPolicy: Never
+  matchConstraints:
+    resourceRules:
+    - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [configmaps]}
+  mutations:
+  - patchType: ApplyConfiguration
+    applyConfiguration:
+      expression: 'Object{data: {"copy": object.data.missing}}'
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicy
+metadata: {name: ignore.mutate.example.com}
+spec:
+  failurePolicy: Ignore
+  reinvocationPolicy: Never
+  matchConstraints:
+    resourceRules:
+    - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [configmaps]}
+  mutations:
+  - patchType: ApplyConfiguration
+    applyConfiguration:
+      expression: 'Object{data: {"copy": object.data.missing}}'
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicyBinding
+metadata: {name: fail-binding}
+spec:
+  policyName: fail.mutate.example.com
+  matchResources:
+    objectSelector:
+      matchLabels: {policy: fail}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicyBinding
+metadata: {name: ignore-binding}
+spec:
+  policyName: ignore.mutate.example.com
+  matchResources:
+    objectSelector:
+      matchLabels: {policy: ignore}
+"#;
+
+/// A mutation that fails: under failurePolicy Fail the write is refused as upstream's
+/// policy dispatcher refuses it (403, reason Invalid, the message naming the policy, the
+/// binding and the expression's error, repeated as a cause) and nothing is stored; under
+/// Ignore the object is stored as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutating_admission_policy_failures_follow_the_failure_policy() {
+    let (server, dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let out = create(&kc, FAILING_MUTATIONS).await;
+    assert!(out.ok, "{}", out.stderr);
+    let cm = |name: &str, policy: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default, labels: {{policy: {policy}}}}}\ndata: {{k: v}}\n"
+        )
+    };
+    let post = |yaml: String| {
+        curl(
+            dir.path(),
+            &kc,
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            Some(("application/yaml", &yaml)),
+        )
+    };
+    let message = "policy 'fail.mutate.example.com' with binding 'fail-binding' denied request: expression 'Object{data: {\"copy\": object.data.missing}}' resulted in error: no such key: missing";
+    // The bindings reach the admission chain within moments.
+    let mut refused = None;
+    for i in 0..50 {
+        let name = format!("f{i}");
+        let answer = post(cm(&name, "fail"));
+        if answer.code != 201 {
+            refused = Some((name, answer));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (name, answer) = refused.expect("the failing policy never took effect");
+    // Upstream keeps admission.NewForbidden's code with the policy error's reason.
+    let status = answer.body;
+    assert_eq!(answer.code, 403, "{status}");
+    assert_eq!(status["reason"], "Invalid");
+    assert_eq!(status["message"], message);
+    assert_eq!(status["details"]["name"], name.as_str());
+    assert_eq!(status["details"]["kind"], "configmaps");
+    assert_eq!(
+        status["details"]["causes"],
+        serde_json::json!([{"message": message}])
+    );
+    assert!(
+        !k(&kc, &["get", "cm", &name]).await.ok,
+        "a refused object is not stored"
+    );
+    let out = create(&kc, &cm("by-kubectl", "fail")).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains(message), "{}", out.stderr);
+
+    // Ignored: stored as sent.
+    let out = create(&kc, &cm("ignored", "ignore")).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k(&kc, &["get", "cm", "ignored", "-o", "jsonpath={.data}"]).await;
+    assert_eq!(out.stdout, r#"{"k":"v"}"#);
+}

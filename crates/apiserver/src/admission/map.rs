@@ -15,10 +15,10 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use kumo_apimachinery::status::ApiError;
+use kumo_apimachinery::status::{ApiError, Cause};
 use serde_json::Value;
 
-use super::vap::{all, is_namespaces, matches, namespace, params, preamble, request};
+use super::vap::{all, forbidden, is_namespaces, matches, namespace, params, preamble, request};
 use super::{Attributes, Operation, Plugin};
 use crate::cel::Activation;
 
@@ -131,6 +131,7 @@ impl Plugin for MutatingAdmissionPolicy {
             .collect();
         let mut namespace_object: Option<Option<Value>> = None;
         let mut mutated = false;
+        let mut failures: Vec<(String, Option<&'static str>)> = Vec::new();
         for binding in &bindings {
             let policy_name = binding
                 .pointer("/spec/policyName")
@@ -147,10 +148,15 @@ impl Plugin for MutatingAdmissionPolicy {
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
                 .unwrap_or("");
-            let refuse = |why: String| {
-                ApiError::internal(format!(
-                    "policy '{policy_name}' with binding '{binding_name}' denied request: {why}"
-                ))
+            // A failure of a policy that fails closed is kept (upstream's PolicyError) and
+            // the others still run; one that is ignored is dropped.
+            let mut refuse = |why: String, reason: Option<&'static str>| {
+                if fail_closed {
+                    failures.push((
+                        format!("policy '{policy_name}' with binding '{binding_name}' denied request: {why}"),
+                        reason,
+                    ));
+                }
             };
             let constraints = policy
                 .pointer("/spec/matchConstraints")
@@ -158,8 +164,10 @@ impl Plugin for MutatingAdmissionPolicy {
             match matches(constraints, a, Some(obj), true).await {
                 Ok(true) => {}
                 Ok(false) => continue,
-                Err(e) if fail_closed => return Err(refuse(e)),
-                Err(_) => continue,
+                Err(e) => {
+                    refuse(e, None);
+                    continue;
+                }
             }
             if let Some(m) = binding
                 .pointer("/spec/matchResources")
@@ -168,14 +176,18 @@ impl Plugin for MutatingAdmissionPolicy {
                 match matches(m, a, Some(obj), false).await {
                     Ok(true) => {}
                     Ok(false) => continue,
-                    Err(e) if fail_closed => return Err(refuse(e)),
-                    Err(_) => continue,
+                    Err(e) => {
+                        refuse(e, None);
+                        continue;
+                    }
                 }
             }
             let params = match params(a, policy, binding).await {
                 Ok(p) => p,
-                Err(e) if fail_closed => return Err(refuse(e)),
-                Err(_) => continue,
+                Err(e) => {
+                    refuse(e, None);
+                    continue;
+                }
             };
             if namespace_object.is_none() {
                 let ns = if is_namespaces(a) {
@@ -205,13 +217,15 @@ impl Plugin for MutatingAdmissionPolicy {
                         *obj = candidate;
                     }
                     Ok(false) => {}
-                    Err(e) if fail_closed => return Err(refuse(e)),
                     Err(e) => {
-                        tracing::warn!(
-                            policy = policy_name,
-                            binding = binding_name,
-                            "mutation failed, ignored: {e}"
-                        );
+                        if !fail_closed {
+                            tracing::warn!(
+                                policy = policy_name,
+                                binding = binding_name,
+                                "mutation failed, ignored: {e}"
+                            );
+                        }
+                        refuse(e, Some("Invalid"));
                     }
                 }
             }
@@ -220,6 +234,34 @@ impl Plugin for MutatingAdmissionPolicy {
             // Decoded again: defaults for what the mutations added.
             a.resource.strategy.default(obj);
         }
-        Ok(())
+        match failures.first() {
+            None => Ok(()),
+            Some((message, reason)) => Err(refused(a, obj, message, *reason, &failures)),
+        }
     }
+}
+
+/// Upstream's refusal of a request whose policies failed: a Forbidden (403) whose message is
+/// the first failure's, with its reason (Invalid for a mutation that failed; the code stays
+/// 403) and every failure as a cause.
+fn refused(
+    a: &Attributes<'_>,
+    obj: &Value,
+    message: &str,
+    reason: Option<&'static str>,
+    failures: &[(String, Option<&'static str>)],
+) -> ApiError {
+    let mut err = forbidden(a, Some(obj), "admission request denied by policy");
+    err.message = message.to_owned();
+    if let Some(r) = reason {
+        err.reason = r;
+    }
+    if let Some(d) = err.details.as_mut() {
+        d.causes.extend(failures.iter().map(|(m, _)| Cause {
+            reason: String::new(),
+            message: m.clone(),
+            field: String::new(),
+        }));
+    }
+    err
 }

@@ -414,15 +414,7 @@ fn denied(
     message: String,
     reason: Option<&str>,
 ) -> ApiError {
-    let name = if a.name.is_empty() {
-        obj.and_then(|o| o.pointer("/metadata/name"))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-    } else {
-        a.name
-    };
-    let gr = GroupResource::new(a.resource.group, a.resource.plural);
-    let mut err = ApiError::forbidden(&gr, name, &message);
+    let mut err = forbidden(a, obj, &message);
     let (reason, code) = match reason.unwrap_or("Invalid") {
         "Forbidden" => ("Forbidden", 403),
         "Unauthorized" => ("Unauthorized", 401),
@@ -439,6 +431,23 @@ fn denied(
         });
     }
     err
+}
+
+/// Upstream's admission.NewForbidden: the request's resource and object name (the object's
+/// own, on a create), refused for `why`.
+pub(super) fn forbidden(a: &Attributes<'_>, obj: Option<&Value>, why: &str) -> ApiError {
+    let name = if a.name.is_empty() {
+        obj.and_then(|o| o.pointer("/metadata/name"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    } else {
+        a.name
+    };
+    ApiError::forbidden(
+        &GroupResource::new(a.resource.group, a.resource.plural),
+        name,
+        why,
+    )
 }
 
 /// Policies and bindings are admissionregistration's own objects: never subject to them.
