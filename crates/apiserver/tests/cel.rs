@@ -767,3 +767,86 @@ async fn mutating_admission_policy_failures_follow_the_failure_policy() {
     let out = k(&kc, &["get", "cm", "ignored", "-o", "jsonpath={.data}"]).await;
     assert_eq!(out.stdout, r#"{"k":"v"}"#);
 }
+
+/// A policy with a paramKind: one binding whose params are missing (Deny when not found,
+/// although the binding only warns), one with no paramRef (validates with null params).
+const PARAM_POLICIES: &str = r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: params.example.com}
+spec:
+  failurePolicy: Fail
+  paramKind: {apiVersion: v1, kind: ConfigMap}
+  matchConstraints:
+    resourceRules:
+    - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [secrets]}
+  validations:
+  - expression: "params == null || object.metadata.name != params.data.forbidden"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: missing-params}
+spec:
+  policyName: params.example.com
+  validationActions: [Warn]
+  paramRef: {name: no-such-config, namespace: default, parameterNotFoundAction: Deny}
+  matchResources:
+    objectSelector:
+      matchLabels: {params: missing}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: no-param-ref}
+spec:
+  policyName: params.example.com
+  validationActions: [Deny]
+  matchResources:
+    objectSelector:
+      matchLabels: {params: none}
+"#;
+
+/// Configuration errors are Deny decisions whatever the binding's actions (upstream's
+/// addConfigError): 422 Invalid, "failed to configure binding: ...". A binding without a
+/// paramRef validates with null params.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validating_admission_policy_configuration_errors_deny() {
+    let (server, dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let out = create(&kc, PARAM_POLICIES).await;
+    assert!(out.ok, "{}", out.stderr);
+    let secret = |name: &str, label: &str| {
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: default, labels: {{params: {label}}}}}\n")
+    };
+    let message = "ValidatingAdmissionPolicy 'params.example.com' with binding 'missing-params' denied request: failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction";
+    let mut refused = None;
+    for i in 0..50 {
+        let answer = curl(
+            dir.path(),
+            &kc,
+            "POST",
+            "/api/v1/namespaces/default/secrets",
+            Some(("application/yaml", &secret(&format!("s{i}"), "missing"))),
+        );
+        if answer.code != 201 {
+            refused = Some(answer);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let answer = refused.expect("the binding never took effect");
+    assert_eq!(answer.code, 422, "{}", answer.body);
+    assert_eq!(answer.body["reason"], "Invalid");
+    assert_eq!(
+        answer.body["message"],
+        format!(
+            "secrets \"{}\" is forbidden: {message}",
+            answer.body["details"]["name"].as_str().unwrap()
+        )
+    );
+    assert_eq!(
+        answer.body["details"]["causes"],
+        serde_json::json!([{"message": message}])
+    );
+    // No paramRef: the expression sees null params and allows.
+    let out = create(&kc, &secret("plain", "none")).await;
+    assert!(out.ok, "{}", out.stderr);
+}

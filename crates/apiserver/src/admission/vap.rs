@@ -219,10 +219,9 @@ pub(super) async fn params(
     };
     let api_version = kind.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let kind_name = kind.get("kind").and_then(Value::as_str).unwrap_or("");
+    // A binding that does not use the policy's paramKind validates with null params.
     let Some(pref) = binding.pointer("/spec/paramRef").filter(|p| p.is_object()) else {
-        return Err(
-            "failed to configure binding: paramRef is required when paramKind is set".into(),
-        );
+        return Ok(None);
     };
     let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
     let plural = format!("{}s", kind_name.to_lowercase());
@@ -277,7 +276,7 @@ pub(super) async fn params(
             return Ok(Some(Vec::new()));
         }
         return Err(format!(
-            "failed to configure binding: no params found for policy binding with `{action}` parameterNotFoundAction"
+            "no params found for policy binding with `{action}` parameterNotFoundAction"
         ));
     }
     Ok(Some(found))
@@ -490,10 +489,25 @@ impl Plugin for ValidatingAdmissionPolicy {
             let constraints = policy
                 .pointer("/spec/matchConstraints")
                 .unwrap_or(&Value::Null);
+            let binding_name = binding
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            // A configuration error (the policy's or the binding's match, the params) is a
+            // Deny decision whatever the binding's actions, unless the policy ignores
+            // failures (upstream's addConfigError).
+            let config_error = |e: String, of_binding: bool| {
+                let message = if of_binding {
+                    format!("ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: failed to configure binding: {e}")
+                } else {
+                    format!("ValidatingAdmissionPolicy '{policy_name}' denied request: failed to configure policy: {e}")
+                };
+                denied(a, obj, message, None)
+            };
             match matches(constraints, a, obj, true).await {
                 Ok(true) => {}
                 Ok(false) => continue,
-                Err(e) if fail_closed => return Err(ApiError::internal(e)),
+                Err(e) if fail_closed => return Err(config_error(e, false)),
                 Err(_) => continue,
             }
             if let Some(m) = binding
@@ -503,28 +517,15 @@ impl Plugin for ValidatingAdmissionPolicy {
                 match matches(m, a, obj, false).await {
                     Ok(true) => {}
                     Ok(false) => continue,
-                    Err(e) if fail_closed => return Err(ApiError::internal(e)),
+                    Err(e) if fail_closed => return Err(config_error(e, true)),
                     Err(_) => continue,
                 }
             }
-            let binding_name = binding
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or("");
             let actions = strings(binding.pointer("/spec/validationActions"));
             let params = match params(a, policy, binding).await {
                 Ok(p) => p,
-                Err(e) => {
-                    if fail_closed && actions.contains(&"Deny") {
-                        return Err(denied(
-                            a,
-                            obj,
-                            format!("ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: {e}"),
-                            None,
-                        ));
-                    }
-                    continue;
-                }
+                Err(e) if fail_closed => return Err(config_error(e, true)),
+                Err(_) => continue,
             };
             if namespace_object.is_none() {
                 let ns = if is_namespaces(a) {
