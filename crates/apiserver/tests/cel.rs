@@ -656,6 +656,31 @@ async fn mutating_admission_policies_mutate() {
     assert_eq!(out.stdout, "2");
 }
 
+/// POSTs the YAML `object(i)` to the default namespace's `plural`, i = 0, 1, ..., 100 ms
+/// apart, until one is refused (a new policy binding reaches the admission chain within
+/// moments): i and the answer.
+async fn first_refusal(
+    dir: &Path,
+    kc: &Path,
+    plural: &str,
+    object: impl Fn(usize) -> String,
+) -> (usize, Http) {
+    for i in 0..50 {
+        let answer = curl(
+            dir,
+            kc,
+            "POST",
+            &format!("/api/v1/namespaces/default/{plural}"),
+            Some(("application/yaml", &object(i))),
+        );
+        if answer.code != 201 {
+            return (i, answer);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no {plural} was refused: the binding never took effect");
+}
+
 /// Two policies whose mutation fails at run time (a key the object lacks): one fails
 /// closed, one is ignored. Each binding selects ConfigMaps by a label.
 const FAILING_MUTATIONS: &str = r#"apiVersion: admissionregistration.k8s.io/v1
@@ -720,28 +745,12 @@ async fn mutating_admission_policy_failures_follow_the_failure_policy() {
             "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default, labels: {{policy: {policy}}}}}\ndata: {{k: v}}\n"
         )
     };
-    let post = |yaml: String| {
-        curl(
-            dir.path(),
-            &kc,
-            "POST",
-            "/api/v1/namespaces/default/configmaps",
-            Some(("application/yaml", &yaml)),
-        )
-    };
     let message = "policy 'fail.mutate.example.com' with binding 'fail-binding' denied request: expression 'Object{data: {\"copy\": object.data.missing}}' resulted in error: no such key: missing";
-    // The bindings reach the admission chain within moments.
-    let mut refused = None;
-    for i in 0..50 {
-        let name = format!("f{i}");
-        let answer = post(cm(&name, "fail"));
-        if answer.code != 201 {
-            refused = Some((name, answer));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (name, answer) = refused.expect("the failing policy never took effect");
+    let (i, answer) = first_refusal(dir.path(), &kc, "configmaps", |i| {
+        cm(&format!("f{i}"), "fail")
+    })
+    .await;
+    let name = format!("f{i}");
     // Upstream keeps admission.NewForbidden's code with the policy error's reason.
     let status = answer.body;
     assert_eq!(answer.code, 403, "{status}");
@@ -817,22 +826,10 @@ async fn validating_admission_policy_configuration_errors_deny() {
         format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: default, labels: {{params: {label}}}}}\n")
     };
     let message = "ValidatingAdmissionPolicy 'params.example.com' with binding 'missing-params' denied request: failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction";
-    let mut refused = None;
-    for i in 0..50 {
-        let answer = curl(
-            dir.path(),
-            &kc,
-            "POST",
-            "/api/v1/namespaces/default/secrets",
-            Some(("application/yaml", &secret(&format!("s{i}"), "missing"))),
-        );
-        if answer.code != 201 {
-            refused = Some(answer);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let answer = refused.expect("the binding never took effect");
+    let (_, answer) = first_refusal(dir.path(), &kc, "secrets", |i| {
+        secret(&format!("s{i}"), "missing")
+    })
+    .await;
     assert_eq!(answer.code, 422, "{}", answer.body);
     assert_eq!(answer.body["reason"], "Invalid");
     assert_eq!(
