@@ -45,6 +45,8 @@ pub struct State {
     /// Where pod IPs are reached when the host does not route them (see
     /// [`crate::resource_proxy::PodNetwork`]).
     pub pod_network: Option<Arc<dyn crate::resource_proxy::PodNetwork>>,
+    /// The APIServices served by extension API servers (see [`crate::aggregator`]).
+    pub aggregator: Arc<crate::aggregator::Aggregator>,
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -174,6 +176,10 @@ pub async fn handle(
         return crate::auth::USER
             .scope(attrs.user.clone(), crate::proxy::serve(state, attrs, req))
             .await;
+    }
+    if let Some(backend) = state.aggregator.backend_for(req.uri().path()) {
+        let user = attrs.user.clone();
+        return crate::aggregator::serve(state, backend, user, req).await;
     }
     if crate::resource_proxy::handles(&attrs) {
         return crate::auth::USER
@@ -438,7 +444,12 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         && matches!(trimmed, "/api" | "/apis")
         && negotiate::wants_aggregated_discovery(accept_header.as_deref())
     {
-        let doc = crate::discovery::aggregated(&state.registry, trimmed == "/api");
+        let mut doc = crate::discovery::aggregated(&state.registry, trimmed == "/api");
+        if trimmed == "/apis" {
+            state
+                .aggregator
+                .extend_aggregated(&state.registry, &mut doc);
+        }
         let mut resp = Response::new(full(doc.to_string() + "\n"));
         let headers = resp.headers_mut();
         headers.insert(
@@ -462,7 +473,9 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             method == Method::GET && negotiate::is_collection_path(trimmed),
         ));
     };
-    if !routed(&state.registry, trimmed) {
+    let aggregated_group = matches!(trimmed.split('/').filter(|s| !s.is_empty()).collect::<Vec<_>>().as_slice(),
+        ["apis", g] if state.aggregator.group(&state.registry, g).is_some());
+    if !aggregated_group && !routed(&state.registry, trimmed) {
         return text_response(StatusCode::NOT_FOUND, "404 page not found\n".into());
     }
     // Warnings the verbs add travel back with the answer.
@@ -658,9 +671,20 @@ async fn route(
     let (group, version, rest_segs): (&str, &str, &[&str]) = match segs.as_slice() {
         ["version"] => return get_only(Some(crate::discovery::version())),
         ["api"] => return get_only(Some(crate::discovery::core_versions(&state.address))),
-        ["apis"] => return get_only(Some(crate::discovery::group_list(&state.registry))),
+        ["apis"] => {
+            let mut doc = crate::discovery::group_list(&state.registry);
+            state
+                .aggregator
+                .extend_group_list(&state.registry, &mut doc);
+            return get_only(Some(doc));
+        }
         ["api", v] => return get_only(crate::discovery::resource_list(&state.registry, "", v)),
-        ["apis", g] => return get_only(crate::discovery::group(&state.registry, g)),
+        ["apis", g] => {
+            return get_only(
+                crate::discovery::group(&state.registry, g)
+                    .or_else(|| state.aggregator.group(&state.registry, g)),
+            )
+        }
         ["apis", g, v] => return get_only(crate::discovery::resource_list(&state.registry, g, v)),
         ["api", v, rest @ ..] => ("", *v, rest),
         ["apis", g, v, rest @ ..] => (*g, *v, rest),

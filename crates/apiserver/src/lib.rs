@@ -12,6 +12,7 @@
 //! Only this crate talks to storage (see ARCHITECTURE.md).
 
 pub mod admission;
+pub mod aggregator;
 pub mod audit;
 pub mod auth;
 pub mod cache;

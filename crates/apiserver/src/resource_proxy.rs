@@ -403,7 +403,7 @@ fn clean_path(p: &str) -> String {
 }
 
 /// Headers that concern one connection only (Go's ReverseProxy drops them both ways).
-fn hop_by_hop(name: &str) -> bool {
+pub(crate) fn hop_by_hop(name: &str) -> bool {
     matches!(
         name,
         "connection"

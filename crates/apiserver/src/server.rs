@@ -165,7 +165,9 @@ impl ApiServer {
         bootstrap_namespaces(&rest, &registry).await?;
         crate::registry::bootstrap_policy(&rest, &registry).await?;
         bootstrap_kubernetes_service(&rest, &registry, host, local_addr.port()).await?;
-        bootstrap_kube_system_config_maps(&rest, &registry, &certs.ca_pem).await?;
+        let front_proxy_ca =
+            std::fs::read_to_string(cfg.data_dir.join("pki").join("front-proxy-ca.crt")).ok();
+        bootstrap_kube_system_config_maps(&rest, &registry, &certs.ca_pem, front_proxy_ca).await?;
         let crd_revision = crate::registry::crd::load(&rest, &registry).await?;
         let sa_key =
             crate::auth::serviceaccount::SigningKey::load_or_create(&cfg.data_dir.join("pki"))?;
@@ -177,7 +179,10 @@ impl ApiServer {
                 None
             }
         };
+        let aggregator =
+            crate::aggregator::Aggregator::start(store.clone(), &cfg.data_dir.join("pki")).await?;
         let state = Arc::new(State {
+            aggregator,
             kubelet,
             kubelet_dial: cfg.kubelet_dial_overrides.clone(),
             pod_network: cfg.pod_network.clone(),
@@ -235,6 +240,8 @@ impl ApiServer {
             ArcRegistry(state.clone()),
             crd_revision,
         ));
+        // The kube-aggregator's availability checks of APIServices served by Services.
+        tokio::spawn(crate::aggregator::run_available_controller(state.clone()));
         // The identity lease of this server and the collector of departed servers' ones.
         if let Some(leases) = state.registry.find("coordination.k8s.io", "v1", "leases") {
             crate::identity::start(state.rest.clone(), leases, state.address.clone());
@@ -476,14 +483,25 @@ async fn bootstrap_kube_system_config_maps(
     rest: &Rest,
     registry: &Registry,
     ca_pem: &str,
+    front_proxy_ca: Option<String>,
 ) -> Result<()> {
     use serde_json::json;
+    let mut data = json!({"client-ca-file": ca_pem});
+    // What extension API servers need to trust the aggregator's proxied requests: kubeadm's
+    // --requestheader-* flags, as kube-apiserver publishes them.
+    if let Some(ca) = front_proxy_ca {
+        data["requestheader-client-ca-file"] = json!(ca);
+        data["requestheader-allowed-names"] = json!(r#"["front-proxy-client"]"#);
+        data["requestheader-extra-headers-prefix"] = json!(r#"["X-Remote-Extra-"]"#);
+        data["requestheader-group-headers"] = json!(r#"["X-Remote-Group"]"#);
+        data["requestheader-username-headers"] = json!(r#"["X-Remote-User"]"#);
+    }
     let auth = json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
-        "data": {"client-ca-file": ca_pem},
+        "data": data,
     });
-    let current = json!({"data": {"client-ca-file": ca_pem}});
+    let current = json!({"data": data});
     ensure(
         rest,
         registry,

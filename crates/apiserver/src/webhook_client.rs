@@ -37,6 +37,20 @@ pub(crate) enum Target {
 
 /// A TLS client trusting only the certificates of `ca_bundle` (base64 of PEM).
 pub(crate) fn tls_config(ca_bundle: &str) -> Result<rustls::ClientConfig, String> {
+    let roots = roots(ca_bundle)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// The certificates of `ca_bundle` (base64 of PEM) as trust roots; an empty bundle trusts
+/// nothing.
+pub(crate) fn roots(ca_bundle: &str) -> Result<rustls::RootCertStore, String> {
     let mut roots = rustls::RootCertStore::empty();
     if !ca_bundle.is_empty() {
         let pem = base64::engine::general_purpose::STANDARD
@@ -55,14 +69,7 @@ pub(crate) fn tls_config(ca_bundle: &str) -> Result<rustls::ClientConfig, String
             );
         }
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
+    Ok(roots)
 }
 
 /// The webhook's URL as a Go rest client prints it (path cleaned, `timeout` added), with
@@ -149,7 +156,7 @@ fn server_response_error(code: u16, body: &[u8], text: bool) -> String {
 }
 
 /// Go's text of a TLS handshake failure.
-fn tls_error(e: &std::io::Error) -> String {
+pub(crate) fn tls_error(e: &std::io::Error) -> String {
     use rustls::{CertificateError, Error as T};
     let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
     match inner {
@@ -221,7 +228,7 @@ fn hostname_error(host: &str, presented: &[String]) -> String {
 }
 
 /// Go's text of a failed TCP dial to `addr`.
-fn dial_error(addr: &str, e: &std::io::Error) -> String {
+pub(crate) fn dial_error(addr: &str, e: &std::io::Error) -> String {
     use std::io::ErrorKind as K;
     let why = match e.kind() {
         K::ConnectionRefused => "connection refused".to_owned(),
@@ -233,7 +240,7 @@ fn dial_error(addr: &str, e: &std::io::Error) -> String {
 }
 
 /// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -249,7 +256,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Conn for T 
 /// A TLS stream that takes a peer closing the connection without TLS's close_notify as
 /// the end of the stream, as Go's HTTP client does (a body read to the end of the
 /// connection is then complete).
-struct CloseTolerant<S>(S);
+pub(crate) struct CloseTolerant<S>(pub(crate) S);
 
 impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for CloseTolerant<S> {
     fn poll_read(

@@ -32,7 +32,7 @@ pub(crate) struct Config {
 /// certificate or key that does not load ends the connection, as a server that failed to
 /// start would refuse it.
 pub(crate) async fn serve(io: tokio::io::DuplexStream, cfg: Config) {
-    let Some(tls) = server_config(&cfg) else {
+    let Some(tls) = tls_server_config(&cfg.cert_pem, &cfg.key_pem) else {
         tracing::warn!("agnhost webhook: the certificate or key does not load");
         return;
     };
@@ -49,11 +49,16 @@ pub(crate) async fn serve(io: tokio::io::DuplexStream, cfg: Config) {
         .await;
 }
 
-fn server_config(cfg: &Config) -> Option<Arc<rustls::ServerConfig>> {
-    let certs: Vec<_> = rustls_pemfile::certs(&mut cfg.cert_pem.as_bytes())
+/// A TLS server with the certificate chain and key of these PEM texts (None if either
+/// does not load).
+pub(crate) fn tls_server_config(
+    cert_pem: &str,
+    key_pem: &str,
+) -> Option<Arc<rustls::ServerConfig>> {
+    let certs: Vec<_> = rustls_pemfile::certs(&mut cert_pem.as_bytes())
         .collect::<Result<_, _>>()
         .ok()?;
-    let key = rustls_pemfile::private_key(&mut cfg.key_pem.as_bytes()).ok()??;
+    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes()).ok()??;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -21,6 +21,7 @@ pub mod pods;
 pub mod portforward;
 pub mod prober;
 pub mod runtime;
+mod sample_apiserver;
 pub mod server;
 pub mod static_pods;
 pub mod trustbundle;

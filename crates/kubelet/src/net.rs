@@ -278,6 +278,18 @@ impl Dataplane {
                 };
                 tokio::spawn(crate::agnhost_webhook::serve(server, cfg));
             }
+            Listener::SampleApiserver {
+                container,
+                cert_file,
+                key_file,
+            } => {
+                let cfg = crate::sample_apiserver::Config {
+                    cert_pem: self.read_file(&container, &cert_file).unwrap_or_default(),
+                    key_pem: self.read_file(&container, &key_file).unwrap_or_default(),
+                    container,
+                };
+                tokio::spawn(crate::sample_apiserver::serve(server, cfg));
+            }
             l => {
                 tokio::spawn(crate::portforward::serve_stream(server, l));
             }

@@ -815,6 +815,14 @@ pub enum Listener {
         /// `crd-conversion-webhook` (serves `/crdconvert`) rather than `webhook`.
         crd_conversion: bool,
     },
+    /// sample-apiserver (`--secure-port`, 443 by default): the `wardle.example.com`
+    /// extension API server over TLS with the certificate and key at these paths of
+    /// `container` (see [`crate::sample_apiserver`]); `/readyz` answers `ok`.
+    SampleApiserver {
+        container: String,
+        cert_file: String,
+        key_file: String,
+    },
 }
 
 /// How long agnhost's `liveness` server stays healthy.
@@ -832,9 +840,6 @@ fn image_listener(
 ) -> Option<Listener> {
     let image = c["image"].as_str().unwrap_or("");
     let (repo, _) = split_image(image);
-    if repo.rsplit('/').next() != Some("agnhost") {
-        return None;
-    }
     let args: Vec<&str> = c["command"]
         .as_array()
         .into_iter()
@@ -842,18 +847,30 @@ fn image_listener(
         .flatten()
         .filter_map(Value::as_str)
         .collect();
+    let text_flag = |name: &str| {
+        args.iter()
+            .find_map(|a| a.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+            .unwrap_or("")
+            .to_owned()
+    };
+    match repo.rsplit('/').next() {
+        Some("agnhost") => {}
+        Some("sample-apiserver") => {
+            let secure_port = text_flag("--secure-port").parse::<u16>().unwrap_or(443);
+            return (port == secure_port).then(|| Listener::SampleApiserver {
+                container: container_id.unwrap_or_default(),
+                cert_file: text_flag("--tls-cert-file"),
+                key_file: text_flag("--tls-private-key-file"),
+            });
+        }
+        _ => return None,
+    }
     let flag = |name: &str| {
         args.iter().find_map(|a| {
             a.strip_prefix(name)
                 .and_then(|r| r.strip_prefix('='))
                 .and_then(|v| v.parse::<u16>().ok())
         })
-    };
-    let text_flag = |name: &str| {
-        args.iter()
-            .find_map(|a| a.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
-            .unwrap_or("")
-            .to_owned()
     };
     match args.first().copied() {
         Some("liveness") if port == 8080 => Some(Listener::AgnhostLiveness { started }),
@@ -1364,6 +1381,8 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
         (Listener::AgnhostLiveness { .. }, _, _) => (404, "Not Found"),
         (Listener::AgnhostWebhook { .. }, _, "/readyz") => (200, "OK"),
         (Listener::AgnhostWebhook { .. }, _, _) => (404, "Not Found"),
+        (Listener::SampleApiserver { .. }, _, "/readyz" | "/healthz" | "/livez") => (200, "OK"),
+        (Listener::SampleApiserver { .. }, _, _) => (403, "Forbidden"),
     }
 }
 
@@ -1421,6 +1440,10 @@ pub(crate) fn response(
             } else {
                 "404 page not found\n"
             };
+            (None, "text/plain; charset=utf-8", body.to_owned())
+        }
+        Listener::SampleApiserver { .. } => {
+            let body = if code == 200 { "ok" } else { "forbidden\n" };
             (None, "text/plain; charset=utf-8", body.to_owned())
         }
     };

@@ -6,89 +6,11 @@
 //! mutated one with agnhost's JSON patch applied, and a Deployment's pod refused by name.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine;
 use kumo::cluster::ClusterConfig;
 use kumo_testkit::kubectl::{eventually, get, k, k_in};
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl on PATH");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA and a serving certificate for `dns` signed by it: (CA PEM, cert file, key file).
-fn certificates(dir: &Path, dns: &str) -> String {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=webhook-test-ca",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "tls.key",
-            "-out",
-            "tls.csr",
-            "-subj",
-            &format!("/CN={dns}"),
-        ],
-    );
-    std::fs::write(
-        dir.join("ext.cnf"),
-        format!("subjectAltName=DNS:{dns}\nextendedKeyUsage=serverAuth\n"),
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "tls.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "tls.crt",
-            "-days",
-            "1",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
-    std::fs::read_to_string(dir.join("ca.crt")).unwrap()
-}
 
 const DEPLOYMENT: &str = "apiVersion: apps/v1
 kind: Deployment
@@ -202,7 +124,8 @@ async fn agnhost_webhook_pod_admits_through_its_service() {
 
     let certs = dir.path().join("certs");
     std::fs::create_dir_all(&certs).unwrap();
-    let ca = certificates(&certs, "e2e-test-webhook.hooks.svc");
+    let ca = kumo_testkit::certs::serving(&certs, "webhook-test-ca", "e2e-test-webhook.hooks.svc")
+        .unwrap();
     let ok = |out: kumo_testkit::kubectl::Out| {
         assert!(out.ok, "{}", out.stderr);
         out.stdout

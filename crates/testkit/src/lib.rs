@@ -13,6 +13,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod certs;
 pub mod kubectl;
 
 use std::fs::File;

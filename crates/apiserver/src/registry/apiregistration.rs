@@ -1,7 +1,7 @@
 //! apiregistration.k8s.io/v1 APIServices: the kube-aggregator's list of API group
-//! versions. kumo serves every group itself, so, as kube-apiserver's autoregister
-//! controller does at start, each served group version has a "Local" APIService (always
-//! Available); aggregated API servers (spec.service) are stored but not proxied to yet.
+//! versions. As kube-apiserver's autoregister controller does at start, each built-in
+//! group version has a "Local" APIService (always Available); one with a `spec.service`
+//! is an extension API server that `crate::aggregator` proxies to and checks.
 
 use kumo_apimachinery::validation::{FieldError, Path};
 use serde_json::{json, Value};
@@ -91,6 +91,16 @@ pub fn local_api_services(registry: &Registry) -> Vec<(Value, Value)> {
 struct ApiServices;
 
 impl Strategy for ApiServices {
+    fn default(&self, obj: &mut Value) {
+        // SetDefaults_ServiceReference: the Service's port is 443 unless given.
+        if let Some(svc) = obj
+            .pointer_mut("/spec/service")
+            .and_then(Value::as_object_mut)
+        {
+            svc.entry("port").or_insert(json!(443));
+        }
+    }
+
     fn prepare_update(&self, new: &mut Value, old: &Value) {
         keep_status(new, old);
     }

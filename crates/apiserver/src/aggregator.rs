@@ -1,0 +1,910 @@
+//! The kube-aggregator's part of the API server: APIServices whose `spec.service` names a
+//! Service are served by that Service's pods (an extension API server such as
+//! sample-apiserver or metrics-server), not by this server.
+//!
+//! * Requests under `/apis/<group>/<version>` of such an APIService are authenticated and
+//!   authorized here, then proxied over HTTPS to a ready endpoint of the Service (through
+//!   the simulated pod network when the cluster has one), with the user in the
+//!   `X-Remote-User`/`-Uid`/`-Group`/`-Extra-*` headers and the front-proxy client
+//!   certificate as the TLS client identity, as kube-apiserver's proxy handler does. The
+//!   backend's certificate is checked against `caBundle` for `<service>.<namespace>.svc`
+//!   unless `insecureSkipTLSVerify`. An APIService that is not Available answers 503
+//!   `service unavailable`.
+//! * The availability controller sets each such APIService's `Available` condition with
+//!   upstream's reasons and messages (ServiceNotFound, ServicePortError,
+//!   EndpointsNotFound, MissingEndpoints, FailedDiscoveryCheck, Passed / `all checks
+//!   passed`), keeping the other conditions. It checks a failing APIService every second
+//!   and every APIService every 30 s and whenever one changes.
+//! * Discovery: the groups appear in `/apis`, `/apis/<group>` and the aggregated discovery
+//!   document, with the resources of the backend's own `/apis/<group>/<version>` answer
+//!   (fetched by the availability check).
+//!
+//! Endpoints are resolved as with kube-apiserver's `--enable-aggregator-routing` (a pod
+//! address of the Service's EndpointSlices), as the admission webhooks' client does.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use kumo_storage::{StorageError, Store};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::{json, Value};
+
+use crate::auth::UserInfo;
+use crate::handler::{Body, State};
+use crate::mirror::Mirror;
+use crate::registry::Registry;
+use crate::resource_proxy::PodNetwork;
+use crate::webhook_client::{dial_error, roots, tls_error, AbortOnDrop, CloseTolerant};
+
+/// Where APIServices are stored.
+const PREFIX: &str = "/registry/apiservices/";
+
+/// How long a discovery check may take (upstream's discovery client timeout).
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often every APIService is checked again (upstream's resync period).
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// Largest discovery answer read from a backend.
+const MAX_DISCOVERY: usize = 4 << 20;
+
+/// An APIService served by a Service rather than by this server.
+#[derive(Clone, Debug)]
+pub struct Backend {
+    pub name: String,
+    pub group: String,
+    pub version: String,
+    namespace: String,
+    service: String,
+    port: u16,
+    ca_bundle: String,
+    insecure: bool,
+    available: bool,
+    group_priority: i64,
+    version_priority: i64,
+}
+
+impl Backend {
+    fn of(obj: &Value) -> Option<Backend> {
+        let spec = obj.get("spec")?;
+        let svc = spec.get("service").filter(|s| s.is_object())?;
+        let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        Some(Backend {
+            name: text(&obj["metadata"], "name"),
+            group: text(spec, "group"),
+            version: text(spec, "version"),
+            namespace: text(svc, "namespace"),
+            service: text(svc, "name"),
+            port: svc
+                .get("port")
+                .and_then(Value::as_u64)
+                .and_then(|p| u16::try_from(p).ok())
+                .unwrap_or(443),
+            ca_bundle: text(spec, "caBundle"),
+            insecure: spec
+                .get("insecureSkipTLSVerify")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            available: obj
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Available" && c["status"] == "True"),
+            group_priority: spec
+                .get("groupPriorityMinimum")
+                .and_then(Value::as_i64)
+                .unwrap_or(0),
+            version_priority: spec
+                .get("versionPriority")
+                .and_then(Value::as_i64)
+                .unwrap_or(0),
+        })
+    }
+
+    /// The TLS server name the backend's certificate must hold.
+    fn server_name(&self) -> String {
+        format!("{}.{}.svc", self.service, self.namespace)
+    }
+}
+
+/// The APIServices and what the backends last said about their resources.
+pub struct Aggregator {
+    services: Arc<Mirror>,
+    /// The front-proxy client certificate and key (kube-apiserver's
+    /// `--proxy-client-cert-file`/`--proxy-client-key-file`), when the PKI has them.
+    client_cert: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    /// Each backend's last `APIResourceList`, by APIService name.
+    discovery: RwLock<HashMap<String, Value>>,
+}
+
+impl std::fmt::Debug for Aggregator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Aggregator").finish_non_exhaustive()
+    }
+}
+
+fn load_client_cert(
+    pki: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let cert = std::fs::read(pki.join("front-proxy-client.crt")).map_err(|e| e.to_string())?;
+    let key = std::fs::read(pki.join("front-proxy-client.key")).map_err(|e| e.to_string())?;
+    let certs = rustls_pemfile::certs(&mut cert.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let key = rustls_pemfile::private_key(&mut key.as_slice())
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| "no key in front-proxy-client.key".to_owned())?;
+    Ok((certs, key))
+}
+
+impl Aggregator {
+    /// Follows the stored APIServices; the proxy's client certificate comes from `pki`.
+    pub async fn start(store: Arc<dyn Store>, pki: &Path) -> Result<Arc<Aggregator>, StorageError> {
+        let services = Mirror::start(store, PREFIX).await?;
+        let client_cert = match load_client_cert(pki) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "no front-proxy client certificate: aggregated API servers see no client certificate");
+                None
+            }
+        };
+        Ok(Arc::new(Aggregator {
+            services,
+            client_cert,
+            discovery: RwLock::new(HashMap::new()),
+        }))
+    }
+
+    fn backends(&self) -> Vec<Backend> {
+        self.services
+            .with(|m| m.values().filter_map(Backend::of).collect())
+    }
+
+    /// The backend serving `path`, if it is under `/apis/<group>/<version>` of an
+    /// APIService with a Service.
+    pub fn backend_for(&self, path: &str) -> Option<Backend> {
+        let mut segs = path.split('/').filter(|s| !s.is_empty());
+        if segs.next()? != "apis" {
+            return None;
+        }
+        let (g, v) = (segs.next()?, segs.next()?);
+        // Read in place: most paths are local group versions (no Service, no copy).
+        let key = format!("{PREFIX}{v}.{g}");
+        self.services
+            .with(|m| m.get(&key).and_then(Backend::of))
+            .filter(|b| b.group == g && b.version == v)
+    }
+
+    /// The groups only backends serve, by priority, each with its versions by priority.
+    fn groups(&self, registry: &Registry) -> Vec<(String, Vec<Backend>)> {
+        let served = registry.groups();
+        let mut out: Vec<(String, Vec<Backend>)> = Vec::new();
+        for b in self.backends() {
+            if b.group.is_empty() || served.iter().any(|(g, _)| *g == b.group) {
+                continue;
+            }
+            match out.iter_mut().find(|(g, _)| *g == b.group) {
+                Some((_, vs)) => vs.push(b),
+                None => out.push((b.group.clone(), vec![b])),
+            }
+        }
+        for (_, vs) in &mut out {
+            vs.sort_by(|a, b| {
+                b.version_priority
+                    .cmp(&a.version_priority)
+                    .then_with(|| a.version.cmp(&b.version))
+            });
+        }
+        let priority = |vs: &[Backend]| vs.iter().map(|b| b.group_priority).max().unwrap_or(0);
+        out.sort_by(|(ga, a), (gb, b)| priority(b).cmp(&priority(a)).then_with(|| ga.cmp(gb)));
+        out
+    }
+
+    fn group_doc(name: &str, versions: &[Backend]) -> Value {
+        let vs: Vec<Value> = versions
+            .iter()
+            .map(|b| json!({"groupVersion": format!("{name}/{}", b.version), "version": b.version}))
+            .collect();
+        json!({
+            "name": name,
+            "versions": vs,
+            "preferredVersion": vs.first().cloned().unwrap_or(Value::Null),
+        })
+    }
+
+    /// Adds the backends' groups to `/apis`'s APIGroupList.
+    pub fn extend_group_list(&self, registry: &Registry, doc: &mut Value) {
+        if let Some(groups) = doc.get_mut("groups").and_then(Value::as_array_mut) {
+            for (g, vs) in self.groups(registry) {
+                groups.push(Self::group_doc(&g, &vs));
+            }
+        }
+    }
+
+    /// `/apis/<group>` of a group only backends serve.
+    pub fn group(&self, registry: &Registry, name: &str) -> Option<Value> {
+        let groups = self.groups(registry);
+        let (g, vs) = groups.iter().find(|(g, _)| g == name)?;
+        let mut doc = Self::group_doc(g, vs);
+        doc["kind"] = json!("APIGroup");
+        doc["apiVersion"] = json!("v1");
+        Some(doc)
+    }
+
+    /// Adds the backends' groups to the aggregated discovery document of `/apis`: the
+    /// versions whose backend answered a discovery check.
+    pub fn extend_aggregated(&self, registry: &Registry, doc: &mut Value) {
+        let Some(items) = doc.get_mut("items").and_then(Value::as_array_mut) else {
+            return;
+        };
+        let discovery = self.discovery.read().unwrap_or_else(|e| e.into_inner());
+        for (g, vs) in self.groups(registry) {
+            let versions: Vec<Value> = vs
+                .iter()
+                .filter_map(|b| {
+                    let list = discovery.get(&b.name)?;
+                    Some(json!({
+                        "version": b.version,
+                        "resources": aggregated_resources(list),
+                        "freshness": if b.available { "Current" } else { "Stale" },
+                    }))
+                })
+                .collect();
+            if !versions.is_empty() {
+                items.push(json!({"metadata": {"name": g}, "versions": versions}));
+            }
+        }
+    }
+
+    /// The TLS client towards `b`.
+    fn tls(&self, b: &Backend) -> Result<Arc<rustls::ClientConfig>, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| e.to_string())?;
+        let builder = if b.insecure {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(crate::proxy::AnyServer(provider)))
+        } else {
+            builder.with_root_certificates(roots(&b.ca_bundle)?)
+        };
+        let mut cfg = match &self.client_cert {
+            Some((certs, key)) => builder
+                .with_client_auth_cert(certs.clone(), key.clone_key())
+                .map_err(|e| e.to_string())?,
+            None => builder.with_no_client_auth(),
+        };
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+}
+
+/// One APIResourceList in aggregated discovery form (apidiscovery.k8s.io/v2 resources,
+/// subresources folded into their resource).
+fn aggregated_resources(list: &Value) -> Vec<Value> {
+    let all: Vec<&Value> = list
+        .get("resources")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .collect();
+    let text = |r: &Value, k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    let kind = |r: &Value| json!({"group": text(r, "group"), "version": text(r, "version"), "kind": text(r, "kind")});
+    let mut out: Vec<Value> = all
+        .iter()
+        .filter(|r| !text(r, "name").contains('/'))
+        .map(|r| {
+            let name = text(r, "name");
+            let namespaced = r.get("namespaced").and_then(Value::as_bool) == Some(true);
+            let mut doc = json!({
+                "resource": name,
+                "responseKind": kind(r),
+                "scope": if namespaced { "Namespaced" } else { "Cluster" },
+                "singularResource": text(r, "singularName"),
+                "verbs": r.get("verbs").cloned().unwrap_or_else(|| json!([])),
+            });
+            for k in ["shortNames", "categories"] {
+                if let Some(v) = r
+                    .get(k)
+                    .filter(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+                {
+                    doc[k] = v.clone();
+                }
+            }
+            let subs: Vec<Value> = all
+                .iter()
+                .filter_map(|s| {
+                    let sub = text(s, "name")
+                        .strip_prefix(&format!("{name}/"))?
+                        .to_owned();
+                    Some(json!({
+                        "subresource": sub,
+                        "responseKind": kind(s),
+                        "verbs": s.get("verbs").cloned().unwrap_or_else(|| json!([])),
+                    }))
+                })
+                .collect();
+            if !subs.is_empty() {
+                doc["subresources"] = json!(subs);
+            }
+            doc
+        })
+        .collect();
+    out.sort_by(|a, b| a["resource"].as_str().cmp(&b["resource"].as_str()));
+    out
+}
+
+/// An HTTP/1.1 connection to `addr` over TLS for `server_name`, through the pod network
+/// when there is one.
+async fn dial<B>(
+    pod_network: Option<&Arc<dyn PodNetwork>>,
+    addr: &str,
+    server_name: &str,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<(hyper::client::conn::http1::SendRequest<B>, AbortOnDrop), String>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let to: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("dial tcp {addr}: no such host"))?;
+    let name = ServerName::try_from(server_name.to_owned()).map_err(|e| format!("tls: {e}"))?;
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    let handshake_error = |e: hyper::Error| e.to_string();
+    match pod_network {
+        Some(net) => {
+            let conn = net.connect(to).map_err(|e| dial_error(addr, &e))?;
+            let stream = connector
+                .connect(name, conn)
+                .await
+                .map_err(|e| tls_error(&e))?;
+            let (sender, conn) = hyper::client::conn::http1::handshake(
+                hyper_util::rt::TokioIo::new(CloseTolerant(stream)),
+            )
+            .await
+            .map_err(handshake_error)?;
+            Ok((
+                sender,
+                AbortOnDrop(tokio::spawn(async move {
+                    let _ = conn.await;
+                })),
+            ))
+        }
+        None => {
+            let tcp = tokio::time::timeout(CHECK_TIMEOUT, tokio::net::TcpStream::connect(to))
+                .await
+                .map_err(|_| format!("dial tcp {addr}: i/o timeout"))?
+                .map_err(|e| dial_error(addr, &e))?;
+            let stream = connector
+                .connect(name, tcp)
+                .await
+                .map_err(|e| tls_error(&e))?;
+            let (sender, conn) = hyper::client::conn::http1::handshake(
+                hyper_util::rt::TokioIo::new(CloseTolerant(stream)),
+            )
+            .await
+            .map_err(handshake_error)?;
+            Ok((
+                sender,
+                AbortOnDrop(tokio::spawn(async move {
+                    let _ = conn.await;
+                })),
+            ))
+        }
+    }
+}
+
+/// A plain-text answer, as Go's `http.Error` writes it.
+fn text(code: StatusCode, message: &str) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(format!("{message}\n"))).boxed());
+    *r.status_mut() = code;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+/// client-go's headerKeyEscape: an extra's key percent-encoded where a header name could
+/// not hold it.
+fn escape_header_key(key: &str) -> String {
+    let mut out = String::new();
+    for b in key.bytes() {
+        let legal = b.is_ascii_alphanumeric() || b"!#$&'*+-.^_`|~".contains(&b);
+        if legal {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Adds the user to a proxied request as client-go's SetAuthProxyHeaders does.
+fn auth_proxy_headers(mut b: http::request::Builder, user: &UserInfo) -> http::request::Builder {
+    b = b.header("X-Remote-User", user.name.as_str());
+    if !user.uid.is_empty() {
+        b = b.header("X-Remote-Uid", user.uid.as_str());
+    }
+    for g in &user.groups {
+        b = b.header("X-Remote-Group", g.as_str());
+    }
+    for (k, vs) in &user.extra {
+        let name = format!("X-Remote-Extra-{}", escape_header_key(k));
+        for v in vs {
+            b = b.header(name.as_str(), v.as_str());
+        }
+    }
+    b
+}
+
+/// Proxies an authorized request to its backend.
+pub async fn serve(
+    state: Arc<State>,
+    backend: Backend,
+    user: UserInfo,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    if !backend.available {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "service unavailable");
+    }
+    let tls = match state.aggregator.tls(&backend) {
+        Ok(t) => t,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, &e),
+    };
+    let addr = match crate::webhook_client::resolve_service(
+        &*state.rest.store,
+        &backend.namespace,
+        &backend.service,
+        backend.port,
+    )
+    .await
+    {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(apiservice = %backend.name, error = %e, "cannot resolve the backend");
+            return text(StatusCode::SERVICE_UNAVAILABLE, "service unavailable");
+        }
+    };
+    let (mut sender, conn) = match dial::<Incoming>(
+        state.pod_network.as_ref(),
+        &addr,
+        &backend.server_name(),
+        tls,
+    )
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, &e),
+    };
+    let (parts, body) = req.into_parts();
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".into());
+    let listed: Vec<String> = parts
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    let mut out = Request::builder().method(parts.method.clone()).uri(pq);
+    for (k, v) in &parts.headers {
+        let name = k.as_str();
+        // The credentials were this server's to check; the user travels in X-Remote-*.
+        let dropped = crate::resource_proxy::hop_by_hop(name)
+            || listed.iter().any(|l| l == name)
+            || name == "host"
+            || name == "authorization"
+            || name.starts_with("impersonate-")
+            || name.starts_with("x-remote-");
+        if !dropped {
+            out = out.header(k, v);
+        }
+    }
+    out = out.header(
+        header::HOST,
+        format!("{}:{}", backend.server_name(), backend.port),
+    );
+    out = auth_proxy_headers(out, &user);
+    let out = match out.body(body) {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    let resp = match sender.send_request(out).await {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    };
+    let (rparts, mut rbody) = resp.into_parts();
+    let mut head = Response::new(());
+    *head.status_mut() = rparts.status;
+    for (k, v) in &rparts.headers {
+        if !crate::resource_proxy::hop_by_hop(k.as_str()) {
+            head.headers_mut().append(k, v.clone());
+        }
+    }
+    // The answer streams as it comes (a watch stays open); the connection lives as long.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let _conn = conn;
+        while let Some(Ok(f)) = rbody.frame().await {
+            if let Ok(d) = f.into_data() {
+                if tx.send(d).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(hyper::body::Frame::data(b)), rx))
+    });
+    let (head, _) = head.into_parts();
+    Response::from_parts(head, http_body_util::StreamBody::new(stream).boxed())
+}
+
+/// The Available condition of one check: (status, reason, message).
+type Verdict = (&'static str, &'static str, String);
+
+/// Upstream's availability checks of one APIService; the backend's APIResourceList when
+/// its discovery check passed.
+async fn check(state: &State, b: &Backend) -> (Verdict, Option<Value>) {
+    let store = &*state.rest.store;
+    let svc_ref = format!("service/{} in {:?}", b.service, b.namespace);
+    let svc = match store
+        .get(
+            format!("/registry/services/{}/{}", b.namespace, b.service).as_bytes(),
+            None,
+        )
+        .await
+    {
+        Ok((Some(kv), _)) => serde_json::from_slice::<Value>(&kv.value).unwrap_or(Value::Null),
+        Ok((None, _)) => {
+            return (
+                (
+                    "False",
+                    "ServiceNotFound",
+                    format!("{svc_ref} is not present"),
+                ),
+                None,
+            )
+        }
+        Err(e) => {
+            return (
+                (
+                    "Unknown",
+                    "ServiceAccessError",
+                    format!("{svc_ref} cannot be checked due to: {e}"),
+                ),
+                None,
+            )
+        }
+    };
+    let typ = svc
+        .pointer("/spec/type")
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP");
+    if typ == "ClusterIP" {
+        let port = svc
+            .pointer("/spec/ports")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|p| p.get("port").and_then(Value::as_u64) == Some(u64::from(b.port)));
+        let Some(port) = port else {
+            return (
+                (
+                    "False",
+                    "ServicePortError",
+                    format!("{svc_ref} is not listening on port {}", b.port),
+                ),
+                None,
+            );
+        };
+        let port_name = port.get("name").and_then(Value::as_str).unwrap_or("");
+        let slices = match store
+            .range(kumo_storage::RangeRequest {
+                prefix: format!("/registry/endpointslices/{}/", b.namespace).into_bytes(),
+                start: None,
+                limit: 0,
+                revision: None,
+            })
+            .await
+        {
+            Ok(page) => page
+                .kvs
+                .iter()
+                .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+                .filter(|s| {
+                    s.pointer("/metadata/labels/kubernetes.io~1service-name")
+                        .and_then(Value::as_str)
+                        == Some(b.service.as_str())
+                })
+                .collect::<Vec<_>>(),
+            Err(e) => {
+                return (
+                    (
+                        "Unknown",
+                        "EndpointsAccessError",
+                        format!("{svc_ref} cannot be checked due to: {e}"),
+                    ),
+                    None,
+                )
+            }
+        };
+        if slices.is_empty() {
+            return (
+                (
+                    "False",
+                    "EndpointsNotFound",
+                    format!(
+                        "cannot find endpointslices for service/{} in {:?}",
+                        b.service, b.namespace
+                    ),
+                ),
+                None,
+            );
+        }
+        let active = slices.iter().any(|s| {
+            let ready = s
+                .get("endpoints")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|e| e.pointer("/conditions/ready").and_then(Value::as_bool) != Some(false));
+            let port = s
+                .get("ports")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|p| {
+                    p.get("name").and_then(Value::as_str) == Some(port_name)
+                        && p.get("port").is_some_and(|x| !x.is_null())
+                });
+            ready && port
+        });
+        if !active {
+            return (
+                (
+                    "False",
+                    "MissingEndpoints",
+                    format!(
+                        "endpointslices for service/{} in {:?} have no addresses with port name {port_name:?}",
+                        b.service, b.namespace
+                    ),
+                ),
+                None,
+            );
+        }
+    }
+    match discovery_check(state, b).await {
+        Ok(list) => (("True", "Passed", "all checks passed".into()), list),
+        Err(e) => (("False", "FailedDiscoveryCheck", e), None),
+    }
+}
+
+/// GETs the backend's `/apis/<group>/<version>` as `system:kube-aggregator` in
+/// `system:masters`; any 2xx passes.
+async fn discovery_check(state: &State, b: &Backend) -> Result<Option<Value>, String> {
+    let addr = crate::webhook_client::resolve_service(
+        &*state.rest.store,
+        &b.namespace,
+        &b.service,
+        b.port,
+    )
+    .await?;
+    let path = format!("/apis/{}/{}", b.group, b.version);
+    let url = format!("https://{addr}{path}");
+    let failed = |why: String| format!("failing or missing response from {url}: {why}");
+    let tls = state.aggregator.tls(b).map_err(failed)?;
+    let exchange = async {
+        let (mut sender, _conn) =
+            dial::<Full<Bytes>>(state.pod_network.as_ref(), &addr, &b.server_name(), tls).await?;
+        let req = Request::get(path.as_str())
+            .header(header::HOST, format!("{}:{}", b.server_name(), b.port))
+            .header(header::ACCEPT, "application/json")
+            .header("X-Remote-User", "system:kube-aggregator")
+            .header("X-Remote-Group", "system:masters")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let body = Limited::new(resp.into_body(), MAX_DISCOVERY)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Ok::<_, String>((status, body))
+    };
+    let (status, body) = match tokio::time::timeout(CHECK_TIMEOUT, exchange).await {
+        Err(_) => {
+            return Err(failed(format!(
+                "Get \"{url}\": context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+            )))
+        }
+        Ok(Err(why)) => return Err(failed(format!("Get \"{url}\": {why}"))),
+        Ok(Ok(r)) => r,
+    };
+    if !(200..300).contains(&status) {
+        return Err(format!("bad status from {url}: {status}"));
+    }
+    Ok(serde_json::from_slice::<Value>(&body)
+        .ok()
+        .filter(|v| v.get("kind").and_then(Value::as_str) == Some("APIResourceList")))
+}
+
+/// Sets the Available condition of APIService `name` as upstream's SetAPIServiceCondition
+/// does (the transition time moves only with the status), writing only on a change.
+async fn record(state: &State, name: &str, (status, reason, message): Verdict) {
+    let key = format!("{PREFIX}{name}");
+    let Ok((Some(kv), _)) = state.rest.store.get(key.as_bytes(), None).await else {
+        return;
+    };
+    let Ok(mut obj) = serde_json::from_slice::<Value>(&kv.value) else {
+        return;
+    };
+    let now = crate::time::format_rfc3339(crate::time::now_secs());
+    let mut conditions: Vec<Value> = obj
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let wanted = json!({
+        "type": "Available", "status": status, "reason": reason, "message": message,
+    });
+    match conditions.iter_mut().find(|c| c["type"] == "Available") {
+        Some(c) => {
+            if c["status"] == status && c["reason"] == reason && c["message"] == message.as_str() {
+                return;
+            }
+            let since = if c["status"] == status {
+                c.get("lastTransitionTime").cloned().unwrap_or(json!(now))
+            } else {
+                json!(now)
+            };
+            *c = wanted;
+            c["lastTransitionTime"] = since;
+        }
+        None => {
+            let mut c = wanted;
+            c["lastTransitionTime"] = json!(now);
+            conditions.push(c);
+        }
+    }
+    if !obj.get("status").is_some_and(Value::is_object) {
+        obj["status"] = json!({});
+    }
+    obj["status"]["conditions"] = json!(conditions);
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+    }
+    let Ok(bytes) = serde_json::to_vec(&obj) else {
+        return;
+    };
+    match state
+        .rest
+        .store
+        .update(key.as_bytes(), bytes, Some(kv.mod_revision))
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(apiservice = %name, status, reason, "APIService availability changed")
+        }
+        // A newer write is checked on the next pass.
+        Err(StorageError::Conflict { .. }) | Err(StorageError::NotFound) => {}
+        Err(e) => tracing::warn!(apiservice = %name, error = %e, "cannot record availability"),
+    }
+}
+
+/// The availability controller: runs until the process ends.
+pub async fn run_available_controller(state: Arc<State>) {
+    let mut last_full: Option<Instant> = None;
+    let mut seen = 0;
+    loop {
+        let generation = state.aggregator.services.generation();
+        let full = generation != seen || last_full.is_none_or(|t| t.elapsed() >= RESYNC);
+        if full {
+            last_full = Some(Instant::now());
+            seen = generation;
+        }
+        let due: Vec<Backend> = state
+            .aggregator
+            .backends()
+            .into_iter()
+            .filter(|b| full || !b.available)
+            .collect();
+        let checks = due.into_iter().map(|b| {
+            let state = Arc::clone(&state);
+            async move {
+                let (verdict, list) = check(&state, &b).await;
+                {
+                    let mut d = state
+                        .aggregator
+                        .discovery
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner());
+                    match list {
+                        Some(l) => {
+                            d.insert(b.name.clone(), l);
+                        }
+                        // A backend that stopped answering keeps its last document (stale).
+                        None if verdict.0 == "True" => {
+                            d.remove(&b.name);
+                        }
+                        None => {}
+                    }
+                }
+                record(&state, &b.name, verdict).await;
+            }
+        });
+        futures::future::join_all(checks).await;
+        // Forget the documents of APIServices that are gone.
+        let names: Vec<String> = state
+            .aggregator
+            .backends()
+            .into_iter()
+            .map(|b| b.name)
+            .collect();
+        state
+            .aggregator
+            .discovery
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|n, _| names.contains(n));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_keys_are_escaped_as_client_go_does() {
+        assert_eq!(escape_header_key("scopes"), "scopes");
+        assert_eq!(escape_header_key("example.org/key"), "example.org%2Fkey");
+        assert_eq!(escape_header_key("a b%"), "a%20b%25");
+    }
+
+    #[test]
+    fn resource_lists_fold_subresources() {
+        let list = json!({"kind": "APIResourceList", "groupVersion": "wardle.example.com/v1alpha1",
+        "resources": [
+            {"name": "flunders", "singularName": "flunder", "namespaced": true, "kind": "Flunder",
+             "verbs": ["get", "list"], "shortNames": []},
+            {"name": "flunders/status", "singularName": "", "namespaced": true, "kind": "Flunder",
+             "verbs": ["get", "patch"]},
+            {"name": "fischers", "singularName": "fischer", "namespaced": false, "kind": "Fischer",
+             "verbs": ["get"], "categories": ["all"]},
+        ]});
+        let out = aggregated_resources(&list);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0]["resource"], "fischers");
+        assert_eq!(out[0]["scope"], "Cluster");
+        assert_eq!(out[0]["categories"], json!(["all"]));
+        assert_eq!(out[1]["resource"], "flunders");
+        assert!(out[1].get("shortNames").is_none());
+        assert_eq!(out[1]["subresources"][0]["subresource"], "status");
+        assert_eq!(out[1]["subresources"][0]["responseKind"]["kind"], "Flunder");
+    }
+}

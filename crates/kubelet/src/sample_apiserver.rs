@@ -1,0 +1,701 @@
+//! k8s.io/sample-apiserver in the sim: the extension API server the e2e suite deploys
+//! (image `e2e-test-images/sample-apiserver`, `--tls-cert-file`, `--tls-private-key-file`,
+//! an etcd sidecar) and registers with an APIService, served on a connection of the
+//! simulated pod network.
+//!
+//! It terminates TLS with the certificate and key the container reads from its files and
+//! serves the `wardle.example.com` group as the real one does: discovery (`/apis`, the
+//! group, `v1alpha1` with flunders and fischers, `v1beta1` with flunders), and create,
+//! get, list (with label selectors), update, merge patch, delete and deletecollection of
+//! both kinds, with the BanFlunder admission plugin (a flunder named in a fischer's
+//! `disallowedFlunders` is forbidden). Objects live in the container's memory, as the real
+//! server's live in its etcd sidecar without a volume: a new container starts empty.
+//!
+//! What the sim does not do: it trusts the aggregator's `X-Remote-User` header without
+//! checking the front-proxy client certificate, and it authorizes nothing (the real server
+//! asks kube-apiserver with a SubjectAccessReview); a request without the header is
+//! `system:anonymous` and forbidden, as the real server's default authorizer would answer.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use serde_json::{json, Map, Value};
+
+/// The API group the server serves.
+const GROUP: &str = "wardle.example.com";
+
+/// What the server needs beyond the connection.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// The container's id: whose objects these are.
+    pub container: String,
+}
+
+/// One server's objects: by (plural, namespace, name).
+#[derive(Default)]
+struct Objects {
+    items: BTreeMap<(String, String, String), Value>,
+    revision: u64,
+}
+
+/// Every sim sample-apiserver's objects, by container id.
+fn stores() -> &'static Mutex<HashMap<String, Objects>> {
+    static STORES: OnceLock<Mutex<HashMap<String, Objects>>> = OnceLock::new();
+    STORES.get_or_init(Default::default)
+}
+
+/// Serves one connection: TLS, then HTTP/1.1 requests until the client closes it.
+pub(crate) async fn serve(io: tokio::io::DuplexStream, cfg: Config) {
+    let Some(tls) = crate::agnhost_webhook::tls_server_config(&cfg.cert_pem, &cfg.key_pem) else {
+        tracing::warn!("sample-apiserver: the certificate or key does not load");
+        return;
+    };
+    let Ok(stream) = tokio_rustls::TlsAcceptor::from(tls).accept(io).await else {
+        return;
+    };
+    let cfg = Arc::new(cfg);
+    let service = hyper::service::service_fn(move |req| {
+        let cfg = cfg.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(req, &cfg).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await;
+}
+
+fn reply(code: u16, body: &Value) -> http::Response<Full<Bytes>> {
+    let mut r = http::Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::OK);
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn status(code: u16, reason: &str, message: String, details: Value) -> http::Response<Full<Bytes>> {
+    let mut s = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code,
+    });
+    if !details.is_null() {
+        s["details"] = details;
+    }
+    reply(code, &s)
+}
+
+fn not_found_path() -> http::Response<Full<Bytes>> {
+    status(
+        404,
+        "NotFound",
+        "the server could not find the requested resource".into(),
+        json!({}),
+    )
+}
+
+/// The resources of one version: (plural, singular, kind, namespaced).
+fn resources(version: &str) -> &'static [(&'static str, &'static str, &'static str, bool)] {
+    match version {
+        "v1alpha1" => &[
+            ("fischers", "fischer", "Fischer", false),
+            ("flunders", "flunder", "Flunder", true),
+        ],
+        "v1beta1" => &[("flunders", "flunder", "Flunder", true)],
+        _ => &[],
+    }
+}
+
+const VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+fn group_doc() -> Value {
+    let v = |v: &str| json!({"groupVersion": format!("{GROUP}/{v}"), "version": v});
+    json!({"name": GROUP, "versions": [v("v1beta1"), v("v1alpha1")], "preferredVersion": v("v1beta1")})
+}
+
+fn resource_list(version: &str) -> Value {
+    let rs: Vec<Value> = resources(version)
+        .iter()
+        .map(|(plural, singular, kind, namespaced)| {
+            json!({"name": plural, "singularName": singular, "namespaced": namespaced,
+                   "kind": kind, "verbs": VERBS})
+        })
+        .collect();
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{GROUP}/{version}"), "resources": rs})
+}
+
+fn query_param(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or(""), 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    k8s_openapi::jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or(0))
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default()
+}
+
+async fn handle(req: http::Request<Incoming>, cfg: &Config) -> http::Response<Full<Bytes>> {
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let method = req.method().clone();
+    let user = req
+        .headers()
+        .get("x-remote-user")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let table = req
+        .headers()
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.split(',').next().unwrap_or("").contains("as=Table"));
+    let content_type = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if let ["healthz" | "livez" | "readyz"] = segs.as_slice() {
+        let mut r = http::Response::new(Full::new(Bytes::from_static(b"ok")));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        return r;
+    }
+    if user.is_empty() {
+        let verb = method.as_str().to_ascii_lowercase();
+        return status(
+            403,
+            "Forbidden",
+            format!("forbidden: User \"system:anonymous\" cannot {verb} path \"{path}\""),
+            json!({}),
+        );
+    }
+    let get = method == http::Method::GET;
+    match segs.as_slice() {
+        ["apis"] if get => {
+            return reply(
+                200,
+                &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_doc()]}),
+            )
+        }
+        ["apis", GROUP] if get => {
+            let mut g = group_doc();
+            g["kind"] = json!("APIGroup");
+            g["apiVersion"] = json!("v1");
+            return reply(200, &g);
+        }
+        ["apis", GROUP, v] if get && !resources(v).is_empty() => {
+            return reply(200, &resource_list(v))
+        }
+        _ => {}
+    }
+    let (version, ns, rest) = match segs.as_slice() {
+        ["apis", GROUP, v, "namespaces", ns, rest @ ..] if !rest.is_empty() => (*v, *ns, rest),
+        ["apis", GROUP, v, rest @ ..] if !rest.is_empty() => (*v, "", rest),
+        _ => return not_found_path(),
+    };
+    let (plural, name) = match rest {
+        [p] => (*p, None),
+        [p, n] => (*p, Some(*n)),
+        _ => return not_found_path(),
+    };
+    let Some(&(_, _, kind, namespaced)) = resources(version).iter().find(|r| r.0 == plural) else {
+        return not_found_path();
+    };
+    if namespaced == ns.is_empty() && !(namespaced && name.is_none() && get) {
+        return not_found_path();
+    }
+    let req = Req {
+        version,
+        plural,
+        kind,
+        ns,
+        query: &query,
+        content_type: &content_type,
+        body: &body,
+        table,
+    };
+    let mut all = stores().lock().unwrap_or_else(|e| e.into_inner());
+    let objects = all.entry(cfg.container.clone()).or_default();
+    match (method.as_str(), name) {
+        ("GET", None) => req.list(objects),
+        ("POST", None) => req.create(objects),
+        ("DELETE", None) => req.delete_collection(objects),
+        ("GET", Some(n)) => req.get(objects, n),
+        ("PUT", Some(n)) => req.update(objects, n),
+        ("PATCH", Some(n)) => req.patch(objects, n),
+        ("DELETE", Some(n)) => req.delete(objects, n),
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource".into(),
+            json!({}),
+        ),
+    }
+}
+
+/// One resource request.
+struct Req<'a> {
+    version: &'a str,
+    plural: &'a str,
+    kind: &'a str,
+    ns: &'a str,
+    query: &'a str,
+    content_type: &'a str,
+    body: &'a [u8],
+    /// The client asked for a `meta.k8s.io/v1` Table (kubectl get).
+    table: bool,
+}
+
+impl Req<'_> {
+    fn qualified(&self) -> String {
+        format!("{}.{GROUP}", self.plural)
+    }
+
+    fn key(&self, name: &str) -> (String, String, String) {
+        (self.plural.to_owned(), self.ns.to_owned(), name.to_owned())
+    }
+
+    fn not_found(&self, name: &str) -> http::Response<Full<Bytes>> {
+        status(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", self.qualified()),
+            json!({"name": name, "group": GROUP, "kind": self.plural}),
+        )
+    }
+
+    /// The stored object as this version shows it.
+    fn shown(&self, obj: &Value) -> Value {
+        let mut o = obj.clone();
+        o["apiVersion"] = json!(format!("{GROUP}/{}", self.version));
+        o["kind"] = json!(self.kind);
+        o
+    }
+
+    /// The request's object, or why it is a bad request.
+    fn decode(&self) -> Result<Value, String> {
+        match serde_json::from_slice::<Value>(self.body) {
+            Ok(v) if v.is_object() => Ok(v),
+            Ok(_) => Err("the object provided is unrecognized".into()),
+            Err(e) => Err(format!("the object provided is unrecognized: {e}")),
+        }
+    }
+
+    /// The generic API server's default Table: Name and Created At, rows with the
+    /// objects' metadata.
+    fn table(&self, objects: &[&Value], revision: Option<u64>) -> http::Response<Full<Bytes>> {
+        let rows: Vec<Value> = objects
+            .iter()
+            .map(|o| {
+                let meta = o.get("metadata").cloned().unwrap_or_else(|| json!({}));
+                json!({
+                    "cells": [meta["name"], meta["creationTimestamp"]],
+                    "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta},
+                })
+            })
+            .collect();
+        let mut t = json!({
+            "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {},
+            "columnDefinitions": [
+                {"name": "Name", "type": "string", "format": "name", "description": "The object's name.", "priority": 0},
+                {"name": "Created At", "type": "date", "format": "", "description": "When the object was created.", "priority": 0},
+            ],
+            "rows": rows,
+        });
+        if let Some(rv) = revision {
+            t["metadata"]["resourceVersion"] = json!(rv.to_string());
+        }
+        reply(200, &t)
+    }
+
+    fn list(&self, objects: &Objects) -> http::Response<Full<Bytes>> {
+        let selector = query_param(self.query, "labelSelector").unwrap_or_default();
+        let selector = match kumo_apimachinery::selector::LabelSelector::parse(&selector) {
+            Ok(s) => s,
+            Err(e) => return status(400, "BadRequest", e.to_string(), Value::Null),
+        };
+        let matched: Vec<&Value> = objects
+            .items
+            .iter()
+            .filter(|((p, ns, _), _)| p == self.plural && (self.ns.is_empty() || ns == self.ns))
+            .filter(|(_, o)| selector.matches(&labels_of(o)))
+            .map(|(_, o)| o)
+            .collect();
+        if self.table {
+            return self.table(&matched, Some(objects.revision));
+        }
+        let items: Vec<Value> = matched.into_iter().map(|o| self.item(o)).collect();
+        reply(
+            200,
+            &json!({
+                "kind": format!("{}List", self.kind),
+                "apiVersion": format!("{GROUP}/{}", self.version),
+                "metadata": {"resourceVersion": objects.revision.to_string()},
+                "items": items,
+            }),
+        )
+    }
+
+    /// An object as a list item (no kind or apiVersion, as typed lists encode them).
+    fn item(&self, o: &Value) -> Value {
+        let mut o = self.shown(o);
+        if let Some(m) = o.as_object_mut() {
+            m.remove("apiVersion");
+            m.remove("kind");
+        }
+        o
+    }
+
+    fn create(&self, objects: &mut Objects) -> http::Response<Full<Bytes>> {
+        let mut obj = match self.decode() {
+            Ok(o) => o,
+            Err(why) => return status(400, "BadRequest", why, Value::Null),
+        };
+        let meta = obj
+            .get("metadata")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let mut name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        if name.is_empty() {
+            let prefix = meta
+                .get("generateName")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if prefix.is_empty() {
+                return status(
+                    422,
+                    "Invalid",
+                    format!(
+                        "{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
+                        self.qualified()
+                    ),
+                    json!({"group": GROUP, "kind": self.kind, "causes": [{"reason": "FieldValueRequired", "message": "Required value: name or generateName is required", "field": "metadata.name"}]}),
+                );
+            }
+            let suffix: String = uuid::Uuid::new_v4()
+                .simple()
+                .to_string()
+                .chars()
+                .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                .take(5)
+                .collect();
+            name = format!("{prefix}{suffix}");
+        }
+        if self.plural == "flunders" && banned(objects, &name) {
+            return status(
+                403,
+                "Forbidden",
+                format!(
+                    "{} \"{name}\" is forbidden: this name may not be used, please change the resource name",
+                    self.qualified()
+                ),
+                json!({"name": name, "group": GROUP, "kind": self.plural}),
+            );
+        }
+        let key = self.key(&name);
+        if objects.items.contains_key(&key) {
+            return status(
+                409,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", self.qualified()),
+                json!({"name": name, "group": GROUP, "kind": self.plural}),
+            );
+        }
+        objects.revision += 1;
+        let mut m: Map<String, Value> = meta;
+        m.insert("name".into(), json!(name));
+        if !self.ns.is_empty() {
+            m.insert("namespace".into(), json!(self.ns));
+        }
+        m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        m.insert(
+            "resourceVersion".into(),
+            json!(objects.revision.to_string()),
+        );
+        m.insert("creationTimestamp".into(), json!(now()));
+        obj["metadata"] = Value::Object(m);
+        for k in ["spec", "status"] {
+            if !obj.get(k).is_some_and(Value::is_object) {
+                obj[k] = json!({});
+            }
+        }
+        let shown = self.shown(&obj);
+        objects.items.insert(key, obj);
+        reply(201, &shown)
+    }
+
+    fn get(&self, objects: &Objects, name: &str) -> http::Response<Full<Bytes>> {
+        match objects.items.get(&self.key(name)) {
+            Some(o) if self.table => self.table(&[o], None),
+            Some(o) => reply(200, &self.shown(o)),
+            None => self.not_found(name),
+        }
+    }
+
+    fn store(
+        &self,
+        objects: &mut Objects,
+        name: &str,
+        mut obj: Value,
+        old: &Value,
+    ) -> http::Response<Full<Bytes>> {
+        let sent_rv = obj
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let old_rv = old
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !sent_rv.is_empty() && sent_rv != old_rv {
+            return status(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                    self.qualified()
+                ),
+                json!({"name": name, "group": GROUP, "kind": self.plural}),
+            );
+        }
+        objects.revision += 1;
+        for k in ["uid", "creationTimestamp", "name", "namespace"] {
+            if let Some(v) = old.pointer(&format!("/metadata/{k}")) {
+                obj["metadata"][k] = v.clone();
+            }
+        }
+        obj["metadata"]["resourceVersion"] = json!(objects.revision.to_string());
+        let shown = self.shown(&obj);
+        objects.items.insert(self.key(name), obj);
+        reply(200, &shown)
+    }
+
+    fn update(&self, objects: &mut Objects, name: &str) -> http::Response<Full<Bytes>> {
+        let Some(old) = objects.items.get(&self.key(name)).cloned() else {
+            return self.not_found(name);
+        };
+        let obj = match self.decode() {
+            Ok(o) => o,
+            Err(why) => return status(400, "BadRequest", why, Value::Null),
+        };
+        if !obj.get("metadata").is_some_and(Value::is_object) {
+            return status(
+                400,
+                "BadRequest",
+                "metadata is required".into(),
+                Value::Null,
+            );
+        }
+        self.store(objects, name, obj, &old)
+    }
+
+    fn patch(&self, objects: &mut Objects, name: &str) -> http::Response<Full<Bytes>> {
+        let Some(old) = objects.items.get(&self.key(name)).cloned() else {
+            return self.not_found(name);
+        };
+        let patch = match self.decode() {
+            Ok(p) => p,
+            Err(why) => return status(400, "BadRequest", why, Value::Null),
+        };
+        let essence = self.content_type.split(';').next().unwrap_or("").trim();
+        if !matches!(
+            essence,
+            "application/merge-patch+json" | "application/strategic-merge-patch+json"
+        ) {
+            return status(
+                415,
+                "UnsupportedMediaType",
+                format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json; got {essence}"),
+                Value::Null,
+            );
+        }
+        let mut obj = old.clone();
+        merge(&mut obj, &patch);
+        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            if patch.pointer("/metadata/resourceVersion").is_none() {
+                m.remove("resourceVersion");
+            }
+        }
+        self.store(objects, name, obj, &old)
+    }
+
+    fn delete(&self, objects: &mut Objects, name: &str) -> http::Response<Full<Bytes>> {
+        let Some(old) = objects.items.remove(&self.key(name)) else {
+            return self.not_found(name);
+        };
+        objects.revision += 1;
+        reply(
+            200,
+            &json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": name, "group": GROUP, "kind": self.plural,
+                            "uid": old.pointer("/metadata/uid").cloned().unwrap_or(Value::Null)},
+            }),
+        )
+    }
+
+    fn delete_collection(&self, objects: &mut Objects) -> http::Response<Full<Bytes>> {
+        let selector = query_param(self.query, "labelSelector").unwrap_or_default();
+        let selector = match kumo_apimachinery::selector::LabelSelector::parse(&selector) {
+            Ok(s) => s,
+            Err(e) => return status(400, "BadRequest", e.to_string(), Value::Null),
+        };
+        let doomed: Vec<_> = objects
+            .items
+            .iter()
+            .filter(|((p, ns, _), o)| {
+                p == self.plural
+                    && (self.ns.is_empty() || ns == self.ns)
+                    && selector.matches(&labels_of(o))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut items = Vec::new();
+        for k in doomed {
+            if let Some(o) = objects.items.remove(&k) {
+                items.push(self.item(&o));
+            }
+        }
+        objects.revision += 1;
+        reply(
+            200,
+            &json!({
+                "kind": format!("{}List", self.kind),
+                "apiVersion": format!("{GROUP}/{}", self.version),
+                "metadata": {"resourceVersion": objects.revision.to_string()},
+                "items": items,
+            }),
+        )
+    }
+}
+
+fn labels_of(o: &Value) -> BTreeMap<String, String> {
+    o.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// BanFlunder: a flunder named in a fischer's `disallowedFlunders`.
+fn banned(objects: &Objects, name: &str) -> bool {
+    objects
+        .items
+        .iter()
+        .filter(|((p, _, _), _)| p == "fischers")
+        .any(|(_, f)| {
+            f.get("disallowedFlunders")
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.iter().any(|n| n.as_str() == Some(name)))
+        })
+}
+
+/// RFC 7386 merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    let Some(p) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (k, v) in p {
+        if v.is_null() {
+            if let Some(t) = target.as_object_mut() {
+                t.remove(k);
+            }
+        } else {
+            merge(&mut target[k.as_str()], v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_patches_as_rfc_7386() {
+        let mut t = json!({"a": {"b": 1, "c": 2}, "d": [1]});
+        merge(&mut t, &json!({"a": {"b": null, "e": 3}, "d": [2]}));
+        assert_eq!(t, json!({"a": {"c": 2, "e": 3}, "d": [2]}));
+    }
+
+    #[test]
+    fn query_values_are_decoded() {
+        assert_eq!(
+            query_param("labelSelector=a%3Db%2Cc&x=1", "labelSelector").as_deref(),
+            Some("a=b,c")
+        );
+        assert_eq!(query_param("x=1", "labelSelector"), None);
+    }
+
+    #[test]
+    fn discovery_names_both_versions() {
+        assert_eq!(group_doc()["preferredVersion"]["version"], "v1beta1");
+        let l = resource_list("v1alpha1");
+        assert_eq!(l["resources"].as_array().map(Vec::len), Some(2));
+        assert_eq!(resource_list("v1beta1")["resources"][0]["kind"], "Flunder");
+    }
+}

@@ -1,0 +1,302 @@
+//! API aggregation as the e2e suite's Aggregator test sets it up: sample-apiserver in a
+//! Deployment, its serving certificate from a Secret volume, a Service on 7443 → 443 and an
+//! APIService `v1alpha1.wardle.example.com` with the CA as caBundle. The API server checks
+//! the backend's availability with upstream's reasons and messages, proxies the wardle
+//! group to the pod through the simulated pod network, publishes the group in discovery,
+//! and the real kubectl works on flunders as on any resource.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use base64::Engine;
+use kumo::cluster::ClusterConfig;
+use kumo_testkit::kubectl::{eventually, get, k, k_in, Out};
+
+const BACKEND: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: sample-apiserver-deployment
+  namespace: wardle
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: sample-apiserver, apiserver: \"true\"}
+  template:
+    metadata:
+      labels: {app: sample-apiserver, apiserver: \"true\"}
+    spec:
+      containers:
+      - name: sample-apiserver
+        image: registry.k8s.io/e2e-test-images/sample-apiserver:1.29.2
+        args:
+        - --etcd-servers=http://127.0.0.1:2379
+        - --tls-cert-file=/apiserver.local.config/certificates/tls.crt
+        - --tls-private-key-file=/apiserver.local.config/certificates/tls.key
+        readinessProbe:
+          httpGet: {scheme: HTTPS, port: 443, path: /readyz}
+          periodSeconds: 1
+        volumeMounts:
+        - {name: apiserver-certs, mountPath: /apiserver.local.config/certificates, readOnly: true}
+      - name: etcd
+        image: registry.k8s.io/etcd:3.6.4-0
+        command: [/usr/local/bin/etcd, --listen-client-urls, http://127.0.0.1:2379,
+                  --advertise-client-urls, http://127.0.0.1:2379]
+      volumes:
+      - name: apiserver-certs
+        secret: {secretName: sample-apiserver-secret}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: sample-api
+  namespace: wardle
+spec:
+  selector: {apiserver: \"true\"}
+  ports:
+  - {port: 7443, targetPort: 443}
+";
+
+fn api_service(version: &str, port: u16, ca_bundle: &str) -> String {
+    format!(
+        "apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata:
+  name: {version}.wardle.example.com
+spec:
+  service: {{namespace: wardle, name: sample-api, port: {port}}}
+  group: wardle.example.com
+  version: {version}
+  caBundle: {ca_bundle}
+  groupPriorityMinimum: 2000
+  versionPriority: 200
+"
+    )
+}
+
+fn ok(out: Out) -> String {
+    assert!(out.ok, "{}", out.stderr);
+    out.stdout
+}
+
+/// The Available condition of an APIService, once its reason is `reason`.
+async fn available(kc: &std::path::Path, name: &str, reason: &str) -> serde_json::Value {
+    eventually(
+        30,
+        &format!("{name} Available with reason {reason}"),
+        || async {
+            let svc = get(kc, &["apiservice", name]).await?;
+            svc["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Available" && c["reason"] == reason)
+                .cloned()
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sample_apiserver_serves_its_group_through_the_aggregator() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ClusterConfig::new(dir.path().join("kumo"));
+    cfg.port = 0;
+    cfg.node_name = "aggregator-node".into();
+    let cluster = kumo::cluster::start(cfg).await.unwrap();
+    let kc = cluster.api.admin_kubeconfig.clone();
+    let kc = kc.as_path();
+    cluster
+        .wait_nodes_ready(&cluster.node_names(), Duration::from_secs(30), |_| {})
+        .await
+        .unwrap();
+
+    let certs = dir.path().join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let ca =
+        kumo_testkit::certs::serving(&certs, "e2e-sample-apiserver-ca", "sample-api.wardle.svc")
+            .unwrap();
+    let bundle = base64::engine::general_purpose::STANDARD.encode(ca);
+    ok(k(kc, &["create", "namespace", "wardle"]).await);
+    ok(k(
+        kc,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "sample-apiserver-secret",
+            "-n",
+            "wardle",
+            &format!("--from-file=tls.crt={}", certs.join("tls.crt").display()),
+            &format!("--from-file=tls.key={}", certs.join("tls.key").display()),
+        ],
+    )
+    .await);
+    eventually(30, "the default ServiceAccount of wardle", || async {
+        get(kc, &["serviceaccount", "default", "-n", "wardle"]).await
+    })
+    .await;
+
+    // Before the APIService exists the group is not served at all.
+    let out = k(kc, &["get", "--raw", "/apis/wardle.example.com/v1alpha1"]).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("NotFound"), "{}", out.stderr);
+
+    // An APIService registered before its Service: ServiceNotFound, and a 503 for requests.
+    ok(k_in(
+        kc,
+        &["apply", "-f", "-"],
+        Some(&api_service("v1alpha1", 7443, &bundle)),
+    )
+    .await);
+    let cond = available(kc, "v1alpha1.wardle.example.com", "ServiceNotFound").await;
+    assert_eq!(cond["status"], "False");
+    assert_eq!(
+        cond["message"],
+        "service/sample-api in \"wardle\" is not present"
+    );
+    let out = k(
+        kc,
+        &[
+            "get",
+            "--raw",
+            "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",
+        ],
+    )
+    .await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("ServiceUnavailable"), "{}", out.stderr);
+
+    ok(k_in(kc, &["apply", "-f", "-"], Some(BACKEND)).await);
+    let cond = available(kc, "v1alpha1.wardle.example.com", "Passed").await;
+    assert_eq!(cond["status"], "True");
+    assert_eq!(cond["message"], "all checks passed");
+    let table = ok(k(kc, &["get", "apiservice", "v1alpha1.wardle.example.com"]).await);
+    assert!(
+        table.contains("v1alpha1.wardle.example.com   wardle/sample-api   True"),
+        "{table}"
+    );
+
+    // A port the Service does not have.
+    ok(k_in(
+        kc,
+        &["apply", "-f", "-"],
+        Some(&api_service("v1beta1", 1234, &bundle)),
+    )
+    .await);
+    let cond = available(kc, "v1beta1.wardle.example.com", "ServicePortError").await;
+    assert_eq!(
+        cond["message"],
+        "service/sample-api in \"wardle\" is not listening on port 1234"
+    );
+    // The right port but a CA that did not sign the backend's certificate.
+    let other = dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let other_ca = kumo_testkit::certs::serving(&other, "someone-else", "x.y.svc").unwrap();
+    let other_bundle = base64::engine::general_purpose::STANDARD.encode(other_ca);
+    ok(k_in(
+        kc,
+        &["apply", "-f", "-"],
+        Some(&api_service("v1beta1", 7443, &other_bundle)),
+    )
+    .await);
+    let cond = available(kc, "v1beta1.wardle.example.com", "FailedDiscoveryCheck").await;
+    let message = cond["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("failing or missing response from https://")
+            && message.contains("/apis/wardle.example.com/v1beta1: Get \"https://")
+            && message.ends_with("x509: certificate signed by unknown authority"),
+        "{message}"
+    );
+    let out = k(
+        kc,
+        &[
+            "get",
+            "--raw",
+            "/apis/wardle.example.com/v1beta1/namespaces/default/flunders",
+        ],
+    )
+    .await;
+    assert!(out.stderr.contains("ServiceUnavailable"), "{}", out.stderr);
+    ok(k(kc, &["delete", "apiservice", "v1beta1.wardle.example.com"]).await);
+
+    // Discovery: the group in /apis and kubectl api-resources (aggregated discovery).
+    let group = ok(k(kc, &["get", "--raw", "/apis/wardle.example.com"]).await);
+    let group: serde_json::Value = serde_json::from_str(&group).unwrap();
+    assert_eq!(group["kind"], "APIGroup");
+    assert_eq!(
+        group["preferredVersion"]["groupVersion"],
+        "wardle.example.com/v1alpha1"
+    );
+    eventually(30, "flunders in kubectl api-resources", || async {
+        let out = k(kc, &["api-resources", "--api-group=wardle.example.com"]).await;
+        out.stdout.contains("flunders").then_some(())
+    })
+    .await;
+    let resources = ok(k(kc, &["api-resources", "--api-group=wardle.example.com"]).await);
+    assert!(
+        resources
+            .contains("flunders                wardle.example.com/v1alpha1   true         Flunder"),
+        "{resources}"
+    );
+
+    // kubectl against the extension API server, through this server.
+    let flunder = "apiVersion: wardle.example.com/v1alpha1
+kind: Flunder
+metadata:
+  name: rest-flunder
+  namespace: default
+  labels: {sample-label: \"true\"}
+";
+    let created = ok(k_in(kc, &["create", "-f", "-"], Some(flunder)).await);
+    assert_eq!(
+        created.trim(),
+        "flunder.wardle.example.com/rest-flunder created"
+    );
+    let obj = get(kc, &["flunder", "rest-flunder", "-n", "default"])
+        .await
+        .unwrap();
+    assert_eq!(obj["kind"], "Flunder");
+    assert_eq!(obj["apiVersion"], "wardle.example.com/v1alpha1");
+    assert!(obj["metadata"]["uid"].is_string(), "{obj}");
+    let listed = ok(k(kc, &["get", "flunders", "-l", "sample-label=true"]).await);
+    assert!(
+        listed.starts_with("NAME           CREATED AT\nrest-flunder   "),
+        "{listed}"
+    );
+    ok(k(kc, &["label", "flunder", "rest-flunder", "tier=gold"]).await);
+    let obj = get(kc, &["flunder", "rest-flunder"]).await.unwrap();
+    assert_eq!(obj["metadata"]["labels"]["tier"], "gold");
+    let out = k_in(kc, &["create", "-f", "-"], Some(flunder)).await;
+    assert_eq!(
+        out.stderr.trim(),
+        "Error from server (AlreadyExists): error when creating \"STDIN\": flunders.wardle.example.com \"rest-flunder\" already exists"
+    );
+
+    // Authorization stays this server's: a user without RBAC is refused before any proxying.
+    let out = k(kc, &["get", "flunders", "--as=nobody"]).await;
+    assert!(
+        out.stderr.contains(
+            "flunders.wardle.example.com is forbidden: User \"nobody\" cannot list resource \"flunders\" in API group \"wardle.example.com\" in the namespace \"default\""
+        ),
+        "{}",
+        out.stderr
+    );
+
+    ok(k(kc, &["delete", "flunder", "rest-flunder"]).await);
+    let out = k(kc, &["get", "flunders"]).await;
+    assert!(out.stderr.contains("No resources found"), "{}", out.stderr);
+
+    // Deleting the APIService takes the group away.
+    ok(k(kc, &["delete", "apiservice", "v1alpha1.wardle.example.com"]).await);
+    let apis = ok(k(kc, &["get", "--raw", "/apis"]).await);
+    assert!(!apis.contains("wardle.example.com"), "{apis}");
+    let out = k(
+        kc,
+        &[
+            "get",
+            "--raw",
+            "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",
+        ],
+    )
+    .await;
+    assert!(out.stderr.contains("NotFound"), "{}", out.stderr);
+}
