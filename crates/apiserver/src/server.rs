@@ -415,7 +415,7 @@ async fn bootstrap_namespaces(rest: &Rest, registry: &Registry) -> Result<()> {
 
 /// Creates `body` (in `ns`) or, when it exists, merge-patches it with `reconcile`; then,
 /// if it was created, merge-patches its status with `status`.
-async fn ensure(
+pub(crate) async fn ensure(
     rest: &Rest,
     registry: &Registry,
     (group, version, plural): (&str, &str, &str),

@@ -837,3 +837,73 @@ async fn names_in_use_are_not_accepted() {
         serde_json::json!(["al"])
     );
 }
+
+/// Each served version of a definition gets a Local APIService (kube-apiserver's
+/// crdRegistrationController), which goes with the version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_versions_get_automanaged_api_services() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let two_versions = CRD.replacen(
+        "  versions:\n",
+        "  versions:\n  - name: v2\n    served: false\n    storage: false\n    schema:\n      openAPIV3Schema: {type: object}\n",
+        1,
+    );
+    let out = create(&kc, &two_versions, &[]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = eventually(
+        &kc,
+        &["get", "apiservice", "v1.stable.example.com", "-o", "json"],
+    )
+    .await;
+    let svc = out_json(&out);
+    assert_eq!(
+        svc["metadata"]["labels"],
+        serde_json::json!({"kube-aggregator.kubernetes.io/automanaged": "true"})
+    );
+    assert_eq!(
+        svc["spec"],
+        serde_json::json!({"group": "stable.example.com", "version": "v1",
+            "groupPriorityMinimum": 1000, "versionPriority": 100})
+    );
+    let cond = &svc["status"]["conditions"][0];
+    assert_eq!(
+        (
+            &cond["type"],
+            &cond["status"],
+            &cond["reason"],
+            &cond["message"]
+        ),
+        (
+            &serde_json::json!("Available"),
+            &serde_json::json!("True"),
+            &serde_json::json!("Local"),
+            &serde_json::json!("Local APIServices are always available")
+        )
+    );
+    // Not served, no APIService.
+    let out = k(&kc, &["get", "apiservice", "v2.stable.example.com"]).await;
+    assert!(!out.ok);
+    let out = k(&kc, &["get", "apiservices"]).await;
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()[..3]
+                == ["v1.stable.example.com", "Local", "True"]),
+        "{}",
+        out.stdout
+    );
+
+    let out = k(&kc, &["delete", "crd", "crontabs.stable.example.com"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    for _ in 0..50 {
+        if !k(&kc, &["get", "apiservice", "v1.stable.example.com"])
+            .await
+            .ok
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("v1.stable.example.com outlived its definition");
+}

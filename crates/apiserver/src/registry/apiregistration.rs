@@ -76,16 +76,102 @@ pub fn local_api_services(registry: &Registry) -> Vec<(Value, Value)> {
                     "groupPriorityMinimum": group_priority, "versionPriority": version_priority,
                 },
             });
-            let status = json!({"status": {"conditions": [{
-                "type": "Available",
-                "status": "True",
-                "reason": "Local",
-                "message": "Local APIServices are always available",
-                "lastTransitionTime": crate::time::now_rfc3339(),
-            }]}});
-            (obj, status)
+            (obj, local_status())
         })
         .collect()
+}
+
+/// The status the local availability controller gives an APIService this server serves.
+fn local_status() -> Value {
+    json!({"status": {"conditions": [{
+        "type": "Available",
+        "status": "True",
+        "reason": "Local",
+        "message": "Local APIServices are always available",
+        "lastTransitionTime": crate::time::now_rfc3339(),
+    }]}})
+}
+
+/// The label of the APIServices the API server keeps itself; `true` marks those of
+/// custom resource definitions.
+const AUTOMANAGED: &str = "kube-aggregator.kubernetes.io/automanaged";
+
+/// Keeps one Local APIService per served version of the stored custom resource
+/// definitions (`crds`), as kube-apiserver's crdRegistrationController and autoregister
+/// controller do: created with group priority 1000 and version priority 100 and the
+/// `automanaged: "true"` label, deleted once no definition serves that version.
+pub(crate) async fn sync_custom_resource_api_services(
+    rest: &crate::rest::Rest,
+    registry: &Registry,
+    crds: &[Value],
+) -> anyhow::Result<()> {
+    let mut wanted: Vec<(String, String)> = Vec::new();
+    for crd in crds {
+        let group = str_at(crd, "/spec/group");
+        for v in crd
+            .pointer("/spec/versions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|v| v.get("served").and_then(Value::as_bool) == Some(true))
+        {
+            let pair = (group.to_owned(), str_at(v, "/name").to_owned());
+            if !pair.0.is_empty() && !pair.1.is_empty() && !wanted.contains(&pair) {
+                wanted.push(pair);
+            }
+        }
+    }
+    let page = rest
+        .store
+        .range(kumo_storage::RangeRequest {
+            prefix: b"/registry/apiservices/".to_vec(),
+            ..Default::default()
+        })
+        .await?;
+    let mut existing = Vec::new();
+    for kv in &page.kvs {
+        let Ok(obj) = serde_json::from_slice::<Value>(&kv.value) else {
+            continue;
+        };
+        let name = name_of(&obj).to_owned();
+        let managed = obj
+            .pointer("/metadata/labels")
+            .and_then(|l| l.get(AUTOMANAGED))
+            .and_then(Value::as_str)
+            == Some("true");
+        if managed && !wanted.iter().any(|(g, v)| name == format!("{v}.{g}")) {
+            match rest.store.delete(&kv.key, Some(kv.mod_revision)).await {
+                Ok(_)
+                | Err(kumo_storage::StorageError::NotFound)
+                | Err(kumo_storage::StorageError::Conflict { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        existing.push(name);
+    }
+    for (g, v) in wanted {
+        let name = format!("{v}.{g}");
+        if existing.contains(&name) {
+            continue;
+        }
+        let obj = json!({
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": name, "labels": {AUTOMANAGED: "true"}},
+            "spec": {"group": g, "version": v, "groupPriorityMinimum": 1000, "versionPriority": 100},
+        });
+        crate::server::ensure(
+            rest,
+            registry,
+            ("apiregistration.k8s.io", "v1", "apiservices"),
+            None,
+            &obj,
+            None,
+            Some(&local_status()),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 struct ApiServices;

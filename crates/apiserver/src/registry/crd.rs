@@ -812,6 +812,12 @@ async fn reload(rest: &Rest, registry: &Registry) -> anyhow::Result<(Revision, V
         resources.extend(built.into_iter().map(Arc::new));
     }
     registry.set_dynamic(source, resources);
+    // Their APIServices follow; a failure there must not stop the resources being served.
+    if let Err(e) =
+        super::apiregistration::sync_custom_resource_api_services(rest, registry, &all).await
+    {
+        tracing::warn!(error = %e, "syncing the APIServices of custom resources failed");
+    }
     Ok((page.revision, deleting))
 }
 
