@@ -222,10 +222,18 @@ impl Aggregator {
 
     /// Adds the backends' groups to `/apis`'s APIGroupList.
     pub fn extend_group_list(&self, registry: &Registry, doc: &mut Value) {
+        let entries = self
+            .groups(registry)
+            .into_iter()
+            .map(|(g, vs)| {
+                (
+                    vs.first().map_or(0, |b| b.group_priority),
+                    Self::group_doc(&g, &vs),
+                )
+            })
+            .collect();
         if let Some(groups) = doc.get_mut("groups").and_then(Value::as_array_mut) {
-            for (g, vs) in self.groups(registry) {
-                groups.push(Self::group_doc(&g, &vs));
-            }
+            insert_by_priority(groups, "/name", entries);
         }
     }
 
@@ -246,6 +254,7 @@ impl Aggregator {
             return;
         };
         let discovery = self.discovery.read().unwrap_or_else(|e| e.into_inner());
+        let mut entries = Vec::new();
         for (g, vs) in self.groups(registry) {
             let versions: Vec<Value> = vs
                 .iter()
@@ -259,9 +268,14 @@ impl Aggregator {
                 })
                 .collect();
             if !versions.is_empty() {
-                items.push(json!({"metadata": {"name": g}, "versions": versions}));
+                let priority = vs.first().map_or(0, |b| b.group_priority);
+                entries.push((
+                    priority,
+                    json!({"metadata": {"name": g}, "versions": versions}),
+                ));
             }
         }
+        insert_by_priority(items, "/metadata/name", entries);
     }
 
     /// The TLS client towards `b`.
@@ -286,6 +300,25 @@ impl Aggregator {
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(cfg))
     }
+}
+
+/// Inserts the backends' group entries (already by priority) among the served ones as
+/// kube-apiserver orders groups, by group priority: the built-in groups rank above every
+/// backend, custom resources' groups (priority 1000) below those above 1000.
+fn insert_by_priority(groups: &mut Vec<Value>, name_at: &str, entries: Vec<(i64, Value)>) {
+    let first_custom = groups
+        .iter()
+        .position(|g| {
+            let name = g.pointer(name_at).and_then(Value::as_str).unwrap_or("");
+            !name.is_empty() && !crate::registry::apiregistration::is_builtin_group(name)
+        })
+        .unwrap_or(groups.len());
+    let (high, low): (Vec<_>, Vec<_>) = entries.into_iter().partition(|(p, _)| *p > 1000);
+    let at = first_custom;
+    for (i, (_, doc)) in high.into_iter().enumerate() {
+        groups.insert(at + i, doc);
+    }
+    groups.extend(low.into_iter().map(|(_, d)| d));
 }
 
 /// One APIResourceList in aggregated discovery form (apidiscovery.k8s.io/v2 resources,
@@ -884,6 +917,32 @@ mod tests {
         assert_eq!(escape_header_key("scopes"), "scopes");
         assert_eq!(escape_header_key("example.org/key"), "example.org%2Fkey");
         assert_eq!(escape_header_key("a b%"), "a%20b%25");
+    }
+
+    #[test]
+    fn backend_groups_rank_by_priority_among_custom_ones() {
+        let mut groups = vec![
+            json!({"name": "apps"}),
+            json!({"name": "stable.example.com"}),
+        ];
+        insert_by_priority(
+            &mut groups,
+            "/name",
+            vec![
+                (2000, json!({"name": "wardle.example.com"})),
+                (500, json!({"name": "low.example.com"})),
+            ],
+        );
+        let names: Vec<&str> = groups.iter().filter_map(|g| g["name"].as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "apps",
+                "wardle.example.com",
+                "stable.example.com",
+                "low.example.com"
+            ]
+        );
     }
 
     #[test]

@@ -52,6 +52,12 @@ const PRIORITIES: &[(&str, &str, i64, i64)] = &[
     ("storagemigration.k8s.io", "v1", 15800, 15),
 ];
 
+/// Whether `group` is one of kube-apiserver's built-in groups (the rest are custom
+/// resources' groups, at group priority 1000).
+pub fn is_builtin_group(group: &str) -> bool {
+    PRIORITIES.iter().any(|(g, ..)| *g == group)
+}
+
 /// The Local APIServices of the served built-in group versions: (object, status).
 pub fn local_api_services(registry: &Registry) -> Vec<(Value, Value)> {
     let mut served: Vec<(&str, &str)> = vec![("", "v1")];
