@@ -16,11 +16,12 @@
 //! asks kube-apiserver with a SubjectAccessReview); a request without the header is
 //! `system:anonymous` and forbidden, as the real server's default authorizer would answer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::{json, Map, Value};
 
@@ -36,11 +37,56 @@ pub(crate) struct Config {
     pub container: String,
 }
 
+/// One change, for watches.
+#[derive(Clone, Debug)]
+struct Change {
+    revision: u64,
+    plural: String,
+    namespace: String,
+    /// ADDED, MODIFIED or DELETED.
+    kind: &'static str,
+    /// The object as stored (its resourceVersion the change's).
+    object: Value,
+}
+
+/// How many recent changes a watch can resume from.
+const HISTORY: usize = 1000;
+
 /// One server's objects: by (plural, namespace, name).
-#[derive(Default)]
 struct Objects {
     items: BTreeMap<(String, String, String), Value>,
     revision: u64,
+    history: VecDeque<Change>,
+    changes: tokio::sync::broadcast::Sender<Change>,
+}
+
+impl Default for Objects {
+    fn default() -> Self {
+        Objects {
+            items: BTreeMap::new(),
+            revision: 0,
+            history: VecDeque::new(),
+            changes: tokio::sync::broadcast::channel(256).0,
+        }
+    }
+}
+
+impl Objects {
+    /// Records a change made at the current revision and tells the watches.
+    fn changed(&mut self, plural: &str, namespace: &str, kind: &'static str, object: &Value) {
+        let change = Change {
+            revision: self.revision,
+            plural: plural.to_owned(),
+            namespace: namespace.to_owned(),
+            kind,
+            object: object.clone(),
+        };
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(change.clone());
+        let _ = self.changes.send(change);
+    }
 }
 
 /// Every sim sample-apiserver's objects, by container id.
@@ -61,7 +107,7 @@ pub(crate) async fn serve(io: tokio::io::DuplexStream, cfg: Config) {
     let cfg = Arc::new(cfg);
     let service = hyper::service::service_fn(move |req| {
         let cfg = cfg.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle(req, &cfg).await) }
+        async move { Ok::<_, Infallible>(handle(req, &cfg).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -177,7 +223,162 @@ fn now() -> String {
         .unwrap_or_default()
 }
 
-async fn handle(req: http::Request<Incoming>, cfg: &Config) -> http::Response<Full<Bytes>> {
+/// A watch request: `GET` of a collection with `watch=true`, from an identified user.
+fn watch_request(req: &http::Request<Incoming>) -> Option<Watch> {
+    let query = req.uri().query().unwrap_or("");
+    let watching = matches!(query_param(query, "watch").as_deref(), Some("true" | "1"));
+    let user = req
+        .headers()
+        .get("x-remote-user")
+        .is_some_and(|v| !v.is_empty());
+    if !watching || !user || req.method() != http::Method::GET {
+        return None;
+    }
+    let segs: Vec<&str> = req
+        .uri()
+        .path()
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let (version, ns, plural) = match segs.as_slice() {
+        ["apis", GROUP, v, "namespaces", ns, p] => (*v, *ns, *p),
+        ["apis", GROUP, v, p] => (*v, "", *p),
+        _ => return None,
+    };
+    let &(_, _, kind, namespaced) = resources(version).iter().find(|r| r.0 == plural)?;
+    if !namespaced && !ns.is_empty() {
+        return None;
+    }
+    let name = query_param(query, "fieldSelector")
+        .and_then(|f| f.strip_prefix("metadata.name=").map(str::to_owned));
+    Some(Watch {
+        version: version.to_owned(),
+        plural: plural.to_owned(),
+        kind,
+        namespace: ns.to_owned(),
+        labels: query_param(query, "labelSelector").unwrap_or_default(),
+        name,
+        from: query_param(query, "resourceVersion")
+            .and_then(|rv| rv.parse::<u64>().ok())
+            .filter(|rv| *rv > 0),
+        timeout: query_param(query, "timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .unwrap_or(1800),
+    })
+}
+
+/// What a watch follows.
+struct Watch {
+    version: String,
+    plural: String,
+    kind: &'static str,
+    namespace: String,
+    labels: String,
+    name: Option<String>,
+    /// Changes after this revision (None: every object first, as ADDED).
+    from: Option<u64>,
+    timeout: u64,
+}
+
+impl Watch {
+    fn wants(&self, selector: &kumo_apimachinery::selector::LabelSelector, c: &Change) -> bool {
+        c.plural == self.plural
+            && (self.namespace.is_empty() || c.namespace == self.namespace)
+            && selector.matches(&labels_of(&c.object))
+            && self.name.as_ref().is_none_or(|n| {
+                c.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n)
+            })
+    }
+
+    fn event(&self, c: &Change) -> Bytes {
+        let mut o = c.object.clone();
+        o["apiVersion"] = json!(format!("{GROUP}/{}", self.version));
+        o["kind"] = json!(self.kind);
+        Bytes::from(json!({"type": c.kind, "object": o}).to_string() + "\n")
+    }
+}
+
+/// A watch: the objects (or the changes since `from`), then each change as it happens,
+/// one JSON event a line, until `timeoutSeconds`.
+fn watch(w: Watch, cfg: &Config) -> http::Response<BoxBody<Bytes, Infallible>> {
+    let selector = match kumo_apimachinery::selector::LabelSelector::parse(&w.labels) {
+        Ok(s) => s,
+        Err(e) => return status(400, "BadRequest", e.to_string(), Value::Null).map(BodyExt::boxed),
+    };
+    let (first, mut rx) = {
+        let mut all = stores().lock().unwrap_or_else(|e| e.into_inner());
+        let objects = all.entry(cfg.container.clone()).or_default();
+        let first: Vec<Change> = match w.from {
+            Some(rv) => objects
+                .history
+                .iter()
+                .filter(|c| c.revision > rv)
+                .cloned()
+                .collect(),
+            None => objects
+                .items
+                .iter()
+                .map(|((p, ns, _), o)| Change {
+                    revision: objects.revision,
+                    plural: p.clone(),
+                    namespace: ns.clone(),
+                    kind: "ADDED",
+                    object: o.clone(),
+                })
+                .collect(),
+        };
+        (first, objects.changes.subscribe())
+    };
+    let (tx, out) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let deadline = tokio::time::sleep(std::time::Duration::from_secs(w.timeout));
+        tokio::pin!(deadline);
+        for c in first.iter().filter(|c| w.wants(&selector, c)) {
+            if tx.send(w.event(c)).await.is_err() {
+                return;
+            }
+        }
+        let last = first.last().map(|c| c.revision).or(w.from).unwrap_or(0);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                c = rx.recv() => match c {
+                    Ok(c) if c.revision > last && w.wants(&selector, &c) => {
+                        if tx.send(w.event(&c)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    // Too slow to follow: the watch ends and the client lists again.
+                    Err(_) => return,
+                },
+            }
+        }
+    });
+    let stream = futures::stream::unfold(out, |mut out| async move {
+        out.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(hyper::body::Frame::data(b)), out))
+    });
+    let mut r = http::Response::new(http_body_util::StreamBody::new(stream).boxed());
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn handle(
+    req: http::Request<Incoming>,
+    cfg: &Config,
+) -> http::Response<BoxBody<Bytes, Infallible>> {
+    if let Some(w) = watch_request(&req) {
+        return watch(w, cfg);
+    }
+    handle_plain(req, cfg).await.map(BodyExt::boxed)
+}
+
+async fn handle_plain(req: http::Request<Incoming>, cfg: &Config) -> http::Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
     let method = req.method().clone();
@@ -478,6 +679,7 @@ impl Req<'_> {
             }
         }
         let shown = self.shown(&obj);
+        objects.changed(self.plural, self.ns, "ADDED", &obj);
         objects.items.insert(key, obj);
         reply(201, &shown)
     }
@@ -524,6 +726,7 @@ impl Req<'_> {
         }
         obj["metadata"]["resourceVersion"] = json!(objects.revision.to_string());
         let shown = self.shown(&obj);
+        objects.changed(self.plural, self.ns, "MODIFIED", &obj);
         objects.items.insert(self.key(name), obj);
         reply(200, &shown)
     }
@@ -578,10 +781,12 @@ impl Req<'_> {
     }
 
     fn delete(&self, objects: &mut Objects, name: &str) -> http::Response<Full<Bytes>> {
-        let Some(old) = objects.items.remove(&self.key(name)) else {
+        let Some(mut old) = objects.items.remove(&self.key(name)) else {
             return self.not_found(name);
         };
         objects.revision += 1;
+        old["metadata"]["resourceVersion"] = json!(objects.revision.to_string());
+        objects.changed(self.plural, self.ns, "DELETED", &old);
         reply(
             200,
             &json!({
@@ -610,11 +815,13 @@ impl Req<'_> {
             .collect();
         let mut items = Vec::new();
         for k in doomed {
-            if let Some(o) = objects.items.remove(&k) {
+            if let Some(mut o) = objects.items.remove(&k) {
+                objects.revision += 1;
+                o["metadata"]["resourceVersion"] = json!(objects.revision.to_string());
+                objects.changed(self.plural, &k.1, "DELETED", &o);
                 items.push(self.item(&o));
             }
         }
-        objects.revision += 1;
         reply(
             200,
             &json!({

@@ -6,11 +6,14 @@
 //! and the real kubectl works on flunders as on any resource.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use base64::Engine;
 use kumo::cluster::ClusterConfig;
 use kumo_testkit::kubectl::{eventually, get, k, k_in, Out};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{ChildStdout, Command};
 
 const BACKEND: &str = "apiVersion: apps/v1
 kind: Deployment
@@ -71,6 +74,15 @@ spec:
   versionPriority: 200
 "
     )
+}
+
+/// The watcher's next line.
+async fn next(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
+    tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("a watch event within 20 s")
+        .unwrap()
+        .unwrap_or_default()
 }
 
 fn ok(out: Out) -> String {
@@ -262,7 +274,26 @@ metadata:
         listed.starts_with("NAME           CREATED AT\nrest-flunder   "),
         "{listed}"
     );
+    // A watch streams through the proxy: the object, then each change as it happens.
+    let mut watcher = Command::new("kubectl")
+        .args([
+            "get",
+            "flunders",
+            "-w",
+            "--output-watch-events",
+            "-o",
+            "jsonpath={.type} {.object.metadata.name} {.object.metadata.labels.tier}{\"\\n\"}",
+        ])
+        .env("KUBECONFIG", kc)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
+    assert_eq!(next(&mut lines).await.trim(), "ADDED rest-flunder");
     ok(k(kc, &["label", "flunder", "rest-flunder", "tier=gold"]).await);
+    assert_eq!(next(&mut lines).await.trim(), "MODIFIED rest-flunder gold");
     let obj = get(kc, &["flunder", "rest-flunder"]).await.unwrap();
     assert_eq!(obj["metadata"]["labels"]["tier"], "gold");
     let out = k_in(kc, &["create", "-f", "-"], Some(flunder)).await;
@@ -282,6 +313,8 @@ metadata:
     );
 
     ok(k(kc, &["delete", "flunder", "rest-flunder"]).await);
+    assert_eq!(next(&mut lines).await.trim(), "DELETED rest-flunder gold");
+    let _ = watcher.kill().await;
     let out = k(kc, &["get", "flunders"]).await;
     assert!(out.stderr.contains("No resources found"), "{}", out.stderr);
 
