@@ -372,6 +372,11 @@ fn body_type(obj: &mut Value) -> Result<(&mut Map<String, Value>, String, String
 /// Characters of generated name suffixes (no vowels, no look-alikes), as upstream.
 const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
+/// Objects a test deletes from the store right after a graceless delete marked them, as
+/// a kubelet racing the request would (kubernetes#19403).
+#[cfg(test)]
+static RACING_DELETERS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 /// Suffixes a test hands out, per generateName prefix, before random ones.
 #[cfg(test)]
 static FORCED_SUFFIXES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
@@ -2264,6 +2269,15 @@ impl Rest {
                     Ok(kv) => {
                         rev = kv.mod_revision;
                         set_meta(&mut new, "resourceVersion", json!(rev.to_string()));
+                        #[cfg(test)]
+                        if RACING_DELETERS
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .iter()
+                            .any(|n| n == name)
+                        {
+                            let _ = self.store.delete(key.as_bytes(), None).await;
+                        }
                     }
                     Err(StorageError::Conflict { .. }) => continue,
                     Err(e) => return Err(storage_error(res, name, e)),
@@ -2274,6 +2288,10 @@ impl Rest {
                     self.release(res, &new, None).await;
                     return Ok(answer(new));
                 }
+                // Marked gracelessly here, then deleted by another deleter (the kubelet)
+                // before this delete: the race upstream tolerates (kubernetes#19403), the
+                // deletion this request asked for happened.
+                Err(StorageError::NotFound) if rev != old_rev => return Ok(answer(new)),
                 Err(StorageError::Conflict { .. }) => continue,
                 Err(e) => return Err(storage_error(res, name, e)),
             }
@@ -3097,5 +3115,52 @@ mod generate_name_tests {
             "{out}"
         );
         assert!(FORCED_SUFFIXES.lock().unwrap().is_empty());
+    }
+
+    /// A graceless delete that loses the race to another deleter (the kubelet deleting the
+    /// pod it saw marked) still succeeds, as upstream tolerates the NotFound.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_graceless_delete_raced_by_another_deleter_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ApiServerConfig::new(dir.path());
+        cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        let server = ApiServer::start(cfg).await.unwrap();
+        let kc = server.admin_kubeconfig.clone();
+        let kubectl = |args: &'static [&'static str]| {
+            let kc = kc.clone();
+            tokio::task::spawn_blocking(move || {
+                let out = std::process::Command::new("kubectl")
+                    .args(args)
+                    .env("KUBECONFIG", kc)
+                    .output()
+                    .expect("kubectl on PATH");
+                let text = if out.status.success() {
+                    out.stdout
+                } else {
+                    out.stderr
+                };
+                (
+                    out.status.success(),
+                    String::from_utf8_lossy(&text).trim().to_owned(),
+                )
+            })
+        };
+        // No controller-manager here: the ServiceAccount admission needs the account.
+        let (ok, out) = kubectl(&["create", "serviceaccount", "default"])
+            .await
+            .unwrap();
+        assert!(ok, "{out}");
+        let (ok, out) = kubectl(&["run", "raced", "--image=registry.k8s.io/pause:3.10"])
+            .await
+            .unwrap();
+        assert!(ok, "{out}");
+        super::RACING_DELETERS.lock().unwrap().push("raced".into());
+        let (ok, out) = kubectl(&["delete", "pod", "raced", "--grace-period=0", "--force"])
+            .await
+            .unwrap();
+        assert!(ok, "{out}");
+        assert!(out.ends_with("pod \"raced\" force deleted"), "{out}");
+        let (ok, out) = kubectl(&["get", "pod", "raced"]).await.unwrap();
+        assert!(!ok && out.contains("NotFound"), "{out}");
     }
 }
