@@ -23,7 +23,6 @@
 //! address of the Service's EndpointSlices), as the admission webhooks' client does.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -394,48 +393,47 @@ where
         .map_err(|_| format!("dial tcp {addr}: no such host"))?;
     let name = ServerName::try_from(server_name.to_owned()).map_err(|e| format!("tls: {e}"))?;
     let connector = tokio_rustls::TlsConnector::from(tls);
-    let handshake_error = |e: hyper::Error| e.to_string();
     match pod_network {
         Some(net) => {
             let conn = net.connect(to).map_err(|e| dial_error(addr, &e))?;
-            let stream = connector
-                .connect(name, conn)
-                .await
-                .map_err(|e| tls_error(&e))?;
-            let (sender, conn) = hyper::client::conn::http1::handshake(
-                hyper_util::rt::TokioIo::new(CloseTolerant(stream)),
-            )
-            .await
-            .map_err(handshake_error)?;
-            Ok((
-                sender,
-                AbortOnDrop(tokio::spawn(async move {
-                    let _ = conn.await;
-                })),
-            ))
+            handshake(connector, name, conn).await
         }
         None => {
             let tcp = tokio::time::timeout(CHECK_TIMEOUT, tokio::net::TcpStream::connect(to))
                 .await
                 .map_err(|_| format!("dial tcp {addr}: i/o timeout"))?
                 .map_err(|e| dial_error(addr, &e))?;
-            let stream = connector
-                .connect(name, tcp)
-                .await
-                .map_err(|e| tls_error(&e))?;
-            let (sender, conn) = hyper::client::conn::http1::handshake(
-                hyper_util::rt::TokioIo::new(CloseTolerant(stream)),
-            )
-            .await
-            .map_err(handshake_error)?;
-            Ok((
-                sender,
-                AbortOnDrop(tokio::spawn(async move {
-                    let _ = conn.await;
-                })),
-            ))
+            handshake(connector, name, tcp).await
         }
     }
+}
+
+/// TLS, then HTTP/1.1 over `io`; the connection is driven until the returned guard drops.
+async fn handshake<S, B>(
+    connector: tokio_rustls::TlsConnector,
+    name: ServerName<'static>,
+    io: S,
+) -> Result<(hyper::client::conn::http1::SendRequest<B>, AbortOnDrop), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = connector
+        .connect(name, io)
+        .await
+        .map_err(|e| tls_error(&e))?;
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(CloseTolerant(stream)))
+            .await
+            .map_err(|e| e.to_string())?;
+    Ok((
+        sender,
+        AbortOnDrop(tokio::spawn(async move {
+            let _ = conn.await;
+        })),
+    ))
 }
 
 /// A plain-text answer, as Go's `http.Error` writes it.
@@ -567,7 +565,7 @@ pub async fn serve(
         Ok(r) => r,
         Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     };
-    let (rparts, mut rbody) = resp.into_parts();
+    let (rparts, rbody) = resp.into_parts();
     let mut head = Response::new(());
     *head.status_mut() = rparts.status;
     for (k, v) in &rparts.headers {
@@ -576,24 +574,9 @@ pub async fn serve(
         }
     }
     // The answer streams as it comes (a watch stays open); the connection lives as long.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    tokio::spawn(async move {
-        let _conn = conn;
-        while let Some(Ok(f)) = rbody.frame().await {
-            if let Ok(d) = f.into_data() {
-                if tx.send(d).await.is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, Infallible>(hyper::body::Frame::data(b)), rx))
-    });
+    let streamed = crate::handler::relay(rbody, conn);
     let (head, _) = head.into_parts();
-    Response::from_parts(head, http_body_util::StreamBody::new(stream).boxed())
+    Response::from_parts(head, streamed)
 }
 
 /// The Available condition of one check: (status, reason, message).

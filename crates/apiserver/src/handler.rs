@@ -49,6 +49,28 @@ pub struct State {
     pub aggregator: Arc<crate::aggregator::Aggregator>,
 }
 
+/// A backend's answer body passed on as it arrives, each frame flushed (logs that follow,
+/// watches); `keep` lives as long as the body is read (the backend connection).
+pub(crate) fn relay(mut body: Incoming, keep: impl Send + 'static) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let _keep = keep;
+        while let Some(Ok(f)) = body.frame().await {
+            if let Ok(d) = f.into_data() {
+                if tx.send(d).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(hyper::body::Frame::data(b)), rx))
+    });
+    http_body_util::StreamBody::new(stream).boxed()
+}
+
 fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).boxed()
 }

@@ -9,7 +9,6 @@
 //! serving certificate is not verified (kube-apiserver without
 //! `--kubelet-certificate-authority`).
 
-use std::convert::Infallible;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -784,22 +783,8 @@ async fn forward(
         return Err(checker_error(status.as_u16(), &text, resource, name));
     }
     // Stream the body as it comes (follow), flushing every frame.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    tokio::spawn(async move {
-        while let Some(Ok(f)) = body.frame().await {
-            if let Ok(d) = f.into_data() {
-                if tx.send(d).await.is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, Infallible>(hyper::body::Frame::data(b)), rx))
-    });
-    let mut r = Response::new(http_body_util::StreamBody::new(stream).boxed());
+    let streamed = crate::handler::relay(body, ());
+    let mut r = Response::new(streamed);
     *r.status_mut() = status;
     if resource == "pods/log" {
         r.headers_mut().insert(

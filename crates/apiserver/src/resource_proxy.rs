@@ -11,7 +11,6 @@
 //! the hop-by-hop and CORS headers dropped, `X-Forwarded-Uri` added and a backend's
 //! same-host redirects rewritten to stay under the proxy path.
 
-use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -1064,26 +1063,9 @@ async fn forward(
         ));
     }
     // Stream the answer as it comes.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    tokio::spawn(async move {
-        while let Some(Ok(f)) = rbody.frame().await {
-            if let Ok(d) = f.into_data() {
-                if tx.send(d).await.is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, Infallible>(hyper::body::Frame::data(b)), rx))
-    });
+    let streamed = crate::handler::relay(rbody, ());
     let (head, _) = r.into_parts();
-    Ok(Response::from_parts(
-        head,
-        http_body_util::StreamBody::new(stream).boxed(),
-    ))
+    Ok(Response::from_parts(head, streamed))
 }
 
 #[cfg(test)]

@@ -3044,27 +3044,29 @@ mod generate_name_tests {
     use super::FORCED_SUFFIXES;
     use crate::{ApiServer, ApiServerConfig};
 
-    /// `kubectl create -f -` of a ConfigMap named by `generateName: <prefix>`.
-    async fn create(kubeconfig: std::path::PathBuf, prefix: &str) -> (bool, String) {
-        let manifest = format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  generateName: {prefix}\n  namespace: default\n"
-        );
+    /// Runs kubectl with `args` (and `stdin`): whether it succeeded, and its output
+    /// (stdout, or stderr on failure), trimmed.
+    async fn kubectl(
+        kubeconfig: std::path::PathBuf,
+        args: &[&str],
+        stdin: Option<String>,
+    ) -> (bool, String) {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         tokio::task::spawn_blocking(move || {
             use std::io::Write;
             let mut child = std::process::Command::new("kubectl")
-                .args(["create", "-f", "-", "-o", "name"])
+                .args(&args)
                 .env("KUBECONFIG", kubeconfig)
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .expect("kubectl on PATH");
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(manifest.as_bytes())
-                .unwrap();
+            let input = child.stdin.take().unwrap();
+            if let Some(text) = stdin {
+                let mut input = input;
+                input.write_all(text.as_bytes()).unwrap();
+            }
             let out = child.wait_with_output().unwrap();
             let text = if out.status.success() {
                 out.stdout
@@ -3078,6 +3080,19 @@ mod generate_name_tests {
         })
         .await
         .unwrap()
+    }
+
+    /// `kubectl create -f -` of a ConfigMap named by `generateName: <prefix>`.
+    async fn create(kubeconfig: std::path::PathBuf, prefix: &str) -> (bool, String) {
+        let manifest = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  generateName: {prefix}\n  namespace: default\n"
+        );
+        kubectl(
+            kubeconfig,
+            &["create", "-f", "-", "-o", "name"],
+            Some(manifest),
+        )
+        .await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -3126,41 +3141,18 @@ mod generate_name_tests {
         cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
         let server = ApiServer::start(cfg).await.unwrap();
         let kc = server.admin_kubeconfig.clone();
-        let kubectl = |args: &'static [&'static str]| {
-            let kc = kc.clone();
-            tokio::task::spawn_blocking(move || {
-                let out = std::process::Command::new("kubectl")
-                    .args(args)
-                    .env("KUBECONFIG", kc)
-                    .output()
-                    .expect("kubectl on PATH");
-                let text = if out.status.success() {
-                    out.stdout
-                } else {
-                    out.stderr
-                };
-                (
-                    out.status.success(),
-                    String::from_utf8_lossy(&text).trim().to_owned(),
-                )
-            })
-        };
         // No controller-manager here: the ServiceAccount admission needs the account.
-        let (ok, out) = kubectl(&["create", "serviceaccount", "default"])
-            .await
-            .unwrap();
+        let (ok, out) = kubectl(kc.clone(), &["create", "serviceaccount", "default"], None).await;
         assert!(ok, "{out}");
-        let (ok, out) = kubectl(&["run", "raced", "--image=registry.k8s.io/pause:3.10"])
-            .await
-            .unwrap();
+        let run = ["run", "raced", "--image=registry.k8s.io/pause:3.10"];
+        let (ok, out) = kubectl(kc.clone(), &run, None).await;
         assert!(ok, "{out}");
         super::RACING_DELETERS.lock().unwrap().push("raced".into());
-        let (ok, out) = kubectl(&["delete", "pod", "raced", "--grace-period=0", "--force"])
-            .await
-            .unwrap();
+        let delete = ["delete", "pod", "raced", "--grace-period=0", "--force"];
+        let (ok, out) = kubectl(kc.clone(), &delete, None).await;
         assert!(ok, "{out}");
         assert!(out.ends_with("pod \"raced\" force deleted"), "{out}");
-        let (ok, out) = kubectl(&["get", "pod", "raced"]).await.unwrap();
+        let (ok, out) = kubectl(kc, &["get", "pod", "raced"], None).await;
         assert!(!ok && out.contains("NotFound"), "{out}");
     }
 }

@@ -28,22 +28,39 @@ pub(crate) struct Config {
     pub crd_conversion: bool,
 }
 
-/// Serves one connection: TLS, then HTTP/1.1 requests until the client closes it. A
-/// certificate or key that does not load ends the connection, as a server that failed to
-/// start would refuse it.
+/// Serves one connection: TLS, then HTTP/1.1 requests until the client closes it.
 pub(crate) async fn serve(io: tokio::io::DuplexStream, cfg: Config) {
-    let Some(tls) = tls_server_config(&cfg.cert_pem, &cfg.key_pem) else {
-        tracing::warn!("agnhost webhook: the certificate or key does not load");
-        return;
-    };
-    let Ok(stream) = tokio_rustls::TlsAcceptor::from(tls).accept(io).await else {
-        return;
-    };
+    let (cert, key) = (cfg.cert_pem.clone(), cfg.key_pem.clone());
     let cfg = Arc::new(cfg);
     let service = hyper::service::service_fn(move |req| {
         let cfg = cfg.clone();
         async move { handle(req, &cfg).await }
     });
+    serve_tls(io, &cert, &key, "agnhost webhook", service).await;
+}
+
+/// Serves one connection of a simulated TLS server: the handshake with the certificate
+/// chain and key of these PEM texts, then HTTP/1.1 requests answered by `service` until
+/// the client closes it. A certificate or key that does not load ends the connection, as
+/// a server that failed to start would refuse it.
+pub(crate) async fn serve_tls<S>(
+    io: tokio::io::DuplexStream,
+    cert_pem: &str,
+    key_pem: &str,
+    server: &str,
+    service: S,
+) where
+    S: hyper::service::HttpService<Incoming>,
+    S::ResBody: 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(tls) = tls_server_config(cert_pem, key_pem) else {
+        tracing::warn!(server, "the certificate or key does not load");
+        return;
+    };
+    let Ok(stream) = tokio_rustls::TlsAcceptor::from(tls).accept(io).await else {
+        return;
+    };
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
         .await;
@@ -51,10 +68,7 @@ pub(crate) async fn serve(io: tokio::io::DuplexStream, cfg: Config) {
 
 /// A TLS server with the certificate chain and key of these PEM texts (None if either
 /// does not load).
-pub(crate) fn tls_server_config(
-    cert_pem: &str,
-    key_pem: &str,
-) -> Option<Arc<rustls::ServerConfig>> {
+fn tls_server_config(cert_pem: &str, key_pem: &str) -> Option<Arc<rustls::ServerConfig>> {
     let certs: Vec<_> = rustls_pemfile::certs(&mut cert_pem.as_bytes())
         .collect::<Result<_, _>>()
         .ok()?;

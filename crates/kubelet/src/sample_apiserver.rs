@@ -97,21 +97,13 @@ fn stores() -> &'static Mutex<HashMap<String, Objects>> {
 
 /// Serves one connection: TLS, then HTTP/1.1 requests until the client closes it.
 pub(crate) async fn serve(io: tokio::io::DuplexStream, cfg: Config) {
-    let Some(tls) = crate::agnhost_webhook::tls_server_config(&cfg.cert_pem, &cfg.key_pem) else {
-        tracing::warn!("sample-apiserver: the certificate or key does not load");
-        return;
-    };
-    let Ok(stream) = tokio_rustls::TlsAcceptor::from(tls).accept(io).await else {
-        return;
-    };
+    let (cert, key) = (cfg.cert_pem.clone(), cfg.key_pem.clone());
     let cfg = Arc::new(cfg);
     let service = hyper::service::service_fn(move |req| {
         let cfg = cfg.clone();
         async move { Ok::<_, Infallible>(handle(req, &cfg).await) }
     });
-    let _ = hyper::server::conn::http1::Builder::new()
-        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-        .await;
+    crate::agnhost_webhook::serve_tls(io, &cert, &key, "sample-apiserver", service).await;
 }
 
 fn reply(code: u16, body: &Value) -> http::Response<Full<Bytes>> {
