@@ -2188,8 +2188,27 @@ impl Rest {
         let key = res.key(ns, name);
         let user = crate::auth::current_user();
         let chain = self.chain();
+        // What a graceless delete last marked: if another deleter (the kubelet) removes
+        // the object before this request does, the deletion asked for happened; upstream
+        // tolerates that NotFound (kubernetes#19403).
+        let mut marked: Option<Value> = None;
+        let answer = |obj: Value| {
+            if res.returns_deleted_object() {
+                Reply::Json(200, render_one(res, req, obj))
+            } else {
+                let uid = meta_str(&obj, "uid").unwrap_or("").to_owned();
+                Reply::Json(200, success_status(&res.group_resource(), name, &uid))
+            }
+        };
         for _ in 0..16 {
-            let (old, old_rev) = self.get_current(res, ns, name).await?;
+            let (old, old_rev) = match self.get_current(res, ns, name).await {
+                Ok(current) => current,
+                Err(e) if e.code == 404 => match marked.take() {
+                    Some(last) => return Ok(answer(last)),
+                    None => return Err(e),
+                },
+                Err(e) => return Err(e),
+            };
             check_preconditions(res, name, &opts, &old, old_rev)?;
             let mut options = opts.clone();
             if let Some(o) = options.as_object_mut() {
@@ -2246,14 +2265,6 @@ impl Rest {
                 // Graceful deletion with no grace left: marked, then removed at once.
                 mark_deleting(&mut new, grace);
             }
-            let uid = meta_str(&old, "uid").unwrap_or("").to_owned();
-            let answer = |old: Value| {
-                if res.returns_deleted_object() {
-                    Reply::Json(200, render_one(res, req, old))
-                } else {
-                    Reply::Json(200, success_status(&res.group_resource(), name, &uid))
-                }
-            };
             if dry_run {
                 return Ok(answer(new));
             }
@@ -2269,6 +2280,7 @@ impl Rest {
                     Ok(kv) => {
                         rev = kv.mod_revision;
                         set_meta(&mut new, "resourceVersion", json!(rev.to_string()));
+                        marked = Some(new.clone());
                         #[cfg(test)]
                         if RACING_DELETERS
                             .lock()
@@ -2288,10 +2300,7 @@ impl Rest {
                     self.release(res, &new, None).await;
                     return Ok(answer(new));
                 }
-                // Marked gracelessly here, then deleted by another deleter (the kubelet)
-                // before this delete: the race upstream tolerates (kubernetes#19403), the
-                // deletion this request asked for happened.
-                Err(StorageError::NotFound) if rev != old_rev => return Ok(answer(new)),
+                Err(StorageError::NotFound) if marked.is_some() => return Ok(answer(new)),
                 Err(StorageError::Conflict { .. }) => continue,
                 Err(e) => return Err(storage_error(res, name, e)),
             }
