@@ -1616,3 +1616,69 @@ async fn everyday_commands_in_both_kubectl_versions() {
         assert_eq!(tmpl, "alpha=3;mu=2;zeta=1;");
     }
 }
+
+/// A /status update takes the request's metadata for the resources whose upstream status
+/// strategy resets only the spec (Ingress: the conformance test patches an annotation
+/// through /status), all but the labels for Deployments, and none of it for those that
+/// reset the metadata too (ServiceCIDR).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_updates_take_metadata_as_upstream_strategies_do() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let out = k(
+        &kc,
+        &["create", "ingress", "ing", "--rule=foo.example.com/=svc:80"],
+    )
+    .await;
+    assert_eq!(
+        out.stdout.trim(),
+        "ingress.networking.k8s.io/ing created",
+        "{}",
+        out.stderr
+    );
+    let status_patch = |kind: &'static str, name: &'static str, patch: &'static str| {
+        let kc = kc.clone();
+        async move {
+            k(
+                &kc,
+                &[
+                    "patch",
+                    kind,
+                    name,
+                    "--subresource=status",
+                    "--type=merge",
+                    "-p",
+                    patch,
+                    "-o",
+                    "jsonpath={.metadata.labels.l}/{.metadata.annotations.a}",
+                ],
+            )
+            .await
+        }
+    };
+    let out = status_patch(
+        "ingress",
+        "ing",
+        r#"{"metadata":{"labels":{"l":"x"},"annotations":{"a":"y"}},"status":{"loadBalancer":{"ingress":[{"ip":"192.0.2.1"}]}}}"#,
+    )
+    .await;
+    assert_eq!(out.stdout, "x/y", "{}", out.stderr);
+
+    let out = k(&kc, &["create", "deployment", "web", "--image=nginx"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = status_patch(
+        "deployment",
+        "web",
+        r#"{"metadata":{"labels":{"l":"x"},"annotations":{"a":"y"}},"status":{"observedGeneration":1}}"#,
+    )
+    .await;
+    assert_eq!(out.stdout, "/y", "{}", out.stderr);
+
+    let out = status_patch(
+        "servicecidr",
+        "kubernetes",
+        r#"{"metadata":{"labels":{"l":"x"},"annotations":{"a":"y"}}}"#,
+    )
+    .await;
+    assert_eq!(out.stdout, "/", "{}", out.stderr);
+}

@@ -435,6 +435,12 @@ fn default_policy(obj: &mut Value) {
 }
 
 impl Strategy for Policies {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         default_policy(obj);
         if !self.mutating {

@@ -183,6 +183,12 @@ pub(crate) async fn sync_custom_resource_api_services(
 struct ApiServices;
 
 impl Strategy for ApiServices {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn default(&self, obj: &mut Value) {
         // SetDefaults_ServiceReference: the Service's port is 443 unless given.
         if let Some(svc) = obj

@@ -503,14 +503,15 @@ const DEPLOYMENT_STATUS: StatusRules = StatusRules {
 };
 
 impl Strategy for Deployments {
-    fn validate_status_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
-        validate_status(new, old, &DEPLOYMENT_STATUS)
+    // Upstream's status strategy resets the spec and the labels; the rest of the
+    // metadata goes through (the deployment controller writes the revision annotation
+    // through /status).
+    fn prepare_status_update(&self, new: &mut Value, old: &Value) {
+        super::keep_old_metadata(new, old, &["labels"]);
     }
 
-    // Upstream's status strategy resets only spec and labels: the deployment controller
-    // writes the revision annotation through /status (no new generation).
-    fn status_keeps_metadata(&self) -> bool {
-        true
+    fn validate_status_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        validate_status(new, old, &DEPLOYMENT_STATUS)
     }
 
     fn prepare_create(&self, obj: &mut Value) {

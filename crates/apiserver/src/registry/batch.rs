@@ -467,11 +467,6 @@ impl Strategy for Jobs {
         keep_status(new, old);
     }
 
-    // jobStatusStrategy only resets the spec: metadata changes through status apply.
-    fn status_keeps_metadata(&self) -> bool {
-        true
-    }
-
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
         let mut errs = Vec::new();
         if obj.pointer("/spec/manualSelector") != Some(&json!(true))
@@ -992,11 +987,6 @@ impl Strategy for CronJobs {
 
     fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
         validate_cron_job(new, Some(old))
-    }
-
-    // cronJobStatusStrategy only resets the spec: metadata changes through status apply.
-    fn status_keeps_metadata(&self) -> bool {
-        true
     }
 
     fn tracks_generation(&self) -> bool {

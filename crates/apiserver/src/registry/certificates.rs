@@ -236,12 +236,6 @@ impl Strategy for CertificateSigningRequests {
         keep_status(new, old);
     }
 
-    // Upstream's CSR status strategy resets the spec only: metadata changes made through
-    // /status (and /approval) are kept.
-    fn status_keeps_metadata(&self) -> bool {
-        true
-    }
-
     fn prepare_status_update(&self, new: &mut Value, old: &Value) {
         keep_conditions(new, old, &APPROVAL_TYPES);
         populate_conditions(new, Some(old));

@@ -56,11 +56,6 @@ impl Strategy for Namespaces {
     fn delete_collection(&self) -> bool {
         false
     }
-    // Upstream's namespace status strategy resets only the spec: metadata changes made
-    // through /status stay (the conformance test patches an annotation with a condition).
-    fn status_keeps_metadata(&self) -> bool {
-        true
-    }
     fn validate_name(&self, name: &str) -> Vec<String> {
         kumo_apimachinery::validation::is_dns1123_label(name)
     }

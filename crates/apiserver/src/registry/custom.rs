@@ -257,6 +257,12 @@ impl CustomResource {
 }
 
 impl Strategy for CustomResource {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         if self.status {
             // With a status subresource, status is set only through it.

@@ -48,6 +48,12 @@ fn default_flow_schema(obj: &mut Value) {
 }
 
 impl Strategy for FlowSchemas {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         default_flow_schema(obj);
         set(obj, "status", json!({}));
@@ -190,6 +196,12 @@ fn default_priority_level(obj: &mut Value) {
 }
 
 impl Strategy for PriorityLevels {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         default_priority_level(obj);
         set(obj, "status", json!({}));

@@ -276,10 +276,10 @@ pub trait Strategy: Send + Sync {
         None
     }
     /// Whether an update through `status` also takes the request's metadata (labels,
-    /// annotations, ...), as most built-in status strategies upstream do; otherwise only
-    /// the status changes.
+    /// annotations, finalizers, ...). Most built-in status strategies upstream reset only
+    /// the spec; those that reset the metadata too say `false`.
     fn status_keeps_metadata(&self) -> bool {
-        false
+        true
     }
     /// For resources computed on each request instead of stored (componentstatuses).
     fn computed(&self) -> Option<&dyn Computed> {
@@ -705,6 +705,20 @@ pub fn or_none(s: &str) -> String {
 }
 
 /// Inserts `k: v` into a JSON object if `k` is absent or null.
+/// Puts back the old object's value (or absence) of each named `metadata` field: what a
+/// status strategy does for the metadata it does not let /status change.
+pub(super) fn keep_old_metadata(new: &mut Value, old: &Value, fields: &[&str]) {
+    let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for f in fields {
+        match old.pointer(&format!("/metadata/{f}")) {
+            Some(v) => meta.insert((*f).to_owned(), v.clone()),
+            None => meta.remove(*f),
+        };
+    }
+}
+
 pub fn default_field(obj: &mut Value, k: &str, v: Value) {
     if let Some(o) = obj.as_object_mut() {
         match o.get(k) {

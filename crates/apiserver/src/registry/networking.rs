@@ -84,6 +84,12 @@ fn cidr_problem(s: &str) -> Option<&'static str> {
 struct ServiceCidrs;
 
 impl Strategy for ServiceCidrs {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         if let Some(o) = obj.as_object_mut() {
             o.insert("status".into(), json!({}));

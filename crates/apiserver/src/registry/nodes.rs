@@ -147,10 +147,6 @@ impl Strategy for Nodes {
         default_status(new);
     }
 
-    fn status_keeps_metadata(&self) -> bool {
-        true
-    }
-
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
         let mut errs = Vec::new();
         // Upstream validates the taints under `metadata`.

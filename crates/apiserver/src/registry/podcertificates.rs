@@ -624,6 +624,12 @@ fn validate_issued(new: &Value, old: &Value) -> Vec<FieldError> {
 }
 
 impl Strategy for PodCertificateRequests {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         // Signers write the status; a new request starts without one.
         if let Some(o) = obj.as_object_mut() {

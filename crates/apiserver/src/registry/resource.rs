@@ -187,6 +187,12 @@ fn validate_claim_spec(spec: Option<&Value>, path: &Path) -> Vec<FieldError> {
 }
 
 impl Strategy for ResourceClaims {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         set(obj, "status", json!({}));
     }
@@ -444,6 +450,12 @@ impl DeviceTaintRules {
 }
 
 impl Strategy for DeviceTaintRules {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn tracks_generation(&self) -> bool {
         true
     }

@@ -853,10 +853,6 @@ impl Strategy for Services {
         Some(&alloc::ServiceAllocator)
     }
 
-    fn status_keeps_metadata(&self) -> bool {
-        true
-    }
-
     fn columns(&self) -> Vec<Column> {
         vec![
             Column::NAME,

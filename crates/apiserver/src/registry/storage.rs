@@ -366,6 +366,12 @@ fn default_csi_node(obj: &mut Value) {
 }
 
 impl Strategy for CsiNodes {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         default_csi_node(obj);
         set(obj, "status", json!({}));
@@ -418,6 +424,12 @@ impl Strategy for CsiNodes {
 struct VolumeAttachments;
 
 impl Strategy for VolumeAttachments {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     fn prepare_create(&self, obj: &mut Value) {
         set(obj, "status", json!({"attached": false}));
     }

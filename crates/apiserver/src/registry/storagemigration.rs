@@ -42,6 +42,12 @@ fn conditions(obj: &Value) -> Vec<Value> {
 }
 
 impl Strategy for Migrations {
+    // Upstream's status strategy resets the metadata (ResetObjectMetaForStatus or its
+    // equivalent): only the status changes through /status.
+    fn status_keeps_metadata(&self) -> bool {
+        false
+    }
+
     // The status starts empty; Go's struct field still shows as `"status": {}`, which a
     // JSON patch adding `/status/conditions` relies on.
     fn prepare_create(&self, obj: &mut Value) {
