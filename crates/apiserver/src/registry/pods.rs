@@ -404,7 +404,25 @@ const DEFAULT_TOLERATIONS: [&str; 2] = [
 /// They run after the field manager has recorded the request, so these fields are not
 /// owned by the request's manager.
 fn admit_defaults(spec: &mut Value, mirror: bool) {
-    // DefaultTolerationSeconds admission.
+    default_tolerations(spec);
+    // ServiceAccount admission: the default account (mirror pods are left alone).
+    if mirror {
+        return;
+    }
+    if str_at(spec, "/serviceAccountName").is_empty() {
+        let sa = match str_at(spec, "/serviceAccount") {
+            "" => "default".to_owned(),
+            s => s.to_owned(),
+        };
+        spec["serviceAccountName"] = json!(sa);
+    }
+    let sa = str_at(spec, "/serviceAccountName").to_owned();
+    spec["serviceAccount"] = json!(sa);
+}
+
+/// DefaultTolerationSeconds admission: 300 s tolerations of the not-ready and unreachable
+/// NoExecute taints, unless the pod already tolerates them.
+fn default_tolerations(spec: &mut Value) {
     if let Some(s) = spec.as_object_mut() {
         let t = s.entry("tolerations").or_insert_with(|| json!([]));
         if let Some(t) = t.as_array_mut() {
@@ -425,22 +443,15 @@ fn admit_defaults(spec: &mut Value, mirror: bool) {
             }
         }
     }
-    // ServiceAccount admission: the default account (mirror pods are left alone).
-    if mirror {
-        return;
-    }
-    if str_at(spec, "/serviceAccountName").is_empty() {
-        let sa = match str_at(spec, "/serviceAccount") {
-            "" => "default".to_owned(),
-            s => s.to_owned(),
-        };
-        spec["serviceAccountName"] = json!(sa);
-    }
-    let sa = str_at(spec, "/serviceAccountName").to_owned();
-    spec["serviceAccount"] = json!(sa);
 }
 
 impl Strategy for Pods {
+    // Upstream's status strategy takes the request's metadata except the owner references
+    // (old kubelets corrupted them); the deletion timestamp never changes on update.
+    fn prepare_status_update(&self, new: &mut Value, old: &Value) {
+        super::keep_old_metadata(new, old, &["ownerReferences"]);
+    }
+
     fn prepare_subresource_update(&self, sub: &str, new: &mut Value, old: &Value) {
         super::pod_subresources::prepare_update(sub, new, old)
     }
@@ -660,6 +671,11 @@ impl Strategy for Pods {
                 old.get("status").cloned().unwrap_or_else(|| json!({})),
             );
         }
+        // DefaultTolerationSeconds admits updates too: an update that drops the default
+        // tolerations gets them back (and so only adds tolerations).
+        if let Some(spec) = new.get_mut("spec") {
+            default_tolerations(spec);
+        }
     }
 
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
@@ -667,45 +683,7 @@ impl Strategy for Pods {
     }
 
     fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
-        // Upstream's ValidatePodUpdate checks what may change, not the whole spec again.
-        let mut errs = Vec::new();
-        // Only images, activeDeadlineSeconds, added tolerations and the grace period may
-        // change.
-        let mask = |pod: &Value| -> Value {
-            let mut spec = pod.get("spec").cloned().unwrap_or_else(|| json!({}));
-            for list in CONTAINER_LISTS {
-                if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
-                    for c in cs {
-                        if let Some(c) = c.as_object_mut() {
-                            c.remove("image");
-                        }
-                    }
-                }
-            }
-            if let Some(s) = spec.as_object_mut() {
-                s.remove("activeDeadlineSeconds");
-                s.remove("tolerations");
-                s.remove("terminationGracePeriodSeconds");
-            }
-            spec
-        };
-        let tolerations_removed = {
-            let get = |p: &Value| {
-                p.pointer("/spec/tolerations")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default()
-            };
-            let (o, n) = (get(old), get(new));
-            o.iter().any(|t| !n.contains(t))
-        };
-        if mask(new) != mask(old) || tolerations_removed {
-            errs.push(FieldError::forbidden(
-                &Path::new("spec"),
-                "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
-            ));
-        }
-        errs
+        validate_pod_update(new, old)
     }
 
     fn tracks_generation(&self) -> bool {
@@ -1007,6 +985,200 @@ fn port_range(errs: &mut Vec<FieldError>, path: &Path, v: i64) {
 
 /// The essentials of upstream's ValidatePodSpec on the pod spec `spec` at `spec_path`
 /// (`spec` of a pod, `spec.template.spec` of a workload), with its paths and messages.
+/// The spec fields an update may change, as upstream's ValidatePodUpdate lists them.
+const UPDATABLE_POD_SPEC_FIELDS: &str = "`spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)";
+
+/// Upstream's ValidatePodUpdate: the whole spec is valid, and only images,
+/// activeDeadlineSeconds (set, or lowered), tolerations (added, or their seconds changed),
+/// scheduling gates (removed), a negative grace period (to 1) and, while the pod is gated,
+/// node selector additions and node affinity may change.
+fn validate_pod_update(new: &Value, old: &Value) -> Vec<FieldError> {
+    let spec_path = Path::new("spec");
+    let null = Value::Null;
+    let (ns, os) = (
+        new.get("spec").unwrap_or(&null),
+        old.get("spec").unwrap_or(&null),
+    );
+    let mut errs = validate_pod_spec(ns, &spec_path);
+    for name in ["containers", "initContainers"] {
+        let path = spec_path.child(name);
+        let (n, o) = (list_at(ns, name), list_at(os, name));
+        if n.len() != o.len() {
+            errs.push(FieldError::forbidden(
+                &path,
+                "pod updates may not add or remove containers",
+            ));
+            return errs;
+        }
+        for (i, c) in n.iter().enumerate() {
+            let image = str_at(c, "/image");
+            if image.trim() != image {
+                errs.push(FieldError::invalid(
+                    &path.index(i).child("image"),
+                    image,
+                    "must not have leading or trailing whitespace",
+                ));
+            }
+        }
+    }
+    let deadline = spec_path.child("activeDeadlineSeconds");
+    match (
+        ns.get("activeDeadlineSeconds"),
+        os.get("activeDeadlineSeconds").and_then(Value::as_i64),
+    ) {
+        (Some(v), old_deadline) => {
+            let n = v.as_i64().unwrap_or(-1);
+            if !(0..=i64::from(i32::MAX)).contains(&n) {
+                errs.push(FieldError::invalid(
+                    &deadline,
+                    v.clone(),
+                    kumo_apimachinery::validation::inclusive_range_error(0, i32::MAX.into()),
+                ));
+                return errs;
+            }
+            if old_deadline.is_some_and(|o| o < n) {
+                errs.push(FieldError::invalid(
+                    &deadline,
+                    v.clone(),
+                    "must be less than or equal to previous value",
+                ));
+                return errs;
+            }
+        }
+        // Upstream renders the nil pointer as the string "null".
+        (None, Some(_)) => errs.push(FieldError::invalid(
+            &deadline,
+            "null",
+            "must not update from a positive integer to nil value",
+        )),
+        (None, None) => {}
+    }
+    // Tolerations: each old one stays, with any tolerationSeconds.
+    let without_seconds = |t: &Value| {
+        let mut t = t.clone();
+        if let Some(o) = t.as_object_mut() {
+            o.remove("tolerationSeconds");
+        }
+        t
+    };
+    let new_tolerations: Vec<Value> = list_at(ns, "tolerations")
+        .iter()
+        .map(without_seconds)
+        .collect();
+    if list_at(os, "tolerations")
+        .iter()
+        .any(|t| !new_tolerations.contains(&without_seconds(t)))
+    {
+        errs.push(FieldError::forbidden(
+            &spec_path.child("tolerations"),
+            "existing toleration can not be modified except its tolerationSeconds",
+        ));
+    }
+    // Scheduling gates: only removals.
+    let old_gates: Vec<&str> = list_at(os, "schedulingGates")
+        .iter()
+        .map(|g| str_at(g, "/name"))
+        .collect();
+    for (i, g) in list_at(ns, "schedulingGates").iter().enumerate() {
+        let name = str_at(g, "/name");
+        if !old_gates.contains(&name) {
+            errs.push(FieldError::forbidden(
+                &spec_path.child("schedulingGates").index(i).child("name"),
+                format!("only deletion is allowed, but found new scheduling gate '{name}'"),
+            ));
+        }
+    }
+    if ns == os {
+        return errs;
+    }
+    // Everything else must be as it was: put the updatable fields back and compare.
+    let mut munged = ns.clone();
+    for name in CONTAINER_LISTS {
+        let olds = list_at(os, name);
+        if let Some(cs) = munged.get_mut(name).and_then(Value::as_array_mut) {
+            for (c, o) in cs.iter_mut().zip(olds) {
+                match o.get("image") {
+                    Some(img) => c["image"] = img.clone(),
+                    None => {
+                        if let Some(c) = c.as_object_mut() {
+                            c.remove("image");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut restore = vec!["activeDeadlineSeconds", "schedulingGates", "tolerations"];
+    let old_grace = os
+        .get("terminationGracePeriodSeconds")
+        .and_then(Value::as_i64);
+    if old_grace.is_some_and(|g| g < 0)
+        && munged
+            .get("terminationGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            == Some(1)
+    {
+        restore.push("terminationGracePeriodSeconds");
+    }
+    if !list_at(os, "schedulingGates").is_empty() {
+        // A gated pod may gain node selector entries and change its node affinity.
+        let old_selector = os.get("nodeSelector").and_then(Value::as_object);
+        let new_selector = ns.get("nodeSelector").and_then(Value::as_object);
+        if let Some(o) = old_selector {
+            if o.iter()
+                .any(|(k, v)| new_selector.and_then(|n| n.get(k)) != Some(v))
+            {
+                errs.push(FieldError::invalid(
+                    &spec_path.child("nodeSelector"),
+                    ns.get("nodeSelector").cloned().unwrap_or(Value::Null),
+                    "only additions to spec.nodeSelector are allowed (no mutations or deletions)",
+                ));
+            }
+        }
+        restore.push("nodeSelector");
+        if os
+            .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution")
+            .is_none()
+        {
+            let old_affinity = os.pointer("/affinity/nodeAffinity").cloned();
+            if let Some(m) = munged.as_object_mut() {
+                let a = m.entry("affinity").or_insert_with(|| json!({}));
+                match (a.as_object_mut(), old_affinity) {
+                    (Some(a), Some(na)) => {
+                        a.insert("nodeAffinity".into(), na);
+                    }
+                    (Some(a), None) => {
+                        a.remove("nodeAffinity");
+                    }
+                    _ => {}
+                }
+                if m.get("affinity")
+                    .and_then(Value::as_object)
+                    .is_some_and(|a| a.is_empty())
+                    && os.get("affinity").is_none()
+                {
+                    m.remove("affinity");
+                }
+            }
+        }
+    }
+    if let Some(m) = munged.as_object_mut() {
+        for k in restore {
+            match os.get(k) {
+                Some(v) => m.insert(k.to_owned(), v.clone()),
+                None => m.remove(k),
+            };
+        }
+    }
+    if &munged != os {
+        errs.push(FieldError::forbidden(
+            &spec_path,
+            format!("pod updates may not change fields other than {UPDATABLE_POD_SPEC_FIELDS}"),
+        ));
+    }
+    errs
+}
+
 pub(crate) fn validate_pod_spec(spec: &Value, spec_path: &Path) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let mut names = std::collections::BTreeSet::new();
@@ -1147,6 +1319,68 @@ pub(crate) fn validate_pod_spec(spec: &Value, spec_path: &Path) -> Vec<FieldErro
             &["ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"],
         ));
     }
+    errs.extend(validate_sysctls(
+        spec,
+        &spec_path.child("securityContext").child("sysctls"),
+    ));
+    errs
+}
+
+/// Upstream's validateSysctls for a new pod: names are sysctl names, given once, and the
+/// ones namespaced by the network or IPC namespace are refused when the pod shares it
+/// with the host.
+fn validate_sysctls(spec: &Value, path: &Path) -> Vec<FieldError> {
+    const MAX_LEN: usize = 253;
+    let segment_ok = |seg: &str| {
+        let b = seg.as_bytes();
+        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        match (b.first(), b.last()) {
+            (Some(f), Some(l)) => {
+                alnum(f) && alnum(l) && b.iter().all(|c| alnum(c) || *c == b'-' || *c == b'_')
+            }
+            _ => false,
+        }
+    };
+    let mut errs = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let sysctls = spec
+        .pointer("/securityContext/sysctls")
+        .and_then(Value::as_array);
+    for (i, s) in sysctls.map(Vec::as_slice).unwrap_or(&[]).iter().enumerate() {
+        let p = path.index(i).child("name");
+        let name = str_at(s, "/name");
+        if name.is_empty() {
+            errs.push(FieldError::required(&p, ""));
+        } else if name.len() > MAX_LEN || !name.split(['.', '/']).all(segment_ok) {
+            errs.push(FieldError::invalid(
+                &p,
+                name.to_owned(),
+                format!("must have at most {MAX_LEN} characters and match regex ^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[\\./])*[a-z0-9]([-_a-z0-9]*[a-z0-9])?$"),
+            ));
+        } else if !seen.insert(name) {
+            errs.push(FieldError::duplicate(&p, name.to_owned()));
+        }
+        // The namespace a sysctl belongs to (component-helpers' GetNamespace), with
+        // slashes read as dots.
+        let dotted = name.replace('/', ".");
+        let ipc = dotted == "kernel.sem"
+            || ["kernel.shm", "kernel.msg", "fs.mqueue."]
+                .iter()
+                .any(|x| dotted.starts_with(x));
+        if spec.get("hostNetwork") == Some(&json!(true)) && dotted.starts_with("net.") {
+            errs.push(FieldError::invalid(
+                &p,
+                name.to_owned(),
+                "may not be specified when 'hostNetwork' is true",
+            ));
+        } else if spec.get("hostIPC") == Some(&json!(true)) && ipc {
+            errs.push(FieldError::invalid(
+                &p,
+                name.to_owned(),
+                "may not be specified when 'hostIPC' is true",
+            ));
+        }
+    }
     errs
 }
 
@@ -1277,6 +1511,144 @@ fn set_pod_scheduled(pod: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A running pod as stored: defaulted, with the default tolerations.
+    fn stored_pod() -> Value {
+        let mut pod = json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [{"name": "c", "image": "busybox"}],
+                "initContainers": [{"name": "i", "image": "busybox"}],
+                "schedulingGates": [{"name": "example.com/a"}, {"name": "example.com/b"}],
+                "nodeSelector": {"disk": "ssd"},
+                "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+            },
+        });
+        Pods.prepare_create(&mut pod);
+        Pods.default(&mut pod);
+        default_tolerations(&mut pod["spec"]);
+        pod
+    }
+
+    fn update_errors(change: impl FnOnce(&mut Value)) -> Vec<String> {
+        let old = stored_pod();
+        let mut new = old.clone();
+        change(&mut new);
+        Pods.prepare_update(&mut new, &old);
+        Pods.validate_update(&new, &old)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn pod_updates_allow_what_upstream_allows() {
+        // Replacing the tolerations: admission puts the default ones back, so this adds one.
+        let errs = update_errors(|p| {
+            p["spec"]["tolerations"] = json!([
+                {"key": "k", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "foo", "operator": "Equal", "value": "bar", "effect": "NoSchedule"},
+            ])
+        });
+        assert_eq!(errs, Vec::<String>::new());
+        let errs = update_errors(|p| p["spec"]["tolerations"][0]["tolerationSeconds"] = json!(60));
+        assert_eq!(errs, Vec::<String>::new());
+        let errs = update_errors(|p| {
+            p["spec"]["containers"][0]["image"] = json!("nginx");
+            p["spec"]["initContainers"][0]["image"] = json!("pause");
+            p["spec"]["activeDeadlineSeconds"] = json!(5000);
+            p["spec"]["schedulingGates"] = json!([{"name": "example.com/b"}]);
+            p["spec"]["nodeSelector"]["zone"] = json!("a");
+        });
+        assert_eq!(errs, Vec::<String>::new());
+    }
+
+    #[test]
+    fn pod_updates_refuse_what_upstream_refuses() {
+        let errs = update_errors(|p| p["spec"]["tolerations"][0]["effect"] = json!("NoExecute"));
+        assert_eq!(
+            errs,
+            ["spec.tolerations: Forbidden: existing toleration can not be modified except its tolerationSeconds"]
+        );
+        let errs = update_errors(|p| {
+            p["spec"]["schedulingGates"] =
+                json!([{"name": "example.com/a"}, {"name": "example.com/c"}])
+        });
+        assert_eq!(
+            errs,
+            ["spec.schedulingGates[1].name: Forbidden: only deletion is allowed, but found new scheduling gate 'example.com/c'"]
+        );
+        let errs = update_errors(|p| p["spec"]["nodeSelector"] = json!({"disk": "hdd"}));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].contains("only additions to spec.nodeSelector are allowed"),
+            "{errs:?}"
+        );
+        let errs = update_errors(|p| p["spec"]["containers"][0]["name"] = json!("d"));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].starts_with("spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`"), "{errs:?}");
+        let errs = update_errors(|p| {
+            if let Some(c) = p["spec"]["containers"].as_array_mut() {
+                c.push(json!({"name": "e", "image": "x"}));
+            }
+        });
+        assert_eq!(
+            errs,
+            ["spec.containers: Forbidden: pod updates may not add or remove containers"]
+        );
+    }
+
+    #[test]
+    fn sysctl_names_are_checked_as_upstream() {
+        let spec = json!({"securityContext": {"sysctls": [
+            {"name": "foo-", "value": "bar"},
+            {"name": "kernel.shmmax", "value": "1"},
+            {"name": "safe-and-unsafe", "value": "1"},
+            {"name": "bar..", "value": "42"},
+            {"name": "net/ipv4/ip_forward", "value": "1"},
+            {"name": "kernel.shmmax", "value": "2"},
+        ]}, "hostNetwork": true});
+        let errs: Vec<String> = validate_sysctls(&spec, &Path::new("spec.securityContext.sysctls"))
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let regex = r"must have at most 253 characters and match regex ^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[\./])*[a-z0-9]([-_a-z0-9]*[a-z0-9])?$";
+        assert_eq!(
+            errs,
+            [
+                format!(r#"spec.securityContext.sysctls[0].name: Invalid value: "foo-": {regex}"#),
+                format!(r#"spec.securityContext.sysctls[3].name: Invalid value: "bar..": {regex}"#),
+                r#"spec.securityContext.sysctls[4].name: Invalid value: "net/ipv4/ip_forward": may not be specified when 'hostNetwork' is true"#.to_owned(),
+                r#"spec.securityContext.sysctls[5].name: Duplicate value: "kernel.shmmax""#.to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn active_deadline_only_goes_down() {
+        let old = {
+            let mut p = stored_pod();
+            p["spec"]["activeDeadlineSeconds"] = json!(100);
+            p
+        };
+        let mut new = old.clone();
+        new["spec"]["activeDeadlineSeconds"] = json!(200);
+        let errs: Vec<String> = Pods
+            .validate_update(&new, &old)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(errs, ["spec.activeDeadlineSeconds: Invalid value: 200: must be less than or equal to previous value"]);
+        new["spec"]
+            .as_object_mut()
+            .map(|s| s.remove("activeDeadlineSeconds"));
+        let errs: Vec<String> = Pods
+            .validate_update(&new, &old)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(errs, ["spec.activeDeadlineSeconds: Invalid value: \"null\": must not update from a positive integer to nil value"]);
+    }
 
     fn pull_policy(image: &str) -> String {
         let mut c = json!({"name": "c", "image": image});
