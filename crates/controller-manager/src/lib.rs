@@ -144,13 +144,13 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "persistentvolume-protection-controller",
         Some("pv-protection"),
         true,
-        false,
+        true,
     ),
     (
         "persistentvolumeclaim-protection-controller",
         Some("pvc-protection"),
         true,
-        false,
+        true,
     ),
     (
         "pod-garbage-collector-controller",
@@ -675,6 +675,20 @@ fn start_controllers(
     }
     if on("cronjob-controller") {
         tasks.push(controllers::cronjob::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("persistentvolume-protection-controller") {
+        tasks.push(controllers::pvprotection::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("persistentvolumeclaim-protection-controller") {
+        tasks.push(controllers::pvcprotection::start(
             clients.clone(),
             &factory,
             stop.clone(),

@@ -14,6 +14,8 @@ pub mod namespace;
 pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod podgc;
+pub mod pvcprotection;
+pub mod pvprotection;
 pub mod replicaset;
 pub mod resourcequota;
 pub mod rootca;
