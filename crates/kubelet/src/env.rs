@@ -477,14 +477,16 @@ fn resource_field(pod: &Value, spec: &Value, r: &Value) -> String {
     }
 }
 
-/// The config of container `spec` of a prepared `pod`, as the kubelet builds it.
+/// The config of container `spec` of a prepared `pod`, as the kubelet builds it, or why it
+/// cannot be built (upstream's CreateContainerConfigError message): a required ConfigMap,
+/// Secret or key of the environment that is missing, or a bad volume subPath.
 pub fn container_config(
     pod: &Value,
     spec: &Value,
     annotations: &BTreeMap<String, String>,
     pod_ip: &str,
     attempt: u32,
-) -> ContainerConfig {
+) -> Result<ContainerConfig, String> {
     let host_ip = pod
         .pointer(&format!("/{SOURCES}/hostIP"))
         .and_then(Value::as_str)
@@ -515,10 +517,10 @@ pub fn container_config(
         .flatten()
     {
         let prefix = str_at(e, "/prefix");
-        let data = if let Some(n) = e.pointer("/configMapRef/name").and_then(Value::as_str) {
-            source("configmaps", n)
-        } else if let Some(n) = e.pointer("/secretRef/name").and_then(Value::as_str) {
-            source("secrets", n)
+        let data = if let Some(r) = e.get("configMapRef") {
+            required_source(&source, r, "configmaps", "configmap")?
+        } else if let Some(r) = e.get("secretRef") {
+            required_source(&source, r, "secrets", "secret")?
         } else {
             None
         };
@@ -575,15 +577,15 @@ pub fn container_config(
         } else if let Some(r) = e.pointer("/valueFrom/resourceFieldRef") {
             resource_field(pod, spec, r)
         } else if let Some(r) = e.pointer("/valueFrom/configMapKeyRef") {
-            source("configmaps", &str_at(r, "/name"))
-                .and_then(|d| d.get(str_at(r, "/key")).cloned())
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
+            match key_ref(pod, &source, r, ("configmaps", "configmap", "ConfigMap"))? {
+                Some(v) => v,
+                None => continue,
+            }
         } else if let Some(r) = e.pointer("/valueFrom/secretKeyRef") {
-            source("secrets", &str_at(r, "/name"))
-                .and_then(|d| d.get(str_at(r, "/key")).cloned())
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
+            match key_ref(pod, &source, r, ("secrets", "secret", "Secret"))? {
+                Some(v) => v,
+                None => continue,
+            }
         } else {
             String::new()
         };
@@ -605,7 +607,7 @@ pub fn container_config(
         hostname = str_at(pod, "/metadata/name");
         hostname.truncate(63);
     }
-    let mut mounts = mounts(pod, spec, pod_ip, &host_ip, &env);
+    let mut mounts = mounts(pod, spec, pod_ip, &host_ip, &env)?;
     if spec
         .pointer("/securityContext/readOnlyRootFilesystem")
         .and_then(Value::as_bool)
@@ -632,6 +634,28 @@ pub fn container_config(
             etc_hosts(pod, pod_ip, &hostname)
         },
     );
+    // The pod's sysctls, where `sysctl` reads them; a few namespaced defaults besides.
+    for (k, v) in [
+        ("kernel.shm_rmid_forced", "0"),
+        ("net.ipv4.ip_forward", "1"),
+    ] {
+        files.insert(
+            format!("/proc/sys/{}", k.replace('.', "/")),
+            format!("{v}\n"),
+        );
+    }
+    for sc in pod
+        .pointer("/spec/securityContext/sysctls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let key = str_at(sc, "/name").replace('.', "/");
+        files.insert(
+            format!("/proc/sys/{key}"),
+            format!("{}\n", str_at(sc, "/value")),
+        );
+    }
     // ClusterFirst DNS: the search list of the pod's namespace (the cluster's resolver).
     let dns_policy = str_at(pod, "/spec/dnsPolicy");
     if (!host_network || dns_policy == "ClusterFirstWithHostNet")
@@ -644,7 +668,7 @@ pub fn container_config(
             crate::net::resolv_conf(if ns.is_empty() { "default" } else { &ns }),
         );
     }
-    ContainerConfig {
+    Ok(ContainerConfig {
         mounts,
         files,
         name: str_at(spec, "/name"),
@@ -659,7 +683,7 @@ pub fn container_config(
         termination_message_path: str_at(spec, "/terminationMessagePath"),
         fallback_to_logs_on_error: str_at(spec, "/terminationMessagePolicy")
             == "FallbackToLogsOnError",
-    }
+    })
 }
 
 fn unix_now() -> u64 {
@@ -927,7 +951,7 @@ fn mounts(
     pod_ip: &str,
     host_ip: &str,
     env: &[(String, String)],
-) -> Vec<crate::runtime::fs::Mount> {
+) -> Result<Vec<crate::runtime::fs::Mount>, String> {
     let vols = pod
         .pointer("/spec/volumes")
         .and_then(Value::as_array)
@@ -940,19 +964,97 @@ fn mounts(
         .filter_map(|m| {
             let name = str_at(m, "/name");
             let vol = vols.iter().find(|v| str_at(v, "/name") == name)?;
+            let sub_path = match sub_path(m, env) {
+                Ok(p) => p,
+                Err(e) => return Some(Err(e)),
+            };
             let (source, tmpfs) = volume_source(pod, spec, vol, pod_ip, host_ip);
-            Some(crate::runtime::fs::Mount {
+            Some(Ok(crate::runtime::fs::Mount {
                 path: str_at(m, "/mountPath"),
                 source,
                 read_only: m.get("readOnly").and_then(Value::as_bool).unwrap_or(false),
-                sub_path: match m.get("subPathExpr").and_then(Value::as_str) {
-                    Some(e) if !e.is_empty() => shell::expand(e, env),
-                    _ => str_at(m, "/subPath"),
-                },
+                sub_path,
                 tmpfs,
-            })
+            }))
         })
         .collect()
+}
+
+/// A mount's subPath, its subPathExpr expanded against the environment (every reference
+/// must have a non-empty value); relative and without `..`, as the kubelet's makeMounts
+/// requires.
+fn sub_path(mount: &Value, env: &[(String, String)]) -> Result<String, String> {
+    let path = match mount.get("subPathExpr").and_then(Value::as_str) {
+        Some(e) if !e.is_empty() => {
+            let mut missing = std::collections::BTreeSet::new();
+            let expanded =
+                shell::expand_with(e, |name| match env.iter().rev().find(|(k, _)| k == name) {
+                    Some((_, v)) if !v.is_empty() => Some(v.clone()),
+                    found => {
+                        missing.insert(name.to_owned());
+                        found.map(|(_, v)| v.clone())
+                    }
+                });
+            if !missing.is_empty() {
+                let names: Vec<String> = missing.into_iter().collect();
+                return Err(format!("missing value for {}", names.join(", ")));
+            }
+            expanded
+        }
+        _ => str_at(mount, "/subPath"),
+    };
+    if path.starts_with('/') {
+        return Err(format!(
+            "error SubPath `{path}` must not be an absolute path"
+        ));
+    }
+    if path.split('/').any(|p| p == "..") {
+        return Err(format!(
+            "unable to provision SubPath `{path}`: must not contain '..'"
+        ));
+    }
+    Ok(path)
+}
+
+/// The data of the ConfigMap or Secret an `envFrom` entry names; None when it is missing
+/// but optional, upstream's NotFound message when missing and required.
+fn required_source(
+    source: &impl Fn(&str, &str) -> Option<Value>,
+    r: &Value,
+    kind: &str,
+    what: &str,
+) -> Result<Option<Value>, String> {
+    let name = str_at(r, "/name");
+    match source(kind, &name) {
+        Some(d) => Ok(Some(d)),
+        None if r.get("optional").and_then(Value::as_bool) == Some(true) => Ok(None),
+        None => Err(format!("{what} \"{name}\" not found")),
+    }
+}
+
+/// The value of a `configMapKeyRef` or `secretKeyRef` (`kinds`: sources key, the kind as
+/// the NotFound error and as the missing-key error name it); None when it is missing but
+/// optional (the variable is not set).
+fn key_ref(
+    pod: &Value,
+    source: &impl Fn(&str, &str) -> Option<Value>,
+    r: &Value,
+    (kind, what, title): (&str, &str, &str),
+) -> Result<Option<String>, String> {
+    let optional = r.get("optional").and_then(Value::as_bool) == Some(true);
+    let Some(data) = required_source(source, r, kind, what)? else {
+        return Ok(None);
+    };
+    let key = str_at(r, "/key");
+    match data.get(&key).and_then(Value::as_str) {
+        Some(v) => Ok(Some(v.to_owned())),
+        None if optional => Ok(None),
+        None => Err(format!(
+            "couldn't find key {key} in {title} {}/{}",
+            str_at(pod, "/metadata/namespace"),
+            str_at(r, "/name")
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -1017,7 +1119,7 @@ mod tests {
                 {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
             ],
         });
-        let c = container_config(&pod, &spec, &BTreeMap::new(), "10.244.0.9", 0);
+        let c = container_config(&pod, &spec, &BTreeMap::new(), "10.244.0.9", 0).unwrap();
         let env: BTreeMap<_, _> = c.env.iter().cloned().collect();
         assert_eq!(env["P_k"], "from-cm");
         assert_eq!(env["A"], "a-x");
@@ -1038,7 +1140,7 @@ mod tests {
         aliased["spec"]["volumes"] = json!([{"name": "cm", "configMap": {"name": "cm", "items": [{"key": "k", "path": "sub/k"}]}}]);
         let mut spec2 = spec.clone();
         spec2["volumeMounts"] = json!([{"name": "cm", "mountPath": "/etc/c"}, {"name": "cm", "mountPath": "/x", "subPathExpr": "$(A)"}]);
-        let c = container_config(&aliased, &spec2, &BTreeMap::new(), "10.244.0.9", 0);
+        let c = container_config(&aliased, &spec2, &BTreeMap::new(), "10.244.0.9", 0).unwrap();
         assert!(c.files["/etc/hosts"]
             .contains("# Entries added by HostAliases.\n123.45.67.89\tfoo\tbar\n"));
         let mut want = BTreeMap::new();
@@ -1054,5 +1156,68 @@ mod tests {
         assert_eq!(env["FOO_SVC_SERVICE_PORT_HTTP"], "8765");
         assert_eq!(env["FOO_SVC_PORT"], "tcp://10.96.0.5:8765");
         assert_eq!(env["FOO_SVC_PORT_8765_TCP_ADDR"], "10.96.0.5");
+    }
+
+    #[test]
+    fn configs_that_cannot_be_made_say_why_as_the_kubelet_does() {
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "ns", "annotations": {}},
+            "spec": {"volumes": [{"name": "w", "emptyDir": {}}]},
+            SOURCES: {"configmaps": {"cm": {"k": "v"}}, "secrets": {}},
+        });
+        let err = |spec: Value| {
+            container_config(&pod, &spec, &BTreeMap::new(), "10.244.0.9", 0)
+                .err()
+                .unwrap_or_default()
+        };
+        let with_sub_path = |env: Value, expr: &str| {
+            json!({"name": "c", "env": env,
+                "volumeMounts": [{"name": "w", "mountPath": "/m", "subPathExpr": expr}]})
+        };
+        assert_eq!(
+            err(with_sub_path(
+                json!([{"name": "P", "value": "/tmp"}]),
+                "$(P)"
+            )),
+            "error SubPath `/tmp` must not be an absolute path"
+        );
+        assert_eq!(
+            err(with_sub_path(json!([{"name": "P", "value": ".."}]), "$(P)")),
+            "unable to provision SubPath `..`: must not contain '..'"
+        );
+        let annotation = json!([{"name": "A", "valueFrom": {"fieldRef":
+            {"fieldPath": "metadata.annotations['mysubpath']"}}}, {"name": "P", "value": "foo"}]);
+        assert_eq!(
+            err(with_sub_path(annotation, "$(A)/$(P)/$(Z)")),
+            "missing value for A, Z"
+        );
+        let env = |e: Value| json!({"name": "c", "env": [e]});
+        assert_eq!(
+            err(env(
+                json!({"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "nope"}}})
+            )),
+            "couldn't find key nope in ConfigMap ns/cm"
+        );
+        assert_eq!(
+            err(env(
+                json!({"name": "X", "valueFrom": {"secretKeyRef": {"name": "gone", "key": "k"}}})
+            )),
+            "secret \"gone\" not found"
+        );
+        assert_eq!(
+            err(json!({"name": "c", "envFrom": [{"configMapRef": {"name": "gone"}}]})),
+            "configmap \"gone\" not found"
+        );
+        // Optional references that are missing set nothing.
+        let c = container_config(
+            &pod,
+            &json!({"name": "c", "envFrom": [{"secretRef": {"name": "gone", "optional": true}}],
+                "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "nope", "optional": true}}}]}),
+            &BTreeMap::new(),
+            "10.244.0.9",
+            0,
+        )
+        .unwrap();
+        assert!(!c.env.iter().any(|(k, _)| k == "X"), "{:?}", c.env);
     }
 }

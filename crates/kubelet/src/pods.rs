@@ -28,6 +28,9 @@ use crate::{KubeletConfig, Result};
 
 const BACKOFF_START: Duration = Duration::from_secs(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// How soon a container whose config could not be made is tried again (upstream's pod
+/// worker back-off period).
+const CONFIG_ERROR_RETRY: Duration = Duration::from_secs(10);
 
 fn rfc3339(t: SystemTime) -> String {
     let secs = t
@@ -1141,7 +1144,9 @@ fn step(
                         &pod_ip,
                         c.restart_count,
                     );
-                    runtime.refresh_volumes(&id, &config);
+                    if let Ok(config) = config {
+                        runtime.refresh_volumes(&id, &config);
+                    }
                 }
                 if !init {
                     prober.ensure(&id, pod, spec, &pod_ip);
@@ -1282,7 +1287,18 @@ fn step(
             return false;
         }
     }
-    let config = crate::env::container_config(pod, spec, annotations, &pod_ip, c.restart_count);
+    let config =
+        match crate::env::container_config(pod, spec, annotations, &pod_ip, c.restart_count) {
+            Ok(config) => config,
+            Err(e) => {
+                // Upstream's CreateContainerConfigError: the container waits, and the pod
+                // worker tries again after its back-off period.
+                events.push(ev(true, "Failed", format!("Error: {e}")));
+                c.waiting = Some(("CreateContainerConfigError".into(), e));
+                c.backoff_until = Some(Instant::now() + CONFIG_ERROR_RETRY);
+                return false;
+            }
+        };
     let id = runtime.create_container(sandbox, &config, &c.image_ref);
     events.push(ev(false, "Created", format!("Created container: {name}")));
     if runtime.start_container(&id).is_ok() {

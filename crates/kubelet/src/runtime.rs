@@ -851,6 +851,54 @@ mod tests {
     }
 
     #[test]
+    fn sysctl_reads_the_sysctls_the_kubelet_wrote() {
+        let sim = Sim::default();
+        let sb = sim.run_pod_sandbox("u3");
+        let mut files = BTreeMap::new();
+        files.insert(
+            "/proc/sys/kernel/shm_rmid_forced".to_owned(),
+            "1\n".to_owned(),
+        );
+        let c = sim.create_container(
+            &sb,
+            &ContainerConfig {
+                name: "c".into(),
+                image: "busybox".into(),
+                command: vec!["sleep".into(), "infinity".into()],
+                files,
+                ..Default::default()
+            },
+            "busybox",
+        );
+        sim.start_container(&c).expect("start");
+        let run = |args: &[&str]| {
+            let cmd: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+            sim.exec(&c, &cmd, None).expect("exec")
+        };
+        assert_eq!(
+            run(&["/bin/sysctl", "kernel.shm_rmid_forced"]),
+            [
+                Step::Out(Stream::Stdout, "kernel.shm_rmid_forced = 1\n".into()),
+                Step::Exit(0)
+            ]
+        );
+        assert_eq!(
+            run(&["sysctl", "-n", "kernel/shm_rmid_forced"]),
+            [Step::Out(Stream::Stdout, "1\n".into()), Step::Exit(0)]
+        );
+        assert_eq!(
+            run(&["sysctl", "kernel.nope"]),
+            [
+                Step::Out(
+                    Stream::Stderr,
+                    "sysctl: error: 'kernel.nope' is an unknown key\n".into()
+                ),
+                Step::Exit(1)
+            ]
+        );
+    }
+
+    #[test]
     fn agnhost_ships_its_certificate_and_pid1_shells_die_by_sigkill() {
         let sim = Sim::default();
         let sb = sim.run_pod_sandbox("u2");

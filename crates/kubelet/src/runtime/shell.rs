@@ -143,6 +143,17 @@ impl Context {
 /// The kubelet's `$(VAR)` expansion of command and args against the container's
 /// environment: `$$` is a literal `$`, unknown references stay as written.
 pub fn expand(s: &str, env: &[(String, String)]) -> String {
+    expand_with(s, |name| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    })
+}
+
+/// The `$(VAR)` expansion with `lookup` giving each reference's value; a reference it has
+/// none for stays as written.
+pub fn expand_with(s: &str, mut lookup: impl FnMut(&str) -> Option<String>) -> String {
     let mut out = String::new();
     let mut rest = s;
     while let Some(i) = rest.find('$') {
@@ -155,8 +166,8 @@ pub fn expand(s: &str, env: &[(String, String)]) -> String {
             match inner.find(')') {
                 Some(end) => {
                     let name = &inner[..end];
-                    match env.iter().rev().find(|(k, _)| k == name) {
-                        Some((_, v)) => out.push_str(v),
+                    match lookup(name) {
+                        Some(v) => out.push_str(&v),
                         None => {
                             out.push_str("$(");
                             out.push_str(name);
@@ -340,6 +351,7 @@ const UTILITIES: &[&str] = &[
     "agnhost-2",
     "date",
     "uname",
+    "sysctl",
     "id",
     "test",
     "[",
@@ -2122,6 +2134,30 @@ impl Sh<'_> {
                 };
                 self.out(io, &text);
                 0
+            }
+            // Reads /proc/sys, where the kubelet put the pod's namespaced sysctls.
+            "sysctl" => {
+                let value_only = args.iter().any(|a| a == "-n");
+                let mut code = 0;
+                for key in args.iter().filter(|a| !a.starts_with('-')) {
+                    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+                    match self.read_file(&path) {
+                        Ok(v) => {
+                            let v = v.trim_end();
+                            let line = if value_only {
+                                format!("{v}\n")
+                            } else {
+                                format!("{key} = {v}\n")
+                            };
+                            self.out(io, &line);
+                        }
+                        Err(_) => {
+                            self.err(io, &format!("sysctl: error: '{key}' is an unknown key\n"));
+                            code = 1;
+                        }
+                    }
+                }
+                code
             }
             "uname" => {
                 let text = if args.iter().any(|a| a == "-a") {

@@ -279,7 +279,8 @@ impl Sh<'_> {
                     "include" => o.include = true,
                     "verbose" => o.verbose = true,
                     "fail" | "fail-with-body" => o.fail = true,
-                    "location" | "insecure" | "compressed" | "no-progress-meter" | "http1.1" => {}
+                    "location" | "insecure" | "compressed" | "no-progress-meter" | "http1.1"
+                    | "disable" => {}
                     "output" => o.output = take(&mut i),
                     "write-out" => o.write_out = take(&mut i),
                     "request" => o.method = take(&mut i),
@@ -336,7 +337,8 @@ impl Sh<'_> {
                         'i' => o.include = true,
                         'v' => o.verbose = true,
                         'f' => o.fail = true,
-                        'L' | 'k' | 'N' | '4' => {}
+                        // -q (--disable): no .curlrc is read here anyway.
+                        'L' | 'k' | 'N' | '4' | 'q' => {}
                         'o' => o.output = v,
                         'w' => o.write_out = v,
                         'X' => o.method = v,
@@ -864,9 +866,15 @@ mod tests {
             &["curl", "-s", "-o", "/dev/null", "-w", w, "http://hello"],
         );
         assert_eq!((out.as_str(), err.as_str(), code), ("200\n", "", 0));
+        // -q as the e2e network utilities pass it.
         let (out, _, code, _) = run(
             dp.clone(),
-            &["curl", "-s", "http://hello.default.svc.cluster.local/"],
+            &[
+                "curl",
+                "-q",
+                "-s",
+                "http://hello.default.svc.cluster.local/",
+            ],
         );
         assert!(out.contains("Welcome to nginx!"), "{out}");
         assert_eq!(code, 0);
