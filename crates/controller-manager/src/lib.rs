@@ -81,7 +81,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "endpointslice-mirroring-controller",
         Some("endpointslicemirroring"),
         true,
-        false,
+        true,
     ),
     (
         "ephemeral-volume-controller",
@@ -633,6 +633,13 @@ fn start_controllers(
     }
     if on("namespace-controller") {
         tasks.push(controllers::namespace::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("endpointslice-mirroring-controller") {
+        tasks.push(controllers::endpointslicemirroring::start(
             clients.clone(),
             &factory,
             stop.clone(),

@@ -486,3 +486,70 @@ async fn exposed_pod_and_terminating_endpoints() {
     .await;
     cm.shutdown().await.unwrap();
 }
+
+/// The Endpoints of a Service without a selector are mirrored into an EndpointSlice,
+/// followed through updates, and the slice goes with the Endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn custom_endpoints_are_mirrored() {
+    let (server, _dir) = start_apiserver().await;
+    let kc = server.admin_kubeconfig.clone();
+    let _cm = start_cm(&kc, &["endpointslice-mirroring-controller"]).await;
+    let doc = |ip: &str| {
+        format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: ext, namespace: default}}
+spec: {{ports: [{{name: example, port: 80}}]}}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {{name: ext, namespace: default, labels: {{team: a}}}}
+subsets: [{{addresses: [{{ip: "{ip}"}}], notReadyAddresses: [{{ip: "10.1.2.9"}}], ports: [{{name: example, port: 80}}]}}]
+"#
+        )
+    };
+    let mirrored = |kc: std::path::PathBuf| async move {
+        let list = get(
+            &kc,
+            &["endpointslices", "-l", "kubernetes.io/service-name=ext"],
+        )
+        .await?;
+        let items = list["items"].as_array()?.clone();
+        (items.len() == 1).then(|| items[0].clone())
+    };
+    apply(&kc, &doc("10.1.2.3")).await;
+    let s = eventually(20, "the mirrored slice", || mirrored(kc.clone())).await;
+    assert_eq!(s["addressType"], "IPv4");
+    assert_eq!(
+        s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"],
+        "endpointslicemirroring-controller.k8s.io"
+    );
+    assert_eq!(s["metadata"]["labels"]["team"], "a");
+    assert_eq!(s["metadata"]["ownerReferences"][0]["kind"], "Endpoints");
+    assert_eq!(s["ports"][0]["port"], 80);
+    assert_eq!(s["ports"][0]["protocol"], "TCP");
+    assert_eq!(s["endpoints"][0]["addresses"][0], "10.1.2.3");
+    assert_eq!(s["endpoints"][0]["conditions"]["ready"], true);
+    assert_eq!(s["endpoints"][1]["addresses"][0], "10.1.2.9");
+    assert_eq!(s["endpoints"][1]["conditions"]["ready"], false);
+
+    apply(&kc, &doc("10.2.3.4")).await;
+    eventually(20, "the slice to follow the update", || async {
+        let s = mirrored(kc.clone()).await?;
+        (s["endpoints"][0]["addresses"][0] == "10.2.3.4").then_some(())
+    })
+    .await;
+
+    let out = k(&kc, &["delete", "endpoints", "ext"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    eventually(20, "the slice to go", || async {
+        let list = get(
+            &kc,
+            &["endpointslices", "-l", "kubernetes.io/service-name=ext"],
+        )
+        .await?;
+        list["items"].as_array()?.is_empty().then_some(())
+    })
+    .await;
+}

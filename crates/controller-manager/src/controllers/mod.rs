@@ -8,6 +8,7 @@ pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
+pub mod endpointslicemirroring;
 pub mod garbagecollector;
 pub mod job;
 pub mod namespace;
