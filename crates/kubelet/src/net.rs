@@ -254,7 +254,7 @@ impl Dataplane {
     /// server's pod and service proxies): one end of an in-memory pipe whose other end the
     /// listener answers. Refused and unreachable addresses fail with the I/O error a
     /// socket would give.
-    pub fn dial(&self, to: SocketAddr) -> std::io::Result<tokio::io::DuplexStream> {
+    pub fn dial(self: &Arc<Self>, to: SocketAddr) -> std::io::Result<tokio::io::DuplexStream> {
         let (_, listener) = self.connect(to).map_err(|e| match e {
             ConnectError::Refused => std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
             ConnectError::Unreachable => {
@@ -291,7 +291,11 @@ impl Dataplane {
                 tokio::spawn(crate::sample_apiserver::serve(server, cfg));
             }
             l => {
-                tokio::spawn(crate::portforward::serve_stream(server, l));
+                tokio::spawn(crate::portforward::serve_stream(
+                    server,
+                    l,
+                    Some(self.clone()),
+                ));
             }
         }
         Ok(client)
@@ -302,6 +306,14 @@ impl Dataplane {
         let mut all = self.runtimes.write().unwrap_or_else(|e| e.into_inner());
         all.retain(|r| r.strong_count() > 0);
         all.push(rt);
+    }
+
+    /// Adds `text` to the log of container `id`, in whichever runtime runs it.
+    pub(crate) fn write_log(&self, id: &str, text: &str) {
+        let all = self.runtimes.read().unwrap_or_else(|e| e.into_inner());
+        for rt in all.iter().filter_map(Weak::upgrade) {
+            rt.write_log(id, text);
+        }
     }
 
     /// File `path` of container `id`, from whichever runtime runs it.
@@ -424,7 +436,7 @@ mod tests {
     #[tokio::test]
     async fn dial_hands_out_a_connection_the_listener_answers() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let dp = Dataplane::default();
+        let dp = Arc::new(Dataplane::default());
         let ip: IpAddr = [10, 244, 0, 9].into();
         let pod = serde_json::json!({
             "metadata": {"name": "hostname-1"},

@@ -736,8 +736,37 @@ impl Workers {
             .and_then(Value::as_u64)
             .unwrap_or(30);
         let mut exits: HashMap<String, (i32, SystemTime, SystemTime)> = HashMap::new();
+        let pod_ip = w.ip.clone().unwrap_or_default();
+        let mut hook_failures = Vec::new();
         for (name, c) in &w.containers {
             let Some(id) = &c.id else { continue };
+            // The preStop hook runs before the container is told to stop.
+            let spec = ["/spec/containers", "/spec/initContainers"]
+                .iter()
+                .filter_map(|p| pod.pointer(p).and_then(Value::as_array))
+                .flatten()
+                .find(|c| c["name"] == name.as_str());
+            if let Some((spec, hook)) =
+                spec.and_then(|c| c.pointer("/lifecycle/preStop").map(|h| (c, h)))
+            {
+                let running = matches!(self.runtime.container_state(id), Ok(State::Running { .. }));
+                if running {
+                    let dp = self.cfg.dataplane.as_deref();
+                    if let Err(e) =
+                        crate::lifecycle::run(&*self.runtime, dp, pod, spec, id, &pod_ip, hook)
+                    {
+                        tracing::info!(container = %name, error = %e, "PreStop hook failed");
+                        hook_failures.push(Record::container(
+                            pod,
+                            name,
+                            false,
+                            true,
+                            "FailedPreStopHook",
+                            "PreStopHook failed".into(),
+                        ));
+                    }
+                }
+            }
             let _ = self.runtime.stop_container(id, Duration::from_secs(grace));
             if let Ok(State::Exited {
                 exit_code,
@@ -747,6 +776,9 @@ impl Workers {
             {
                 exits.insert(name.clone(), (exit_code, started_at, finished_at));
             }
+        }
+        if !hook_failures.is_empty() {
+            crate::events::emit(&self.client, &self.cfg.node_name, hook_failures);
         }
         let mut statuses = current
             .get("containerStatuses")
@@ -1303,6 +1335,20 @@ fn step(
     events.push(ev(false, "Created", format!("Created container: {name}")));
     if runtime.start_container(&id).is_ok() {
         events.push(ev(false, "Started", format!("Started container {name}")));
+        // The postStart hook runs once the container started; if it fails, the
+        // container is killed (and restarted as its policy says).
+        if let Some(hook) = spec.pointer("/lifecycle/postStart") {
+            let dp = prober.dataplane();
+            if let Err(e) = crate::lifecycle::run(runtime, dp, pod, spec, &id, &pod_ip, hook) {
+                tracing::info!(container = %name, error = %e, "Failed to execute PostStartHook");
+                events.push(ev(
+                    true,
+                    "FailedPostStartHook",
+                    "PostStartHook failed".into(),
+                ));
+                let _ = runtime.stop_container(&id, Duration::ZERO);
+            }
+        }
         c.id = Some(id);
         c.waiting = None;
         c.backoff_until = None;

@@ -793,6 +793,9 @@ pub enum Listener {
     Http(String),
     /// agnhost's `serve-hostname` (9376, or `--port`): the pod's hostname, no newline.
     Hostname(String),
+    /// agnhost's `netexec` (`--http-port`, 8080): see [`crate::netexec`]; it logs to
+    /// `container`.
+    Netexec { pod: String, container: String },
     /// agnhost's `test-webserver` (80, or `--port`): a file server over the container's
     /// root. `found` is whether the requested file exists, when the caller asked the
     /// runtime (the prober does); unknown answers as found.
@@ -892,9 +895,10 @@ fn image_listener(
                 found: None,
             })
         }
-        Some("netexec") if port == flag("--http-port").unwrap_or(8080) => {
-            Some(Listener::Http(pod_name.to_owned()))
-        }
+        Some("netexec") if port == flag("--http-port").unwrap_or(8080) => Some(Listener::Netexec {
+            pod: pod_name.to_owned(),
+            container: container_id.unwrap_or_default(),
+        }),
         Some("serve-hostname") if port == flag("--port").unwrap_or(9376) => {
             Some(Listener::Hostname(pod_name.to_owned()))
         }
@@ -902,11 +906,32 @@ fn image_listener(
     }
 }
 
+/// The statuses of the pod's long-running containers: its containers' and its sidecars'
+/// (init containers that restart Always).
+fn statuses(pod: &Value) -> Vec<&Value> {
+    ["/status/containerStatuses", "/status/initContainerStatuses"]
+        .iter()
+        .filter_map(|p| pod.pointer(p).and_then(Value::as_array))
+        .flatten()
+        .collect()
+}
+
+/// The pod's containers that serve: its containers, then its sidecars.
+fn serving_containers(pod: &Value) -> Vec<&Value> {
+    let containers = pod.pointer("/spec/containers").and_then(Value::as_array);
+    let sidecars = pod
+        .pointer("/spec/initContainers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|c| c["restartPolicy"] == "Always");
+    containers.into_iter().flatten().chain(sidecars).collect()
+}
+
 /// The runtime's id of container `name` of `pod` (its status's `sim://<id>`).
 fn container_id_of(pod: &Value, name: &Value) -> Option<String> {
-    pod.pointer("/status/containerStatuses")?
-        .as_array()?
-        .iter()
+    statuses(pod)
+        .into_iter()
         .find(|s| &s["name"] == name)?
         .get("containerID")?
         .as_str()
@@ -915,9 +940,8 @@ fn container_id_of(pod: &Value, name: &Value) -> Option<String> {
 
 /// When container `name` of `pod` started running, as its status says.
 fn started_at(pod: &Value, name: &Value) -> Option<SystemTime> {
-    let statuses = pod.pointer("/status/containerStatuses")?.as_array()?;
-    let at = statuses
-        .iter()
+    let at = statuses(pod)
+        .into_iter()
         .find(|s| &s["name"] == name)?
         .pointer("/state/running/startedAt")?
         .as_str()?;
@@ -940,17 +964,8 @@ pub(crate) fn declared_listener(pod: &Value, port: u16) -> Option<Listener> {
 }
 
 fn listener_of(pod: &Value, port: u16, running_only: bool) -> Option<Listener> {
-    let statuses = pod
-        .pointer("/status/containerStatuses")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let containers = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    for c in &containers {
+    let statuses = statuses(pod);
+    for c in serving_containers(pod) {
         let running = statuses
             .iter()
             .any(|s| s["name"] == c["name"] && s.pointer("/state/running").is_some());
@@ -1018,7 +1033,7 @@ async fn forward(data: Half, error: Half, tx: mpsc::Sender<Out>, target: Target,
         return;
     };
     let Half { id, mut rx, .. } = data;
-    http_server(&mut rx, &found, |bytes| {
+    http_server(&mut rx, &found, None, |bytes| {
         let tx = tx.clone();
         async move {
             for chunk in bytes.chunks(CHUNK) {
@@ -1143,7 +1158,7 @@ where
             let pod = fetch().await;
             match pod.as_ref().and_then(|p| listener(p, port)) {
                 Some(found) => {
-                    http_server(&mut rx, &found, |bytes| {
+                    http_server(&mut rx, &found, None, |bytes| {
                         let out = out.clone();
                         async move {
                             for chunk in bytes.chunks(CHUNK) {
@@ -1264,7 +1279,11 @@ async fn read_ws_frame<R: AsyncRead + Unpin>(r: &mut R) -> Option<(u8, Vec<u8>)>
 
 /// Serves one in-memory connection with the listener's HTTP server (a connection the
 /// simulated pod network hands a client outside the sim, e.g. the API server's proxy).
-pub(crate) async fn serve_stream(io: tokio::io::DuplexStream, l: Listener) {
+pub(crate) async fn serve_stream(
+    io: tokio::io::DuplexStream,
+    l: Listener,
+    dp: Option<Arc<crate::net::Dataplane>>,
+) {
     let (mut r, w) = tokio::io::split(io);
     let (tx, mut rx) = mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
@@ -1281,7 +1300,7 @@ pub(crate) async fn serve_stream(io: tokio::io::DuplexStream, l: Listener) {
         }
     });
     let w = Arc::new(tokio::sync::Mutex::new(w));
-    http_server(&mut rx, &l, |out| {
+    http_server(&mut rx, &l, dp.as_deref(), |out| {
         let w = w.clone();
         async move { w.lock().await.write_all(&out).await.is_ok() }
     })
@@ -1291,8 +1310,12 @@ pub(crate) async fn serve_stream(io: tokio::io::DuplexStream, l: Listener) {
 
 /// A minimal HTTP/1.x server on one connection: requests in, answers out, keep-alive as
 /// HTTP/1.1 has it.
-async fn http_server<F, Fut>(rx: &mut mpsc::Receiver<Bytes>, l: &Listener, send: F)
-where
+async fn http_server<F, Fut>(
+    rx: &mut mpsc::Receiver<Bytes>,
+    l: &Listener,
+    dp: Option<&crate::net::Dataplane>,
+    send: F,
+) where
     F: Fn(Vec<u8>) -> Fut,
     Fut: Future<Output = bool>,
 {
@@ -1345,13 +1368,41 @@ where
         } else {
             !connection.contains("close")
         };
-        let head_only = method == "HEAD";
-        let (code, reason) = status(l, method, path, version);
-        let keep_alive = keep_alive && code != 400;
-        if !send(response(l, code, reason, keep_alive, head_only)).await || !keep_alive {
+        if !version.starts_with("HTTP/1.") || method.is_empty() {
+            let _ = send(response(l, 400, "Bad Request", false, false)).await;
+            return;
+        }
+        if !send(answer(dp, l, method, path, keep_alive)).await || !keep_alive {
             return;
         }
     }
+}
+
+/// The whole HTTP answer of the listener to `method path` (netexec's handlers run here,
+/// with the pod network `dp` for its `/dial`).
+pub(crate) fn answer(
+    dp: Option<&crate::net::Dataplane>,
+    l: &Listener,
+    method: &str,
+    path: &str,
+    keep_alive: bool,
+) -> Vec<u8> {
+    let head_only = method == "HEAD";
+    if let Listener::Netexec { pod, container } = l {
+        let a = crate::netexec::answer(dp, pod, container, path);
+        return http_message(
+            a.code,
+            a.reason,
+            None,
+            a.content_type,
+            &a.body,
+            keep_alive,
+            head_only,
+            false,
+        );
+    }
+    let (code, reason) = status(l, method, path, "HTTP/1.1");
+    response(l, code, reason, keep_alive && code != 400, head_only)
 }
 
 /// The status the listener answers a request with.
@@ -1361,7 +1412,7 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
         (Listener::Nginx(_), "GET" | "HEAD", "/" | "/index.html") => (200, "OK"),
         (Listener::Nginx(_), "GET" | "HEAD", _) => (404, "Not Found"),
         (Listener::Nginx(_), _, _) => (405, "Not Allowed"),
-        (Listener::Http(_) | Listener::Hostname(_), _, _) => (200, "OK"),
+        (Listener::Http(_) | Listener::Hostname(_) | Listener::Netexec { .. }, _, _) => (200, "OK"),
         (
             Listener::FileServer {
                 found: Some(false), ..
@@ -1415,7 +1466,9 @@ pub(crate) fn response(
             };
             (Some(server), "text/html", body)
         }
-        Listener::Http(pod) => (None, "text/plain; charset=utf-8", format!("{pod}\n")),
+        Listener::Http(pod) | Listener::Netexec { pod, .. } => {
+            (None, "text/plain; charset=utf-8", format!("{pod}\n"))
+        }
         Listener::Hostname(host) => (None, "text/plain; charset=utf-8", host.clone()),
         Listener::FileServer { pod, .. } if code == 200 => {
             (None, "text/plain; charset=utf-8", format!("{pod}\n"))
@@ -1447,6 +1500,31 @@ pub(crate) fn response(
             (None, "text/plain; charset=utf-8", body.to_owned())
         }
     };
+    let nginx_ok = matches!(l, Listener::Nginx(_)) && code == 200;
+    http_message(
+        code,
+        reason,
+        server.as_deref(),
+        content_type,
+        &body,
+        keep_alive,
+        head_only,
+        nginx_ok,
+    )
+}
+
+/// An HTTP/1.1 response message (`ranges`: nginx's Accept-Ranges header).
+#[allow(clippy::too_many_arguments)]
+fn http_message(
+    code: u16,
+    reason: &str,
+    server: Option<&str>,
+    content_type: &str,
+    body: &str,
+    keep_alive: bool,
+    head_only: bool,
+    ranges: bool,
+) -> Vec<u8> {
     let mut r = format!("HTTP/1.1 {code} {reason}\r\n");
     if let Some(s) = server {
         r.push_str(&format!("Server: {s}\r\n"));
@@ -1459,7 +1537,7 @@ pub(crate) fn response(
     } else {
         "Connection: close\r\n"
     });
-    if matches!(l, Listener::Nginx(_)) && code == 200 {
+    if ranges {
         r.push_str("Accept-Ranges: bytes\r\n");
     }
     r.push_str("\r\n");

@@ -295,6 +295,11 @@ impl Prober {
         }
     }
 
+    /// The pod network the probes (and lifecycle hooks) go through, if any.
+    pub(crate) fn dataplane(&self) -> Option<&Dataplane> {
+        self.inner.dataplane.as_deref()
+    }
+
     /// The result of the `kind` worker of container `id`: `None` when it has none.
     pub fn result(&self, id: &str, kind: Kind) -> Option<Outcome> {
         self.inner.get(id, kind)

@@ -146,6 +146,9 @@ pub trait Runtime: Send + Sync {
     fn read_file(&self, _id: &str, _path: &str) -> Option<String> {
         None
     }
+    /// Adds `text` to what running container `id` wrote to stdout, now (a simulated
+    /// server logging the requests it serves).
+    fn write_log(&self, _id: &str, _text: &str) {}
     /// The container's log file, in the CRI log format (what ReadLogs reads).
     fn read_logs(&self, id: &str) -> Result<String, RuntimeError>;
     /// Runs `cmd` in a running container (the CRI's Exec), with `stdin` when the command
@@ -320,6 +323,10 @@ pub struct Sim {
     files: Arc<fs::Store>,
     /// The cluster's network, if any.
     net: Option<Arc<crate::net::Dataplane>>,
+    /// Log lines written from outside a container's program (a simulated server's
+    /// request log), taken into its output when next read: they may come while the
+    /// containers' lock is held (an exec whose curl reaches a server of this runtime).
+    log_queue: Mutex<Vec<(String, SystemTime, String)>>,
 }
 
 fn annotation<'a>(a: &'a BTreeMap<String, String>, key: &str, container: &str) -> Option<&'a str> {
@@ -642,8 +649,29 @@ impl Runtime for Sim {
         })
     }
 
+    fn write_log(&self, id: &str, text: &str) {
+        self.log_queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((id.to_owned(), SystemTime::now(), text.to_owned()));
+    }
+
     fn read_logs(&self, id: &str) -> Result<String, RuntimeError> {
         let mut all = self.lock();
+        let queued = std::mem::take(&mut *self.log_queue.lock().unwrap_or_else(|e| e.into_inner()));
+        for (cid, when, text) in queued {
+            let Some(c) = all.get_mut(&cid) else {
+                continue;
+            };
+            let started_at = match c.status.state {
+                State::Running { started_at } | State::Exited { started_at, .. } => started_at,
+                State::Created => continue,
+            };
+            let at = when.duration_since(started_at).unwrap_or_default();
+            // The output is kept in time order (reads stop at the first line to come).
+            let i = c.output.partition_point(|(t, _, _)| *t <= at);
+            c.output.insert(i, (at, Stream::Stdout, text));
+        }
         let c = all
             .get_mut(id)
             .ok_or_else(|| RuntimeError::NotFound(id.into()))?;

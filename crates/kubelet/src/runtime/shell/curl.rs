@@ -232,7 +232,7 @@ impl Sh<'_> {
             // Whatever listens speaks plain HTTP; the TLS handshake fails.
             return Err(Failure::Tls);
         }
-        Ok(http(&listener, remote, method, &url.path))
+        Ok(http(&dp, &listener, remote, method, &url.path))
     }
 
     /// Writes `text` as the whole content of `path` (a `-o` / `-O` file).
@@ -686,14 +686,18 @@ impl Sh<'_> {
 }
 
 /// The listener's answer to `method path`.
-fn http(l: &Listener, remote: SocketAddr, method: &str, path: &str) -> Response {
-    let (code, reason) = portforward::status(l, method, path, "HTTP/1.1");
-    let raw = portforward::response(l, code, reason, true, method == "HEAD");
+fn http(dp: &Dataplane, l: &Listener, remote: SocketAddr, method: &str, path: &str) -> Response {
+    let raw = portforward::answer(Some(dp), l, method, path, true);
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = match text.find("\r\n\r\n") {
         Some(i) => (text[..i + 4].to_owned(), text[i + 4..].to_owned()),
         None => (text, String::new()),
     };
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let content_type = head
         .split("\r\n")
         .find_map(|l| {

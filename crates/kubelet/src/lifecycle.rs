@@ -1,0 +1,126 @@
+//! Container lifecycle hooks (`lifecycle.postStart` / `preStop`), as the kubelet's
+//! handler runner runs them: `exec` runs the command in the container, `httpGet` sends a
+//! GET to the handler's host (the pod's IP by default) and port through the pod network.
+//! The result is only whether it worked: the kubelet's events do not carry the message
+//! (so that secrets do not leak), and neither does this.
+//!
+//! `sleep` handlers pass at once: the sim's containers do not wait in real time.
+
+use std::net::{IpAddr, SocketAddr};
+
+use serde_json::Value;
+
+use crate::net::Dataplane;
+use crate::portforward;
+use crate::runtime::{Runtime, Step};
+
+/// Runs hook `handler` of container `spec` (runtime id `id`) of `pod`, whose IP is
+/// `pod_ip`; `Err` is upstream's message of the failure.
+pub(crate) fn run(
+    runtime: &dyn Runtime,
+    dp: Option<&Dataplane>,
+    pod: &Value,
+    spec: &Value,
+    id: &str,
+    pod_ip: &str,
+    handler: &Value,
+) -> Result<(), String> {
+    let container = spec["name"].as_str().unwrap_or_default();
+    let pod_ref = format!(
+        "{}_{}({})",
+        pod.pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+        pod.pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+        pod.pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+    );
+    if let Some(cmd) = handler.pointer("/exec/command").and_then(Value::as_array) {
+        let cmd: Vec<String> = cmd
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect();
+        let steps = runtime.exec(id, &cmd, None).map_err(|e| e.to_string());
+        let (code, output) = match &steps {
+            Ok(steps) => steps
+                .iter()
+                .fold((0, String::new()), |(code, mut out), s| match s {
+                    Step::Out(_, text) => {
+                        out.push_str(text);
+                        (code, out)
+                    }
+                    Step::Exit(c) => (*c, out),
+                    _ => (code, out),
+                }),
+            Err(e) => (-1, e.clone()),
+        };
+        if code == 0 {
+            return Ok(());
+        }
+        return Err(format!(
+            "Exec lifecycle hook ({cmd:?}) for Container {container:?} in Pod {pod_ref:?} failed - error: command '{}' exited with {code}: {output}, message: {output:?}",
+            cmd.join(" ")
+        ));
+    }
+    if let Some(get) = handler.get("httpGet") {
+        let path = get["path"].as_str().unwrap_or("/");
+        let path = if path.starts_with('/') {
+            path.to_owned()
+        } else {
+            format!("/{path}")
+        };
+        return http_get(dp, pod, spec, pod_ip, get, &path).map_err(|e| {
+            format!("HTTP lifecycle hook ({path}) for Container {container:?} in Pod {pod_ref:?} failed - error: {e}")
+        });
+    }
+    if handler.get("sleep").is_some() {
+        return Ok(());
+    }
+    Err(format!("Cannot run handler: invalid handler: {handler}"))
+}
+
+/// The handler's GET: an error only when nothing answers (any status is an answer).
+fn http_get(
+    dp: Option<&Dataplane>,
+    pod: &Value,
+    spec: &Value,
+    pod_ip: &str,
+    get: &Value,
+    path: &str,
+) -> Result<(), String> {
+    let host = get["host"]
+        .as_str()
+        .filter(|h| !h.is_empty())
+        .unwrap_or(pod_ip);
+    let port = match &get["port"] {
+        Value::Number(n) => n.as_u64().and_then(|p| u16::try_from(p).ok()),
+        Value::String(name) => spec["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == name.as_str())
+            .and_then(|p| p["containerPort"].as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+            .or_else(|| name.parse().ok()),
+        _ => None,
+    }
+    .ok_or_else(|| format!("invalid port {}", get["port"]))?;
+    let ip: IpAddr = host
+        .parse()
+        .map_err(|_| format!("dial tcp: lookup {host}: no such host"))?;
+    let addr = SocketAddr::new(ip, port);
+    let listener = if host == pod_ip {
+        portforward::declared_listener(pod, port)
+    } else {
+        dp.and_then(|d| d.connect(addr).ok()).map(|(_, l)| l)
+    }
+    .ok_or_else(|| {
+        format!("Get \"http://{addr}{path}\": dial tcp {addr}: connect: connection refused")
+    })?;
+    let _ = portforward::answer(dp, &listener, "GET", path, false);
+    Ok(())
+}
