@@ -251,6 +251,7 @@ fn printf(fmt: &str, args: &[String]) -> String {
         match c {
             '\\' => match chars.next() {
                 Some('n') => out.push('\n'),
+                Some('r') => out.push('\r'),
                 Some('t') => out.push('\t'),
                 Some('\\') => out.push('\\'),
                 Some(o) => {
@@ -413,6 +414,7 @@ const UTILITIES: &[&str] = &[
     "md5sum",
     "curl",
     "wget",
+    "nc",
 ];
 
 fn known(cmd: &str) -> bool {
@@ -2010,6 +2012,7 @@ impl Sh<'_> {
             }
             "yes" => return Err(Flow::Forever),
             "curl" | "wget" => return self.net_client(name, args, io),
+            "nc" => return Ok(self.nc(args, io)),
             _ => return self.utility(name, args, io),
         };
         Ok(code)

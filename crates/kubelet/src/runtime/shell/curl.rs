@@ -100,6 +100,19 @@ fn parse_url(s: &str) -> Result<Url, (i32, String)> {
     })
 }
 
+/// The method and path of `input` when it is an HTTP/1 request (request line and the
+/// end of its head).
+fn http_request(input: &str) -> Option<(String, String)> {
+    let (head, _) = input
+        .split_once("\r\n\r\n")
+        .or_else(|| input.split_once("\n\n"))?;
+    let line = head.lines().next()?;
+    let mut parts = line.split(' ');
+    let (method, path, version) = (parts.next()?, parts.next()?, parts.next()?);
+    (version.trim_end().starts_with("HTTP/1.") && !method.is_empty())
+        .then(|| (method.to_owned(), path.to_owned()))
+}
+
 /// A response as received.
 struct Response {
     remote: SocketAddr,
@@ -150,6 +163,98 @@ impl Sh<'_> {
             return Ok(self.wget(args, io));
         }
         Ok(self.curl(args, io))
+    }
+
+    /// busybox `nc [-v] [-t|-u] [-w SECS] [-z] HOST PORT` over TCP: stdin is sent, what
+    /// the listener answers is printed. The sim's servers all speak HTTP, so input that
+    /// is no HTTP request gets Go's `400 Bad Request`, as agnhost answers it. UDP finds
+    /// nothing listening (it prints nothing, as after a lost datagram).
+    pub(super) fn nc(&mut self, args: &[String], io: &Io) -> i32 {
+        let (mut verbose, mut udp, mut scan, mut wait) = (false, false, false, None);
+        let mut rest = Vec::new();
+        let mut i = 0;
+        while i < args.len() {
+            match args[i].as_str() {
+                "-w" => {
+                    i += 1;
+                    wait = args.get(i).and_then(|v| seconds(v));
+                }
+                a if a.starts_with('-') && a.len() > 1 => {
+                    for c in a[1..].chars() {
+                        match c {
+                            'v' => verbose = true,
+                            'u' => udp = true,
+                            'z' => scan = true,
+                            't' | 'n' | 'q' => {}
+                            _ => {
+                                self.err(io, &format!("nc: invalid option -- '{c}'\n"));
+                                return 1;
+                            }
+                        }
+                    }
+                }
+                a => rest.push(a.to_owned()),
+            }
+            i += 1;
+        }
+        let [host, port] = rest.as_slice() else {
+            self.err(
+                io,
+                "BusyBox v1.37.0 multi-call binary.\n\nUsage: nc [OPTIONS] HOST PORT  - connect\n",
+            );
+            return 1;
+        };
+        let Ok(port) = port.parse::<u16>() else {
+            self.err(io, &format!("nc: bad port '{port}'\n"));
+            return 1;
+        };
+        let Some(ip) = self.resolve_host(host).and_then(|ips| ips.first().copied()) else {
+            self.err(io, &format!("nc: bad address '{host}'\n"));
+            return 1;
+        };
+        let input = io.read_all();
+        if udp {
+            self.now += wait.unwrap_or(Duration::ZERO);
+            return 0;
+        }
+        let to = SocketAddr::new(ip, port);
+        let dp = self.dataplane();
+        let connected = match &dp {
+            Some(dp) => dp.connect(to).map(|(_, l)| l),
+            None => Err(ConnectError::Unreachable),
+        };
+        let listener = match connected {
+            Ok(l) => l,
+            Err(e) => {
+                let why = match e {
+                    ConnectError::Refused => "Connection refused",
+                    ConnectError::Unreachable => {
+                        self.now += wait.unwrap_or(Duration::from_secs(75));
+                        "Connection timed out"
+                    }
+                };
+                self.err(
+                    io,
+                    &format!("nc: can't connect to remote host ({to}): {why}\n"),
+                );
+                return 1;
+            }
+        };
+        if verbose {
+            self.err(io, &format!("{host} ({to}) open\n"));
+        }
+        if scan || input.is_empty() {
+            return 0;
+        }
+        let answer = match http_request(&input) {
+            Some((method, path)) => {
+                String::from_utf8_lossy(&portforward::answer(dp.as_deref(), &listener, &method, &path, false))
+                    .into_owned()
+            }
+            None => "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request".to_owned(),
+        };
+        self.out(io, &answer);
+        0
     }
 
     fn dataplane(&self) -> Option<Arc<Dataplane>> {
@@ -859,6 +964,38 @@ mod tests {
             }
         }
         (out, err, code, t)
+    }
+
+    #[test]
+    fn nc_connects_as_the_e2e_reachability_checks_use_it() {
+        let dp = Some(cluster());
+        // What the service jig runs: a line that is no HTTP request gets a 400.
+        let (out, err, code, _) = run(
+            dp.clone(),
+            &["sh", "-c", "echo hostName | nc -v -t -w 2 hello 80"],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(out.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{out}");
+        assert_eq!(err, "hello (10.96.0.20:80) open\n");
+        // A real request gets the listener's answer.
+        let (out, _, code, _) = run(
+            dp.clone(),
+            &[
+                "sh",
+                "-c",
+                "printf 'GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' | nc 10.244.0.5 80",
+            ],
+        );
+        assert_eq!(code, 0);
+        assert!(out.contains("Welcome to nginx!"), "{out}");
+        let (out, err, code, _) = run(dp.clone(), &["nc", "-z", "10.244.0.5", "81"]);
+        assert_eq!((out.as_str(), code), ("", 1));
+        assert_eq!(
+            err,
+            "nc: can't connect to remote host (10.244.0.5:81): Connection refused\n"
+        );
+        let (_, err, code, _) = run(dp, &["nc", "nowhere", "80"]);
+        assert_eq!((err.as_str(), code), ("nc: bad address 'nowhere'\n", 1));
     }
 
     #[test]
