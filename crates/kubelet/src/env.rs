@@ -668,7 +668,18 @@ pub fn container_config(
             crate::net::resolv_conf(if ns.is_empty() { "default" } else { &ns }),
         );
     }
+    let security = |key: &str| {
+        spec.pointer(&format!("/securityContext/{key}"))
+            .or_else(|| pod.pointer(&format!("/spec/securityContext/{key}")))
+            .and_then(Value::as_i64)
+    };
+    let user = match (security("runAsUser"), security("runAsGroup")) {
+        (Some(u), g) => Some((u, g)),
+        (None, Some(g)) => Some((0, Some(g))),
+        (None, None) => None,
+    };
     Ok(ContainerConfig {
+        user,
         mounts,
         files,
         name: str_at(spec, "/name"),

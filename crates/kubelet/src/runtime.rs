@@ -60,6 +60,9 @@ pub struct ContainerConfig {
     pub mounts: Vec<fs::Mount>,
     /// Files the kubelet manages in the container (`/etc/hosts`): path → content.
     pub files: BTreeMap<String, String>,
+    /// The user and group its processes run as (`runAsUser`/`runAsGroup`, the
+    /// container's over the pod's); root when unset.
+    pub user: Option<(i64, Option<i64>)>,
 }
 
 /// A container's state, as the CRI reports it.
@@ -230,6 +233,7 @@ fn context(
         }),
         start: Some(SystemTime::now()),
         net: None,
+        user: config.user,
     }
 }
 

@@ -74,6 +74,8 @@ pub struct Context {
     pub start: Option<SystemTime>,
     /// The cluster network `curl` and `wget` reach (without: unreachable).
     pub net: Option<Arc<crate::net::Dataplane>>,
+    /// The uid (and gid) its processes run as; root when unset.
+    pub user: Option<(i64, Option<i64>)>,
 }
 
 impl std::fmt::Debug for Context {
@@ -2081,18 +2083,47 @@ impl Sh<'_> {
                 self.out(io, &d);
                 0
             }
-            "whoami" => {
-                self.out(io, "root\n");
-                0
-            }
+            "whoami" => match self.ctx.user {
+                Some((uid, _)) if uid != 0 => {
+                    self.err(io, &format!("whoami: unknown uid {uid}\n"));
+                    1
+                }
+                _ => {
+                    self.out(io, "root\n");
+                    0
+                }
+            },
             "id" => {
                 let (set, _, _) = flags(args, "");
-                let text = if set.contains(&'u') || set.contains(&'g') {
-                    "0\n"
-                } else {
-                    "uid=0(root) gid=0(root) groups=0(root),10(wheel)\n"
+                let (uid, gid) = match self.ctx.user {
+                    Some((u, g)) => (u, g.unwrap_or(0)),
+                    None => (0, 0),
                 };
-                self.out(io, text);
+                // busybox names only root (the images' /etc/passwd and /etc/group).
+                let name = |n: i64, what: &str| {
+                    if n == 0 {
+                        format!("0({what})")
+                    } else {
+                        n.to_string()
+                    }
+                };
+                let text = if set.contains(&'u') {
+                    format!("{uid}\n")
+                } else if set.contains(&'g') {
+                    format!("{gid}\n")
+                } else {
+                    let groups = if gid == 0 {
+                        "0(root),10(wheel)".to_owned()
+                    } else {
+                        gid.to_string()
+                    };
+                    format!(
+                        "uid={} gid={} groups={groups}\n",
+                        name(uid, "root"),
+                        name(gid, "root")
+                    )
+                };
+                self.out(io, &text);
                 0
             }
             "env" | "printenv" => {
@@ -3174,6 +3205,45 @@ mod tests {
             env: vec![("GREETING".into(), "hello world".into())],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn id_and_whoami_follow_the_security_context() {
+        let out = |user: Option<(i64, Option<i64>)>, cmd: &[&str]| {
+            let c = Context { user, ..ctx() };
+            exec_program(&argv(cmd), &c).unwrap_or_default()
+        };
+        assert_eq!(
+            out(Some((1001, Some(2002))), &["id"]),
+            [
+                Step::Out(Stream::Stdout, "uid=1001 gid=2002 groups=2002\n".into()),
+                Step::Exit(0)
+            ]
+        );
+        assert_eq!(
+            out(
+                Some((65534, None)),
+                &["sh", "-c", "test $(id -u) -eq 65534"]
+            ),
+            [Step::Exit(0)]
+        );
+        assert_eq!(
+            out(None, &["id"]),
+            [
+                Step::Out(
+                    Stream::Stdout,
+                    "uid=0(root) gid=0(root) groups=0(root),10(wheel)\n".into()
+                ),
+                Step::Exit(0)
+            ]
+        );
+        assert_eq!(
+            out(Some((7, None)), &["whoami"]),
+            [
+                Step::Out(Stream::Stderr, "whoami: unknown uid 7\n".into()),
+                Step::Exit(1)
+            ]
+        );
     }
 
     #[test]
