@@ -680,6 +680,7 @@ pub fn container_config(
     };
     Ok(ContainerConfig {
         user,
+        privileged: spec.pointer("/securityContext/privileged") == Some(&Value::Bool(true)),
         mounts,
         files,
         name: str_at(spec, "/name"),

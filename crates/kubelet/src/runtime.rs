@@ -63,6 +63,8 @@ pub struct ContainerConfig {
     /// The user and group its processes run as (`runAsUser`/`runAsGroup`, the
     /// container's over the pod's); root when unset.
     pub user: Option<(i64, Option<i64>)>,
+    /// `securityContext.privileged`.
+    pub privileged: bool,
 }
 
 /// A container's state, as the CRI reports it.
@@ -234,6 +236,7 @@ fn context(
         start: Some(SystemTime::now()),
         net: None,
         user: config.user,
+        privileged: config.privileged,
     }
 }
 

@@ -76,6 +76,8 @@ pub struct Context {
     pub net: Option<Arc<crate::net::Dataplane>>,
     /// The uid (and gid) its processes run as; root when unset.
     pub user: Option<(i64, Option<i64>)>,
+    /// Whether it runs privileged (may change the network devices).
+    pub privileged: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -355,6 +357,7 @@ const UTILITIES: &[&str] = &[
     "date",
     "uname",
     "sysctl",
+    "ip",
     "id",
     "test",
     "[",
@@ -2169,6 +2172,34 @@ impl Sh<'_> {
                 self.out(io, &text);
                 0
             }
+            // busybox ip: the pod's interfaces; changing them needs privileges.
+            "ip" => {
+                let words: Vec<&str> = args.iter().map(String::as_str).collect();
+                match words.as_slice() {
+                    ["link" | "l", "add" | "set" | "del" | "delete", ..]
+                    | ["addr" | "address" | "a", "add" | "del", ..]
+                    | ["route" | "r", "add" | "del", ..] => {
+                        if self.ctx.privileged {
+                            0
+                        } else {
+                            self.err(io, "ip: RTNETLINK answers: Operation not permitted\n");
+                            2
+                        }
+                    }
+                    ["addr" | "address" | "a", ..] => {
+                        let text = format!(
+                            "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue qlen 1000\n    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00\n    inet 127.0.0.1/8 scope host lo\n       valid_lft forever preferred_lft forever\n2: eth0@if2: <BROADCAST,MULTICAST,UP,LOWER_UP,M-DOWN> mtu 1500 qdisc noqueue\n    link/ether 02:42:0a:f4:00:02 brd ff:ff:ff:ff:ff:ff\n    inet {}/24 brd 0.0.0.0 scope global eth0\n       valid_lft forever preferred_lft forever\n",
+                            self.ctx.pod_ip
+                        );
+                        self.out(io, &text);
+                        0
+                    }
+                    _ => {
+                        self.err(io, "BusyBox v1.37.0 multi-call binary.\n\nUsage: ip [OPTIONS] address|route|link|tunnel|neigh|rule [ARGS]\n");
+                        1
+                    }
+                }
+            }
             // Reads /proc/sys, where the kubelet put the pod's namespaced sysctls.
             "sysctl" => {
                 let value_only = args.iter().any(|a| a == "-n");
@@ -3233,6 +3264,16 @@ mod tests {
                 Step::Out(
                     Stream::Stdout,
                     "uid=0(root) gid=0(root) groups=0(root),10(wheel)\n".into()
+                ),
+                Step::Exit(0)
+            ]
+        );
+        assert_eq!(
+            out(None, &["sh", "-c", "ip link add dummy0 type dummy || true"]),
+            [
+                Step::Out(
+                    Stream::Stderr,
+                    "ip: RTNETLINK answers: Operation not permitted\n".into()
                 ),
                 Step::Exit(0)
             ]
