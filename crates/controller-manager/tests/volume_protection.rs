@@ -41,6 +41,22 @@ spec:
   hostPath: {path: /tmp/pv1}
 "#;
 
+/// Sets volume pv1's status.phase, as the binder would.
+async fn set_phase(kc: &std::path::Path, phase: &str) {
+    let patch = format!(r#"{{"status":{{"phase":"{phase}"}}}}"#);
+    let args = [
+        "patch",
+        "pv",
+        "pv1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ];
+    let out = k(kc, &args).await;
+    assert!(out.ok, "{}", out.stderr);
+}
+
 async fn gone(kc: &std::path::Path, what: &[&str]) -> bool {
     get(kc, what).await.is_none()
 }
@@ -82,20 +98,7 @@ async fn claims_and_volumes_stay_while_in_use() {
 
     let out = k_in(&kc, &["apply", "-f", "-"], Some(VOLUME)).await;
     assert!(out.ok, "{}", out.stderr);
-    let out = k(
-        &kc,
-        &[
-            "patch",
-            "pv",
-            "pv1",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"phase":"Bound"}}"#,
-        ],
-    )
-    .await;
-    assert!(out.ok, "{}", out.stderr);
+    set_phase(&kc, "Bound").await;
     let out = k(&kc, &["delete", "pv", "pv1", "--wait=false"]).await;
     assert!(out.ok, "{}", out.stderr);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -103,20 +106,7 @@ async fn claims_and_volumes_stay_while_in_use() {
         get(&kc, &["pv", "pv1"]).await.is_some(),
         "a Bound volume stays"
     );
-    let out = k(
-        &kc,
-        &[
-            "patch",
-            "pv",
-            "pv1",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"phase":"Released"}}"#,
-        ],
-    )
-    .await;
-    assert!(out.ok, "{}", out.stderr);
+    set_phase(&kc, "Released").await;
     eventually(20, "the volume to go", || async {
         gone(&kc, &["pv", "pv1"]).await.then_some(())
     })
