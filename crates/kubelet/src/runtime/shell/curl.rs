@@ -385,7 +385,7 @@ impl Sh<'_> {
                     "verbose" => o.verbose = true,
                     "fail" | "fail-with-body" => o.fail = true,
                     "location" | "insecure" | "compressed" | "no-progress-meter" | "http1.1"
-                    | "disable" => {}
+                    | "disable" | "globoff" => {}
                     "output" => o.output = take(&mut i),
                     "write-out" => o.write_out = take(&mut i),
                     "request" => o.method = take(&mut i),
@@ -443,7 +443,8 @@ impl Sh<'_> {
                         'v' => o.verbose = true,
                         'f' => o.fail = true,
                         // -q (--disable): no .curlrc is read here anyway.
-                        'L' | 'k' | 'N' | '4' | 'q' => {}
+                        // -g (--globoff): the sim does no URL globbing anyway.
+                        'L' | 'k' | 'N' | '4' | 'q' | 'g' => {}
                         'o' => o.output = v,
                         'w' => o.write_out = v,
                         'X' => o.method = v,
@@ -1007,11 +1008,12 @@ mod tests {
             &["curl", "-s", "-o", "/dev/null", "-w", w, "http://hello"],
         );
         assert_eq!((out.as_str(), err.as_str(), code), ("200\n", "", 0));
-        // -q as the e2e network utilities pass it.
+        // -g -q as the e2e network utilities pass them.
         let (out, _, code, _) = run(
             dp.clone(),
             &[
                 "curl",
+                "-g",
                 "-q",
                 "-s",
                 "http://hello.default.svc.cluster.local/",
