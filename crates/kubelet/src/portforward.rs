@@ -843,13 +843,20 @@ fn image_listener(
 ) -> Option<Listener> {
     let image = c["image"].as_str().unwrap_or("");
     let (repo, _) = split_image(image);
-    let args: Vec<&str> = c["command"]
+    let mut args: Vec<&str> = c["command"]
         .as_array()
         .into_iter()
         .chain(c["args"].as_array())
         .flatten()
         .filter_map(Value::as_str)
         .collect();
+    // `command: [/agnhost, serve-hostname]` names the binary the image's entrypoint is.
+    if args
+        .first()
+        .is_some_and(|a| a.rsplit('/').next() == Some("agnhost"))
+    {
+        args.remove(0);
+    }
     let text_flag = |name: &str| {
         args.iter()
             .find_map(|a| a.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
@@ -1636,6 +1643,18 @@ mod tests {
         assert_eq!(listener(&pod, 8080), Some(Listener::Http("web".into())));
         assert_eq!(listener(&pod, 9090), None);
         assert_eq!(listener(&pod, 81), None);
+        // agnhost named as the command, as the e2e service jig runs serve-hostname.
+        let hostnames = serde_json::json!({
+            "metadata": {"name": "hn-1"},
+            "spec": {"containers": [{"name": "c",
+                "image": "registry.k8s.io/e2e-test-images/agnhost:2.55",
+                "command": ["/agnhost", "serve-hostname"]}]},
+            "status": {"containerStatuses": [{"name": "c", "state": {"running": {}}}]},
+        });
+        assert_eq!(
+            listener(&hostnames, 9376),
+            Some(Listener::Hostname("hn-1".into()))
+        );
     }
 
     #[test]
