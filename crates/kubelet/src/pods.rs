@@ -138,6 +138,8 @@ struct Steady {
 /// written again (upstream's status manager reconciles every 10 s).
 const STATUS_RECONCILE: Duration = Duration::from_secs(10);
 
+/// How long a deleted mirror pod stays away before the kubelet creates its replacement.
+const MIRROR_RECREATE_DELAY: Duration = Duration::from_secs(1);
 /// How long a steady pod goes without a sync (upstream's syncFrequency).
 const RESYNC: Duration = Duration::from_secs(60);
 
@@ -164,6 +166,8 @@ struct Workers {
     admitted: HashMap<String, Pod>,
     /// The Node as admission last read it, and when.
     node_seen: Option<(Instant, Node)>,
+    /// Mirror pods this kubelet deleted to replace them, and when.
+    mirrors_deleted: HashMap<(String, String), Instant>,
 }
 
 fn parse_cidr(c: &str) -> Option<(Ipv4Addr, u8)> {
@@ -267,6 +271,7 @@ pub async fn run(
         quiet_found: Vec::new(),
         admitted: HashMap::new(),
         node_seen: None,
+        mirrors_deleted: HashMap::new(),
     };
     let mut last_node_read = None::<Instant>;
     loop {
@@ -670,7 +675,7 @@ impl Workers {
 
     /// Creates missing mirror pods, replaces outdated or deleted ones, deletes orphans.
     async fn sync_mirrors(
-        &self,
+        &mut self,
         _all: &Api<Pod>,
         mirrors: &HashMap<(String, String), &Value>,
         statics: &[Value],
@@ -697,8 +702,20 @@ impl Workers {
                     continue;
                 }
                 delete_now(&api, &name, s(m, "/metadata/uid")).await;
+                self.mirrors_deleted.insert((ns, name), Instant::now());
                 continue;
             }
+            // A replacement waits a moment after the deletion: `kubectl delete` reads the
+            // pod, then lists by name and waits for its DELETED event. A new pod of the same
+            // name created in between would hide that deletion, and the wait would not end.
+            if self
+                .mirrors_deleted
+                .get(&(ns.clone(), name.clone()))
+                .is_some_and(|at| at.elapsed() < MIRROR_RECREATE_DELAY)
+            {
+                continue;
+            }
+            self.mirrors_deleted.remove(&(ns.clone(), name.clone()));
             let mirror = static_pods::mirror_of(pod, &self.cfg.node_name, &self.node_uid);
             match serde_json::from_value::<Pod>(mirror) {
                 Ok(p) => {
