@@ -656,18 +656,10 @@ pub fn container_config(
             format!("{}\n", str_at(sc, "/value")),
         );
     }
-    // ClusterFirst DNS: the search list of the pod's namespace (the cluster's resolver).
-    let dns_policy = str_at(pod, "/spec/dnsPolicy");
-    if (!host_network || dns_policy == "ClusterFirstWithHostNet")
-        && dns_policy != "None"
-        && dns_policy != "Default"
-    {
-        let ns = str_at(pod, "/metadata/namespace");
-        files.insert(
-            "/etc/resolv.conf".to_owned(),
-            crate::net::resolv_conf(if ns.is_empty() { "default" } else { &ns }),
-        );
-    }
+    files.insert(
+        "/etc/resolv.conf".to_owned(),
+        crate::net::pod_resolv_conf(pod),
+    );
     let security = |key: &str| {
         spec.pointer(&format!("/securityContext/{key}"))
             .or_else(|| pod.pointer(&format!("/spec/securityContext/{key}")))

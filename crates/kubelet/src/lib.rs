@@ -12,6 +12,7 @@ pub mod admission;
 mod agnhost_webhook;
 pub mod bootstrap;
 pub mod cli;
+pub mod dns;
 pub mod env;
 pub mod events;
 pub mod fleet;

@@ -23,6 +23,7 @@ use std::sync::{Arc, Weak};
 use serde_json::Value;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::dns::{Answer, QType, RData, Rr};
 use crate::portforward::Listener;
 
 /// The cluster domain (the kubelet's `--cluster-domain` default).
@@ -60,9 +61,8 @@ pub struct Rule {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceEntry {
     pub rules: Vec<Rule>,
-    /// Its DNS name (`<svc>.<ns>.svc.cluster.local`) and the addresses it resolves to.
-    pub dns_name: String,
-    pub dns_addresses: Vec<IpAddr>,
+    /// Its records in the cluster DNS (see [`crate::dns`]).
+    pub records: Vec<Rr>,
 }
 
 /// Why a connection did not happen.
@@ -80,8 +80,8 @@ struct Tables {
     services: HashMap<String, ServiceEntry>,
     /// (frontend, protocol) → endpoints, from every Service.
     rules: HashMap<(SocketAddr, Protocol), Vec<SocketAddr>>,
-    /// Fully qualified name (no trailing dot) → addresses.
-    names: HashMap<String, Vec<IpAddr>>,
+    /// The cluster DNS zone: owner name (lower case, no trailing dot) → its records.
+    zone: HashMap<String, Vec<Rr>>,
     /// Pod IP → (pod uid → the pod as the kubelet last saw it).
     pods: HashMap<IpAddr, BTreeMap<String, Arc<Value>>>,
     /// Node IPs (a connection to one on a port without a NodePort is refused).
@@ -190,12 +190,16 @@ impl Dataplane {
 
     /// The addresses `name` resolves to as a fully qualified name (no search path).
     pub fn lookup(&self, name: &str) -> Option<Vec<IpAddr>> {
-        let name = name.trim_end_matches('.').to_ascii_lowercase();
-        self.read()
-            .names
-            .get(&name)
-            .filter(|a| !a.is_empty())
-            .cloned()
+        let ips: Vec<IpAddr> = self
+            .answer(name, QType::A)
+            .records
+            .into_iter()
+            .filter_map(|r| match r.data {
+                RData::A(ip) => Some(ip),
+                _ => None,
+            })
+            .collect();
+        (!ips.is_empty()).then_some(ips)
     }
 
     /// Resolves `host` as a pod's resolver does with `search` (its resolv.conf's search
@@ -205,19 +209,52 @@ impl Dataplane {
         if let Ok(ip) = host.parse::<IpAddr>() {
             return Some(vec![ip]);
         }
-        if host.ends_with('.') {
-            return self.lookup(host);
-        }
-        let dots = host.matches('.').count();
-        let mut tries: Vec<String> = Vec::new();
-        if dots < 5 {
-            tries.extend(search.iter().map(|d| format!("{host}.{d}")));
-            tries.push(host.to_owned());
-        } else {
-            tries.push(host.to_owned());
-            tries.extend(search.iter().map(|d| format!("{host}.{d}")));
-        }
-        tries.iter().find_map(|n| self.lookup(n))
+        let rc = crate::dns::ResolvConf {
+            nameservers: Vec::new(),
+            search: search.to_vec(),
+            ndots: 5,
+        };
+        rc.candidates(host).iter().find_map(|n| self.lookup(n))
+    }
+
+    /// What the cluster DNS answers for `name`/`qtype`.
+    pub fn answer(&self, name: &str, qtype: QType) -> Answer {
+        let t = self.read();
+        crate::dns::answer(
+            |n| {
+                t.zone
+                    .get(n)
+                    .map(|v| v.iter().collect())
+                    .unwrap_or_default()
+            },
+            |n| {
+                let below = format!(".{n}");
+                t.zone.keys().any(|k| k.ends_with(&below))
+            },
+            name,
+            qtype,
+        )
+    }
+
+    /// Sends a query to the DNS server at `server` (port 53, over TCP or UDP): the cluster
+    /// DNS answers when `server` is a Service frontend with ready endpoints or a pod
+    /// serving DNS (a CoreDNS image declaring port 53); anything else never answers
+    /// (`None`: the client times out).
+    pub fn query(&self, server: IpAddr, tcp: bool, name: &str, qtype: QType) -> Option<Answer> {
+        let proto = if tcp { Protocol::Tcp } else { Protocol::Udp };
+        let to = SocketAddr::new(server, 53);
+        let serves = {
+            let t = self.read();
+            let target = match t.rules.get(&(to, proto)) {
+                Some(eps) if eps.is_empty() => return None,
+                Some(eps) => eps[self.next.fetch_add(1, Ordering::Relaxed) % eps.len()],
+                None => to,
+            };
+            t.pods
+                .get(&target.ip())
+                .is_some_and(|pods| pods.values().any(|p| serves_dns(p)))
+        };
+        serves.then(|| self.answer(name, qtype))
     }
 
     /// Connects to `to` over TCP as the node's netfilter rules route it: a Service
@@ -329,7 +366,7 @@ impl Tables {
     /// Recomputes the rule and name indexes from the Services.
     fn rebuild(&mut self) {
         self.rules.clear();
-        self.names.clear();
+        self.zone.clear();
         for e in self.services.values() {
             for r in &e.rules {
                 self.rules
@@ -337,14 +374,34 @@ impl Tables {
                     .or_default()
                     .extend(r.endpoints.iter().copied());
             }
-            if !e.dns_name.is_empty() {
-                self.names
-                    .entry(e.dns_name.to_ascii_lowercase())
-                    .or_default()
-                    .extend(e.dns_addresses.iter().copied());
+            for r in &e.records {
+                let at = self.zone.entry(r.name.clone()).or_default();
+                if !at.contains(r) {
+                    at.push(r.clone());
+                }
             }
         }
     }
+}
+
+/// Whether pod `pod` runs a DNS server: a running container of a CoreDNS image that
+/// declares port 53.
+fn serves_dns(pod: &Value) -> bool {
+    pod.pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            let image = c.get("image").and_then(Value::as_str).unwrap_or("");
+            let repo = image.split(['@', ':']).next().unwrap_or(image);
+            let declares = c
+                .get("ports")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|p| p.get("containerPort").and_then(Value::as_u64) == Some(53));
+            repo.rsplit('/').next() == Some("coredns") && declares
+        })
 }
 
 /// The search list of a pod in `namespace` (what the kubelet writes in its resolv.conf
@@ -357,12 +414,139 @@ pub fn search_path(namespace: &str) -> Vec<String> {
     ]
 }
 
-/// The resolv.conf the kubelet gives a ClusterFirst pod in `namespace`.
-pub fn resolv_conf(namespace: &str) -> String {
-    format!(
-        "search {}\nnameserver 10.96.0.10\noptions ndots:5\n",
-        search_path(namespace).join(" ")
-    )
+/// The cluster DNS Service's address (the kubelet's `clusterDNS`, kube-dns's ClusterIP).
+pub const CLUSTER_DNS: &str = "10.96.0.10";
+
+/// The node's own resolver configuration (what `dnsPolicy: Default` pods get): the
+/// cloud network's resolver, which the simulation does not run.
+pub const NODE_RESOLV_CONF: &str = "nameserver 10.0.0.2\n";
+
+/// The resolv.conf the kubelet writes for `pod`, as upstream's kubelet computes it from
+/// its `dnsPolicy` and `dnsConfig`: ClusterFirst (and ClusterFirstWithHostNet) gives the
+/// cluster DNS with the namespace's search list and `ndots:5`; Default, and ClusterFirst
+/// with hostNetwork, the node's; None nothing; `dnsConfig` then adds its nameservers and
+/// searches (without duplicates) and its options (replacing those of the same name).
+pub fn pod_resolv_conf(pod: &Value) -> String {
+    let s = |p: &str| pod.pointer(p).and_then(Value::as_str).unwrap_or("");
+    let host_network = pod
+        .pointer("/spec/hostNetwork")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let policy = match s("/spec/dnsPolicy") {
+        "ClusterFirstWithHostNet" => "ClusterFirst",
+        "Default" => "Default",
+        "None" => "None",
+        _ if host_network => "Default",
+        _ => "ClusterFirst",
+    };
+    let mut servers: Vec<String> = Vec::new();
+    let mut search: Vec<String> = Vec::new();
+    let mut options: Vec<(String, Option<String>)> = Vec::new();
+    match policy {
+        "ClusterFirst" => {
+            servers.push(CLUSTER_DNS.to_owned());
+            let ns = match s("/metadata/namespace") {
+                "" => "default",
+                ns => ns,
+            };
+            search = search_path(ns);
+            options.push(("ndots".into(), Some("5".into())));
+        }
+        "Default" => {
+            let node = crate::dns::ResolvConf::parse(NODE_RESOLV_CONF);
+            servers = node.nameservers.iter().map(IpAddr::to_string).collect();
+            search = node.search;
+        }
+        _ => {}
+    }
+    let strings = |p: &str| -> Vec<String> {
+        pod.pointer(p)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect()
+    };
+    for n in strings("/spec/dnsConfig/nameservers") {
+        if !servers.contains(&n) {
+            servers.push(n);
+        }
+    }
+    for d in strings("/spec/dnsConfig/searches") {
+        if !search.contains(&d) {
+            search.push(d);
+        }
+    }
+    for o in pod
+        .pointer("/spec/dnsConfig/options")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let name = o
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let value = o.get("value").and_then(Value::as_str).map(str::to_owned);
+        match options.iter_mut().find(|(n, _)| *n == name) {
+            Some(existing) => existing.1 = value,
+            None => options.push((name, value)),
+        }
+    }
+    let mut out = String::new();
+    if !search.is_empty() {
+        out.push_str(&format!("search {}\n", search.join(" ")));
+    }
+    for n in &servers {
+        out.push_str(&format!("nameserver {n}\n"));
+    }
+    if !options.is_empty() {
+        let opts: Vec<String> = options
+            .iter()
+            .map(|(n, v)| match v {
+                Some(v) => format!("{n}:{v}"),
+                None => n.clone(),
+            })
+            .collect();
+        out.push_str(&format!("options {}\n", opts.join(" ")));
+    }
+    out
+}
+
+/// A kube-dns Service at [`CLUSTER_DNS`] backed by a CoreDNS pod, for tests of clients.
+#[cfg(test)]
+pub(crate) fn add_cluster_dns(dp: &Dataplane) {
+    let pod: IpAddr = IpAddr::from([10, 244, 0, 2]);
+    dp.set_pod(
+        "coredns",
+        pod,
+        serde_json::json!({
+            "metadata": {"name": "coredns", "namespace": "kube-system"},
+            "spec": {"containers": [{"name": "coredns", "image": "registry.k8s.io/coredns/coredns:v1.12.1",
+                "ports": [{"containerPort": 53, "protocol": "UDP"}, {"containerPort": 53, "protocol": "TCP"}]}]},
+            "status": {"containerStatuses": [{"name": "coredns", "state": {"running": {}}}]}
+        }),
+    );
+    let vip: IpAddr = CLUSTER_DNS.parse().unwrap_or(IpAddr::from([10, 96, 0, 10]));
+    dp.set_service(
+        "kube-system/kube-dns",
+        ServiceEntry {
+            rules: [Protocol::Udp, Protocol::Tcp]
+                .into_iter()
+                .map(|protocol| Rule {
+                    frontend: SocketAddr::new(vip, 53),
+                    protocol,
+                    endpoints: vec![SocketAddr::new(pod, 53)],
+                })
+                .collect(),
+            records: vec![Rr::new(
+                "kube-dns.kube-system.svc.cluster.local",
+                RData::A(vip),
+            )],
+        },
+    );
 }
 
 /// Keeps the dataplane's record of this node's pods current: a watch of the pods bound
@@ -476,8 +660,10 @@ mod tests {
                     protocol: Protocol::Tcp,
                     endpoints: vec![SocketAddr::new(ip, 80)],
                 }],
-                dns_name: "hello.default.svc.cluster.local".into(),
-                dns_addresses: vec![vip.ip()],
+                records: vec![crate::dns::Rr::new(
+                    "hello.default.svc.cluster.local",
+                    crate::dns::RData::A(vip.ip()),
+                )],
             },
         );
         let default = search_path("default");
@@ -515,8 +701,10 @@ mod tests {
                     protocol: Protocol::Tcp,
                     endpoints: vec![],
                 }],
-                dns_name: "hello.default.svc.cluster.local".into(),
-                dns_addresses: vec![vip.ip()],
+                records: vec![crate::dns::Rr::new(
+                    "hello.default.svc.cluster.local",
+                    crate::dns::RData::A(vip.ip()),
+                )],
             },
         );
         assert_eq!(dp.connect(vip), Err(ConnectError::Refused));

@@ -196,6 +196,8 @@ struct SimContainer {
     created: u64,
     /// When its program's simulated time starts (to run it again).
     program_start: SystemTime,
+    /// Where its program's simulation stopped, to go on when the clock gets there.
+    suspended: Option<(Duration, shell::Resume)>,
 }
 
 impl SimContainer {
@@ -237,15 +239,23 @@ fn context(
         net: None,
         user: config.user,
         privileged: config.privileged,
+        observe_until: None,
+        resume: None,
     }
 }
 
-/// When a process exits (offset, code), what it writes to its streams, and to files.
+/// When a process exits (offset, code), what it writes to its streams, and to files,
+/// and where its simulation suspended (offset, how to resume).
 type Program = (
     Option<(Duration, i32)>,
     Vec<(Duration, Stream, String)>,
     Vec<(Duration, String, String, bool)>,
+    Option<(Duration, shell::Resume)>,
 );
+
+/// How far past the real time a program's network commands see the network as it is
+/// now; one later than that waits for the clock (see [`shell::Step::Suspend`]).
+const OBSERVE_AHEAD: Duration = Duration::from_secs(1);
 
 /// What a container does once started, from its annotations and command line run from
 /// `start`: when it exits and with what code, its output and its file writes.
@@ -256,7 +266,9 @@ fn program(
     id: &str,
     config: &ContainerConfig,
     start: SystemTime,
+    resume: Option<shell::Resume>,
 ) -> Program {
+    let first_run = resume.is_none();
     let a = &config.annotations;
     let exit_after = annotation(a, "sim.kumo.io/exit-after-seconds", &config.name)
         .and_then(|s| s.parse::<f64>().ok())
@@ -265,7 +277,7 @@ fn program(
     let exit_code =
         annotation(a, "sim.kumo.io/exit-code", &config.name).and_then(|s| s.parse().ok());
     let mut output = Vec::new();
-    if let Some(text) = annotation(a, "sim.kumo.io/logs", &config.name) {
+    if let Some(text) = annotation(a, "sim.kumo.io/logs", &config.name).filter(|_| first_run) {
         let mut text = text.to_owned();
         if !text.ends_with('\n') {
             text.push('\n');
@@ -276,6 +288,9 @@ fn program(
     let mut ctx = context(files, sandbox, id, config);
     ctx.net = net.clone();
     ctx.start = Some(start);
+    ctx.observe_until = Some(SystemTime::now() + OBSERVE_AHEAD);
+    ctx.resume = resume;
+    let mut suspended = None;
     if let Some(view) = &ctx.fs {
         view.prepare(start);
     }
@@ -294,6 +309,10 @@ fn program(
                     break;
                 }
                 Step::Forever => break,
+                Step::Suspend(r) => {
+                    suspended = Some((at, r));
+                    break;
+                }
             }
         }
     }
@@ -305,7 +324,7 @@ fn program(
     } else if let (Some((at, _)), Some(code)) = (exit, exit_code) {
         exit = Some((at, code));
     }
-    (exit, output, writes)
+    (exit, output, writes, suspended)
 }
 
 /// Exited containers kept per pod and container name (the previous attempt's logs).
@@ -357,6 +376,63 @@ fn digest(image: &str) -> String {
 impl Sim {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SimContainer>> {
         self.containers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Goes on with container `id`'s suspended program when the clock has come near
+    /// where it stopped: it runs again from the start, replaying what it observed and
+    /// skipping what it did, and its new output and exit are added. The run happens
+    /// outside the lock (its network commands may read other containers' files).
+    fn resume_due(&self, id: &str) {
+        let (config, sandbox, start, at, resume) = {
+            let mut all = self.lock();
+            let Some(c) = all.get_mut(id) else { return };
+            let due = matches!(c.status.state, State::Running { .. } | State::Created)
+                && c.suspended.as_ref().is_some_and(|(at, _)| {
+                    SystemTime::now() + OBSERVE_AHEAD >= c.program_start + *at
+                });
+            if !due {
+                return;
+            }
+            // Taken: one caller resumes it.
+            let Some((at, resume)) = c.suspended.take() else {
+                return;
+            };
+            (
+                c.config.clone(),
+                c.sandbox.clone(),
+                c.program_start,
+                at,
+                resume,
+            )
+        };
+        let (exit, output, writes, suspended) = program(
+            &self.files,
+            &self.net,
+            &sandbox,
+            id,
+            &config,
+            start,
+            Some(resume.clone()),
+        );
+        let mut all = self.lock();
+        let Some(c) = all.get_mut(id) else { return };
+        if c.program_start != start || c.suspended.is_some() {
+            return;
+        }
+        if !matches!(c.status.state, State::Running { .. } | State::Created) {
+            // Stopped meanwhile: what it did up to then stays.
+            c.suspended = Some((at, resume));
+            return;
+        }
+        for o in output {
+            let i = c.output.partition_point(|(t, _, _)| *t <= o.0);
+            c.output.insert(i, o);
+        }
+        c.writes.extend(writes);
+        if c.exit.is_none() {
+            c.exit = exit;
+        }
+        c.suspended = suspended;
     }
 
     /// The termination message of an exited container: its file's content, else (with
@@ -516,8 +592,15 @@ impl Runtime for Sim {
                 }),
             );
         }
-        let (exit, output, writes) =
-            program(&self.files, &self.net, sandbox, &id, config, program_start);
+        let (exit, output, writes, suspended) = program(
+            &self.files,
+            &self.net,
+            sandbox,
+            &id,
+            config,
+            program_start,
+            None,
+        );
         let created = self
             .created
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -557,6 +640,7 @@ impl Runtime for Sim {
                 writes,
                 created,
                 program_start,
+                suspended,
             },
         );
         id
@@ -574,6 +658,7 @@ impl Runtime for Sim {
     }
 
     fn file_exists(&self, id: &str, path: &str) -> Option<bool> {
+        self.resume_due(id);
         let all = self.lock();
         let c = all.get(id)?;
         let view = c.context(&self.files, id).fs?;
@@ -581,6 +666,7 @@ impl Runtime for Sim {
     }
 
     fn read_file(&self, id: &str, path: &str) -> Option<String> {
+        self.resume_due(id);
         let all = self.lock();
         let c = all.get(id)?;
         let view = c.context(&self.files, id).fs?;
@@ -628,6 +714,7 @@ impl Runtime for Sim {
     }
 
     fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
+        self.resume_due(id);
         let mut all = self.lock();
         let c = all
             .get_mut(id)
@@ -637,6 +724,7 @@ impl Runtime for Sim {
     }
 
     fn container_state(&self, id: &str) -> Result<State, RuntimeError> {
+        self.resume_due(id);
         let mut all = self.lock();
         let c = all
             .get_mut(id)
@@ -646,14 +734,22 @@ impl Runtime for Sim {
     }
 
     fn steady_until(&self, id: &str) -> Option<SystemTime> {
+        self.resume_due(id);
         let mut all = self.lock();
         let c = all.get_mut(id)?;
         Self::advance(c);
         let far = SystemTime::now() + Duration::from_secs(365 * 24 * 3600);
-        Some(match (c.status.state, c.exit) {
+        let until = match (c.status.state, c.exit) {
             (State::Running { started_at }, Some((after, _))) => started_at + after,
             _ => far,
-        })
+        };
+        // A suspended program goes on at its suspension point.
+        let resumes = c.suspended.as_ref().map(|(at, _)| {
+            (c.program_start + *at)
+                .checked_sub(OBSERVE_AHEAD)
+                .unwrap_or(c.program_start)
+        });
+        Some(resumes.map_or(until, |r| r.min(until)))
     }
 
     fn write_log(&self, id: &str, text: &str) {
@@ -664,6 +760,7 @@ impl Runtime for Sim {
     }
 
     fn read_logs(&self, id: &str) -> Result<String, RuntimeError> {
+        self.resume_due(id);
         let mut all = self.lock();
         let queued = std::mem::take(&mut *self.log_queue.lock().unwrap_or_else(|e| e.into_inner()));
         for (cid, when, text) in queued {
@@ -780,17 +877,19 @@ impl Runtime for Sim {
         if changed {
             // Its process sees the new files from now on: run it again over them.
             self.files.forget_writer(id);
-            let (exit, output, writes) = program(
+            let (exit, output, writes, suspended) = program(
                 &self.files,
                 &self.net,
                 &c.sandbox,
                 id,
                 &c.config,
                 c.program_start,
+                None,
             );
             c.exit = exit;
             c.output = output;
             c.writes = writes;
+            c.suspended = suspended;
         }
     }
 
@@ -830,6 +929,65 @@ impl Runtime for Sim {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn programs_see_the_network_change_as_their_clock_runs() {
+        let dp = crate::net::Dataplane::new();
+        crate::net::add_cluster_dns(&dp);
+        let sim = Sim::with_dataplane(Some(dp.clone()));
+        let sb = sim.run_pod_sandbox("u1");
+        let mut files = BTreeMap::new();
+        files.insert(
+            "/etc/resolv.conf".to_owned(),
+            "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n".to_owned(),
+        );
+        let config = ContainerConfig {
+            name: "q".into(),
+            image: "busybox".into(),
+            command: vec!["sh".into(), "-c".into()],
+            args: vec![
+                "echo start; for i in 1 2 3 4 5 6; do dig +short +search web A; sleep 1; done; echo end >> /tmp/done".into(),
+            ],
+            files,
+            ..Default::default()
+        };
+        let id = sim.create_container(&sb, &config, "busybox");
+        sim.start_container(&id).expect("start");
+        // Found nothing at first; the Service appears while the loop runs.
+        std::thread::sleep(Duration::from_millis(1500));
+        dp.set_service(
+            "default/web",
+            crate::net::ServiceEntry {
+                rules: Vec::new(),
+                records: vec![crate::dns::Rr::new(
+                    "web.default.svc.cluster.local",
+                    crate::dns::RData::A([10, 96, 0, 7].into()),
+                )],
+            },
+        );
+        let mut logs = String::new();
+        for _ in 0..80 {
+            std::thread::sleep(Duration::from_millis(100));
+            logs = sim.read_logs(&id).expect("logs");
+            if matches!(sim.container_state(&id), Ok(State::Exited { .. })) {
+                break;
+            }
+        }
+        let lines: Vec<&str> = logs
+            .lines()
+            .filter_map(|l| l.splitn(4, ' ').nth(3))
+            .collect();
+        assert_eq!(lines.first(), Some(&"start"), "{logs}");
+        // Later lookups answer; each line once (the resumed runs add only what is new).
+        let found = lines.iter().filter(|l| **l == "10.96.0.7").count();
+        assert!((2..=5).contains(&found), "{logs}");
+        assert_eq!(lines.iter().filter(|l| **l == "start").count(), 1, "{logs}");
+        assert!(matches!(
+            sim.container_state(&id),
+            Ok(State::Exited { exit_code: 0, .. })
+        ));
+        assert_eq!(sim.read_file(&id, "/tmp/done").as_deref(), Some("end\n"));
+    }
 
     #[test]
     fn sim_containers_behave_as_annotated() {

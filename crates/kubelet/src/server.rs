@@ -1437,7 +1437,8 @@ async fn exec_session<S: AsyncRead + AsyncWrite + Unpin>(
                         code = c;
                         break;
                     }
-                    Step::Forever => {
+                    // An exec runs against the network as it is: it never suspends.
+                    Step::Forever | Step::Suspend(_) => {
                         until_closed(&mut ws).await;
                         return;
                     }

@@ -8,9 +8,9 @@
 //!   ready endpoints (pod IP:targetPort from its EndpointSlices); `externalTrafficPolicy:
 //!   Local` keeps a node's NodePort to the endpoints on that node; a Service without
 //!   ready endpoints rejects connections;
-//! * the cluster DNS records (CoreDNS's part, kept here so one watch serves both):
-//!   `<svc>.<ns>.svc.cluster.local` to the ClusterIP, or for a headless Service to the
-//!   ready endpoints' addresses.
+//! * the cluster DNS records (CoreDNS's part, kept here so one watch serves both; see
+//!   [`kumo_kubelet::dns`]): A, SRV and PTR records of each Service and of a headless
+//!   Service's ready endpoints, a CNAME for an ExternalName Service.
 //!
 //! Everything comes from watches through the shared informers of
 //! [`kumo_controller_manager::informer`]; the proxy never reads storage.
@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kumo_controller_manager::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_kubelet::dns::{RData, Rr};
 use kumo_kubelet::net::{Dataplane, Protocol, Rule, ServiceEntry, CLUSTER_DOMAIN};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -102,7 +103,7 @@ fn node_ips(node: &Node) -> Vec<IpAddr> {
         .unwrap_or_default()
 }
 
-/// What a Service programs: its rules and DNS record (`None`: nothing, e.g. ExternalName).
+/// What a Service programs: its rules and DNS records (`None`: nothing to program).
 pub fn service_entry(
     svc: &Service,
     slices: &[Arc<EndpointSlice>],
@@ -110,11 +111,22 @@ pub fn service_entry(
 ) -> Option<ServiceEntry> {
     let spec = svc.spec.as_ref()?;
     let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
-    if ty == "ExternalName" {
-        return None;
-    }
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
     let name = svc.metadata.name.as_deref()?;
+    let fqdn = format!("{name}.{ns}.svc.{CLUSTER_DOMAIN}");
+    if ty == "ExternalName" {
+        // No rules; the name is an alias of the external one.
+        let target = spec.external_name.as_deref().unwrap_or_default();
+        let records = if target.is_empty() {
+            Vec::new()
+        } else {
+            vec![Rr::new(&fqdn, RData::Cname(target.to_owned()))]
+        };
+        return Some(ServiceEntry {
+            rules: Vec::new(),
+            records,
+        });
+    }
     let headless = spec.cluster_ip.as_deref() == Some("None");
     let cluster_ips: Vec<IpAddr> = spec
         .cluster_ips
@@ -145,6 +157,9 @@ pub fn service_entry(
     let local = spec.external_traffic_policy.as_deref() == Some("Local");
     let mut rules = Vec::new();
     let mut all_ready: BTreeSet<IpAddr> = BTreeSet::new();
+    // Ready endpoint address → its hostname (headless Services publish it).
+    let mut hostnames: std::collections::BTreeMap<IpAddr, Option<String>> = Default::default();
+    let mut records = Vec::new();
     for port in spec.ports.iter().flatten() {
         let protocol = Protocol::parse(port.protocol.as_deref());
         let pname = port.name.clone().unwrap_or_default();
@@ -167,6 +182,10 @@ pub fn service_entry(
                 }
                 for a in &ep.addresses {
                     if let Ok(ip) = a.parse::<IpAddr>() {
+                        let h = hostnames.entry(ip).or_default();
+                        if h.is_none() {
+                            h.clone_from(&ep.hostname);
+                        }
                         let sa = SocketAddr::new(ip, target);
                         if !eps.iter().any(|(e, _)| *e == sa) {
                             eps.push((sa, ep.node_name.clone()));
@@ -176,6 +195,44 @@ pub fn service_entry(
             }
         }
         all_ready.extend(eps.iter().map(|(e, _)| e.ip()));
+        // SRV for a named port: the Service's name, or for a headless Service each ready
+        // endpoint's own name, on the port it listens on.
+        if !pname.is_empty() {
+            let proto = match protocol {
+                Protocol::Tcp => "tcp",
+                Protocol::Udp => "udp",
+                Protocol::Sctp => "sctp",
+            };
+            let srv = format!("_{pname}._{proto}.{fqdn}");
+            if headless {
+                let mut seen = BTreeSet::new();
+                for (e, _) in &eps {
+                    if seen.insert(*e) {
+                        let target = format!("{}.{fqdn}", endpoint_label(e.ip(), &hostnames));
+                        let weight = (100 / eps.len().max(1)) as u16;
+                        records.push(Rr::new(
+                            &srv,
+                            RData::Srv {
+                                priority: 0,
+                                weight,
+                                port: e.port(),
+                                target,
+                            },
+                        ));
+                    }
+                }
+            } else if let Ok(port) = u16::try_from(port.port) {
+                records.push(Rr::new(
+                    &srv,
+                    RData::Srv {
+                        priority: 0,
+                        weight: 100,
+                        port,
+                        target: fqdn.clone(),
+                    },
+                ));
+            }
+        }
         let everywhere: Vec<SocketAddr> = eps.iter().map(|(e, _)| *e).collect();
         let Ok(svc_port) = u16::try_from(port.port) else {
             continue;
@@ -211,16 +268,38 @@ pub fn service_entry(
             }
         }
     }
-    let dns_addresses = if headless {
-        all_ready.into_iter().collect()
+    if headless {
+        for ip in &all_ready {
+            let own = format!("{}.{fqdn}", endpoint_label(*ip, &hostnames));
+            records.push(Rr::new(&fqdn, RData::A(*ip)));
+            records.push(Rr::new(&own, RData::A(*ip)));
+            records.push(Rr::new(
+                &kumo_kubelet::dns::reverse_name(*ip),
+                RData::Ptr(own),
+            ));
+        }
     } else {
-        cluster_ips
-    };
-    Some(ServiceEntry {
-        rules,
-        dns_name: format!("{name}.{ns}.svc.{CLUSTER_DOMAIN}"),
-        dns_addresses,
-    })
+        for ip in &cluster_ips {
+            records.push(Rr::new(&fqdn, RData::A(*ip)));
+            records.push(Rr::new(
+                &kumo_kubelet::dns::reverse_name(*ip),
+                RData::Ptr(fqdn.clone()),
+            ));
+        }
+    }
+    Some(ServiceEntry { rules, records })
+}
+
+/// The leftmost label of a headless Service's endpoint: its hostname, else its address
+/// with dashes (`10-244-0-5`).
+fn endpoint_label(
+    ip: IpAddr,
+    hostnames: &std::collections::BTreeMap<IpAddr, Option<String>>,
+) -> String {
+    match hostnames.get(&ip) {
+        Some(Some(h)) if !h.is_empty() => h.clone(),
+        _ => ip.to_string().replace(['.', ':'], "-"),
+    }
 }
 
 /// A running proxy.

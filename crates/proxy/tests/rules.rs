@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kumo_apiserver::{pki, ApiServer, ApiServerConfig};
+use kumo_kubelet::dns::QType;
 use kumo_kubelet::net::{ConnectError, Dataplane, Protocol, ServiceEntry};
 
 fn kubectl(kc: &Path, args: &[&str], stdin: &str) {
@@ -150,8 +151,26 @@ async fn programs_services_from_watches_as_kube_proxy() {
     })
     .await
     .unwrap();
-    assert_eq!(e.dns_name, "web.default.svc.cluster.local");
-    assert_eq!(e.dns_addresses, [IpAddr::V4(Ipv4Addr::new(10, 96, 0, 50))]);
+    // Its DNS records: A and PTR for the ClusterIP, SRV for the named port.
+    let texts = |name: &str, q: QType| -> Vec<String> {
+        dp.answer(name, q)
+            .records
+            .iter()
+            .map(|r| r.data.text())
+            .collect()
+    };
+    assert_eq!(
+        texts("web.default.svc.cluster.local", QType::A),
+        ["10.96.0.50"]
+    );
+    assert_eq!(
+        texts("50.0.96.10.in-addr.arpa", QType::Ptr),
+        ["web.default.svc.cluster.local."]
+    );
+    assert_eq!(
+        texts("_http._tcp.web.default.svc.cluster.local", QType::Srv),
+        ["0 100 80 web.default.svc.cluster.local."]
+    );
     assert!(e
         .rules
         .iter()
@@ -228,7 +247,7 @@ async fn programs_services_from_watches_as_kube_proxy() {
         .unwrap();
     assert_eq!(cip.endpoints.len(), 2);
 
-    // A headless Service resolves to its ready pods; ExternalName programs nothing.
+    // A headless Service resolves to its ready pods; ExternalName is a CNAME, no rules.
     apply(
         &admin,
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: data}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: data}\nspec:\n  clusterIP: None\n  selector: {app: db}\n  ports:\n  - {port: 5432}\n",
@@ -247,7 +266,7 @@ async fn programs_services_from_watches_as_kube_proxy() {
     )
     .await;
     let e = until(&dp, "data/db", "headless db", |e| {
-        e.is_some_and(|e| !e.dns_addresses.is_empty())
+        e.is_some_and(|e| !e.records.is_empty())
     })
     .await
     .unwrap();
@@ -256,13 +275,29 @@ async fn programs_services_from_watches_as_kube_proxy() {
         dp.resolve("db", &kumo_kubelet::net::search_path("data")),
         Some(vec![IpAddr::V4(Ipv4Addr::new(10, 244, 1, 9))])
     );
+    // Each ready endpoint has a name of its own (its address with dashes, without a
+    // hostname) and the reverse record to it.
+    assert_eq!(
+        texts("10-244-1-9.db.data.svc.cluster.local", QType::A),
+        ["10.244.1.9"]
+    );
+    assert_eq!(
+        texts("9.1.244.10.in-addr.arpa", QType::Ptr),
+        ["10-244-1-9.db.data.svc.cluster.local."]
+    );
     apply(
         &admin,
         "apiVersion: v1\nkind: Service\nmetadata: {name: ext, namespace: default}\nspec:\n  type: ExternalName\n  externalName: example.com\n",
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(dp.service("default/ext"), None);
+    let ext = until(&dp, "default/ext", "ext programmed", |e| e.is_some())
+        .await
+        .unwrap();
+    assert!(ext.rules.is_empty());
+    assert_eq!(
+        texts("ext.default.svc.cluster.local", QType::Cname),
+        ["example.com."]
+    );
 
     // Gone with the Service.
     delete(&admin, &["service", "web"]).await;

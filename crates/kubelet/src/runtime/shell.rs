@@ -11,6 +11,7 @@
 //! stopped, silently.
 
 mod curl;
+mod dns;
 pub mod parse;
 
 use std::cell::RefCell;
@@ -57,6 +58,27 @@ pub enum Step {
         text: String,
         append: bool,
     },
+    /// The process reached a network observation later than [`Context::observe_until`]:
+    /// its simulation stops here, to be run again with this when the clock gets there.
+    Suspend(Resume),
+}
+
+/// What a network command (`curl`, `dig`, ...) printed and returned, so that running a
+/// program again replays it instead of asking the network a second time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    out: String,
+    err: String,
+    code: i32,
+    took: Duration,
+}
+
+/// How a suspended program resumes: a run from the start that replays the observations
+/// made so far and skips the effects (output, file changes) already made.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resume {
+    pub observations: Vec<Observation>,
+    pub effects: usize,
 }
 
 /// What the process can see.
@@ -78,6 +100,13 @@ pub struct Context {
     pub user: Option<(i64, Option<i64>)>,
     /// Whether it runs privileged (may change the network devices).
     pub privileged: bool,
+    /// For a container's program: the real time up to which its network commands are
+    /// run against the network as it is now. One at a later simulated time suspends
+    /// the run ([`Step::Suspend`]), so programs see the cluster change as they go.
+    /// `None`: never suspend (an exec, which runs now).
+    pub observe_until: Option<SystemTime>,
+    /// A suspended run being resumed.
+    pub resume: Option<Resume>,
 }
 
 impl std::fmt::Debug for Context {
@@ -419,6 +448,9 @@ const UTILITIES: &[&str] = &[
     "md5sum",
     "curl",
     "wget",
+    "dig",
+    "nslookup",
+    "getent",
     "nc",
 ];
 
@@ -443,9 +475,12 @@ fn run(argv: &[String], ctx: &Context, exec: bool) -> Vec<Step> {
             .map(|b| Rc::new(RefCell::new(String::from_utf8_lossy(b).into_owned()))),
     };
     let end = match sh.command(argv, &io) {
-        Ok(code) | Err(Flow::Exit(code)) | Err(Flow::Return(code)) => Some(sh.exit_trap(&io, code)),
-        Err(Flow::Break(_)) | Err(Flow::Continue(_)) => Some(sh.exit_trap(&io, 0)),
-        Err(Flow::Forever) => None,
+        Ok(code) | Err(Flow::Exit(code)) | Err(Flow::Return(code)) => {
+            End::Exit(sh.exit_trap(&io, code))
+        }
+        Err(Flow::Break(_)) | Err(Flow::Continue(_)) => End::Exit(sh.exit_trap(&io, 0)),
+        Err(Flow::Forever) => End::Forever,
+        Err(Flow::Suspend) => End::Suspend,
     };
     sh.steps(end)
 }
@@ -459,6 +494,15 @@ enum Flow {
     Continue(u32),
     /// The process never ends (or runs past the simulation's budget).
     Forever,
+    /// The simulation stops at a network observation still to come (see [`Step::Suspend`]).
+    Suspend,
+}
+
+/// How a run ended.
+enum End {
+    Exit(i32),
+    Forever,
+    Suspend,
 }
 
 type R = Result<i32, Flow>;
@@ -539,6 +583,12 @@ struct Sh<'a> {
     rng: u64,
     /// How the shell was invoked (`/bin/sh`): its messages start with it.
     argv0: String,
+    /// The network observations of this run (replayed ones first), and the next's index.
+    observations: Vec<Observation>,
+    observed: usize,
+    /// Effects (output, file changes) made so far, and how many a resumed run skips.
+    effects: usize,
+    skip_effects: usize,
 }
 
 impl<'a> Sh<'a> {
@@ -572,16 +622,24 @@ impl<'a> Sh<'a> {
             traps: HashMap::new(),
             rng: seed,
             argv0: "sh".into(),
+            observations: ctx
+                .resume
+                .as_ref()
+                .map(|r| r.observations.clone())
+                .unwrap_or_default(),
+            observed: 0,
+            effects: 0,
+            skip_effects: ctx.resume.as_ref().map_or(0, |r| r.effects),
         }
     }
 
     /// The steps of what ran: output and writes in time order with sleeps between them,
     /// then the exit (or forever).
-    fn steps(mut self, end: Option<i32>) -> Vec<Step> {
+    fn steps(mut self, end: End) -> Vec<Step> {
         self.events.sort_by_key(|(t, _)| *t);
         let mut steps = Vec::new();
         let mut at = Duration::ZERO;
-        for (t, step) in self.events {
+        for (t, step) in std::mem::take(&mut self.events) {
             if t > at {
                 steps.push(Step::Sleep(t - at));
                 at = t;
@@ -589,15 +647,97 @@ impl<'a> Sh<'a> {
             steps.push(step);
         }
         match end {
-            Some(code) => {
+            End::Exit(code) => {
                 if self.now > at {
                     steps.push(Step::Sleep(self.now - at));
                 }
                 steps.push(Step::Exit(code));
             }
-            None => steps.push(Step::Forever),
+            End::Forever => steps.push(Step::Forever),
+            End::Suspend => {
+                if self.now > at {
+                    steps.push(Step::Sleep(self.now - at));
+                }
+                steps.push(Step::Suspend(Resume {
+                    observations: self.observations,
+                    effects: self.effects,
+                }));
+            }
         }
         steps
+    }
+
+    /// Counts an effect (an output or a file change); `false` when a resumed run made it
+    /// already and skips it.
+    fn effect(&mut self) -> bool {
+        self.effects += 1;
+        self.effects > self.skip_effects
+    }
+
+    /// Changes the files with `f`, unless a resumed run made the change already.
+    fn gated(
+        &mut self,
+        f: impl FnOnce(&View) -> Result<(), fs::FsError>,
+    ) -> Result<(), fs::FsError> {
+        if self.effect() {
+            f(&self.view)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the last effect counted was made (not skipped by a resumed run).
+    fn applied(&self) -> bool {
+        self.effects > self.skip_effects
+    }
+
+    /// Records `step` at the current time, unless a resumed run skips it.
+    fn emit(&mut self, step: Step) {
+        if self.effect() {
+            self.events.push((self.now, step));
+        }
+    }
+
+    /// Runs network command `run` as an observation: replayed when a resumed run has it,
+    /// suspending when it comes later than the run may look, else run and recorded.
+    fn observe(&mut self, io: &Io, run: impl FnOnce(&mut Self, &Io) -> R) -> R {
+        let i = self.observed;
+        self.observed += 1;
+        let replay = |sh: &mut Self, o: &Observation| {
+            sh.now += o.took;
+            sh.out(io, &o.out);
+            sh.err(io, &o.err);
+            o.code
+        };
+        if let Some(o) = self.observations.get(i).cloned() {
+            return Ok(replay(self, &o));
+        }
+        let Some(until) = self.ctx.observe_until else {
+            return run(self, io);
+        };
+        if self.at() > until {
+            return Err(Flow::Suspend);
+        }
+        let (out, err) = (
+            Rc::new(RefCell::new(String::new())),
+            Rc::new(RefCell::new(String::new())),
+        );
+        let captured = Io {
+            out: Sink::Buf(out.clone()),
+            err: Sink::Buf(err.clone()),
+            input: io.input.clone(),
+        };
+        let start = self.now;
+        let code = run(self, &captured)?;
+        let o = Observation {
+            out: std::mem::take(&mut *out.borrow_mut()),
+            err: std::mem::take(&mut *err.borrow_mut()),
+            code,
+            took: self.now.saturating_sub(start),
+        };
+        self.now = start;
+        self.observations.push(o.clone());
+        Ok(replay(self, &o))
     }
 
     fn at(&self) -> SystemTime {
@@ -645,10 +785,13 @@ impl<'a> Sh<'a> {
             return;
         }
         match sink {
-            Sink::Stream(s) => self.events.push((self.now, Step::Out(*s, text.to_owned()))),
+            Sink::Stream(s) => self.emit(Step::Out(*s, text.to_owned())),
             Sink::Buf(b) => b.borrow_mut().push_str(text),
             Sink::File(path) => {
                 let at = self.at();
+                if !self.effect() {
+                    return;
+                }
                 if self.view.write(path, text, true, at).is_ok() {
                     self.events.push((
                         self.now,
@@ -725,6 +868,7 @@ impl<'a> Sh<'a> {
         let r = self.and_or(ao, io);
         let used = BUDGET / 4 - self.budget.min(BUDGET / 4);
         let end = match r {
+            Err(Flow::Suspend) => return Err(Flow::Suspend),
             Err(Flow::Forever) => HORIZON,
             _ => self.now,
         };
@@ -791,6 +935,7 @@ impl<'a> Sh<'a> {
                 status = match self.cmd(c, &sub) {
                     Ok(s) | Err(Flow::Exit(s)) => s,
                     Err(Flow::Forever) => return Err(Flow::Forever),
+                    Err(Flow::Suspend) => return Err(Flow::Suspend),
                     Err(_) => 0,
                 };
                 if !last {
@@ -822,7 +967,7 @@ impl<'a> Sh<'a> {
                             let path = self.path(&target);
                             let at = self.at();
                             let append = r.op == ">>";
-                            if let Err(e) = self.view.write(&path, "", append, at) {
+                            if let Err(e) = self.gated(|v| v.write(&path, "", append, at)) {
                                 let why = match e {
                                     fs::FsError::NotFound => "nonexistent directory",
                                     e => e.message(),
@@ -832,7 +977,7 @@ impl<'a> Sh<'a> {
                                     self.argv0
                                 )));
                             }
-                            if !append {
+                            if !append && self.applied() {
                                 self.events.push((
                                     self.now,
                                     Step::Write {
@@ -1210,6 +1355,7 @@ impl<'a> Sh<'a> {
         let status = match self.script(script, &io) {
             Ok(s) | Err(Flow::Exit(s)) => s,
             Err(Flow::Forever) => return Err(Flow::Forever),
+            Err(Flow::Suspend) => return Err(Flow::Suspend),
             Err(_) => 0,
         };
         (self.vars, self.cwd) = saved;
@@ -1764,6 +1910,7 @@ impl Sh<'_> {
                     Ok(c) | Err(Flow::Exit(c)) | Err(Flow::Return(c)) => Ok(self.exit_trap(io, c)),
                     Err(Flow::Break(_)) | Err(Flow::Continue(_)) => Ok(0),
                     Err(Flow::Forever) => Err(Flow::Forever),
+                    Err(Flow::Suspend) => Err(Flow::Suspend),
                 };
                 (
                     self.vars,
@@ -2016,8 +2163,13 @@ impl Sh<'_> {
                 }
             }
             "yes" => return Err(Flow::Forever),
-            "curl" | "wget" => return self.net_client(name, args, io),
-            "nc" => return Ok(self.nc(args, io)),
+            "curl" | "wget" => {
+                return self.observe(io, |sh, io| sh.net_client(name, args, io));
+            }
+            "nc" => return self.observe(io, |sh, io| Ok(sh.nc(args, io))),
+            "dig" | "nslookup" | "getent" => {
+                return self.observe(io, |sh, io| Ok(sh.dns_tool(name, args, io)));
+            }
             _ => return self.utility(name, args, io),
         };
         Ok(code)
@@ -2314,7 +2466,7 @@ impl Sh<'_> {
                 for p in paths {
                     let abs = self.path(p);
                     let at = self.at();
-                    if let Err(e) = self.view.mkdir(&abs, set.contains(&'p'), at) {
+                    if let Err(e) = self.gated(|v| v.mkdir(&abs, set.contains(&'p'), at)) {
                         self.err(
                             io,
                             &format!("mkdir: can't create directory '{p}': {}\n", e.message()),
@@ -2331,7 +2483,7 @@ impl Sh<'_> {
                 for p in paths {
                     let abs = self.path(p);
                     let at = self.at();
-                    match self.view.remove(&abs, recursive, at) {
+                    match self.gated(|v| v.remove(&abs, recursive, at)) {
                         Ok(()) => {}
                         Err(fs::FsError::NotFound) if set.contains(&'f') => {}
                         Err(e) => {
@@ -2351,7 +2503,7 @@ impl Sh<'_> {
                 for p in paths {
                     let abs = self.path(p);
                     let at = self.at();
-                    if let Err(e) = self.view.write(&abs, "", true, at) {
+                    if let Err(e) = self.gated(|v| v.write(&abs, "", true, at)) {
                         if e != fs::FsError::IsDir {
                             self.err(io, &format!("touch: {p}: {}\n", e.message()));
                             code = 1;
@@ -2373,11 +2525,11 @@ impl Sh<'_> {
                             to = format!("{}/{}", to.trim_end_matches('/'), basename(src));
                         }
                         let at = self.at();
-                        match self.view.write(&to, &text, false, at) {
+                        match self.gated(|v| v.write(&to, &text, false, at)) {
                             Ok(()) => {
                                 if name == "mv" {
                                     let from = self.path(src);
-                                    let _ = self.view.remove(&from, false, at);
+                                    let _ = self.gated(|v| v.remove(&from, false, at));
                                 }
                                 0
                             }
@@ -2411,7 +2563,7 @@ impl Sh<'_> {
                 for p in paths {
                     let abs = self.path(p);
                     let at = self.at();
-                    if let Err(e) = self.view.chmod(&abs, mode, at) {
+                    if let Err(e) = self.gated(|v| v.chmod(&abs, mode, at)) {
                         self.err(io, &format!("chmod: {p}: {}\n", e.message()));
                         code = 1;
                     }
@@ -2780,7 +2932,8 @@ impl Sh<'_> {
                 for f in files {
                     let abs = self.path(f);
                     let at = self.at();
-                    match self.view.write(&abs, &text, set.contains(&'a'), at) {
+                    match self.gated(|v| v.write(&abs, &text, set.contains(&'a'), at)) {
+                        Ok(()) if !self.applied() => {}
                         Ok(()) => self.events.push((
                             self.now,
                             Step::Write {
@@ -2881,6 +3034,26 @@ impl Sh<'_> {
                 Ok(0)
             }
             Some("mounttest") => self.mounttest(argv, io),
+            Some(which @ ("dns-suffix" | "dns-server-list")) => {
+                // agnhost reads the first line that starts with the keyword.
+                let keyword = if which == "dns-suffix" {
+                    "search"
+                } else {
+                    "nameserver"
+                };
+                let conf = self.read_file("/etc/resolv.conf").unwrap_or_default();
+                match conf.lines().find(|l| l.starts_with(keyword)) {
+                    Some(line) => {
+                        let words: Vec<&str> = line.split(' ').skip(1).collect();
+                        self.out(io, &format!("{}\n", words.join(",")));
+                        Ok(0)
+                    }
+                    None => {
+                        self.err(io, "panic: Could not find DNS search list!\n");
+                        Ok(2)
+                    }
+                }
+            }
             Some("etc-hosts") => match self.read_file("/etc/hosts") {
                 Ok(text) => {
                     self.out(io, &text);
@@ -2931,9 +3104,9 @@ impl Sh<'_> {
             if let Some(p) = get(flag) {
                 let abs = self.path(&p);
                 let at = self.at();
-                match self.view.write(&abs, INITIAL, false, at) {
+                match self.gated(|v| v.write(&abs, INITIAL, false, at)) {
                     Ok(()) => {
-                        let _ = self.view.chmod(&abs, mode, at);
+                        let _ = self.gated(|v| v.chmod(&abs, mode, at));
                         self.out(io, &format!("content of file {p:?}: {INITIAL}\n"));
                     }
                     Err(e) => {

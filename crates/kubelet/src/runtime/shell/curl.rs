@@ -261,35 +261,9 @@ impl Sh<'_> {
         self.ctx.net.clone()
     }
 
-    /// The addresses `host` has for this pod: an IP, `/etc/hosts`, then the cluster DNS
-    /// with the resolv.conf search list.
+    /// The addresses `host` has for this pod (see [`Sh::resolve_name`]).
     fn resolve_host(&mut self, host: &str) -> Option<Vec<IpAddr>> {
-        if let Ok(ip) = host.parse::<IpAddr>() {
-            return Some(vec![ip]);
-        }
-        let at = self.at();
-        let hosts = self.view.read("/etc/hosts", at).unwrap_or_default();
-        let from_hosts: Vec<IpAddr> = hosts
-            .lines()
-            .map(|l| l.split('#').next().unwrap_or(""))
-            .filter_map(|l| {
-                let mut w = l.split_whitespace();
-                let ip = w.next()?.parse::<IpAddr>().ok()?;
-                w.any(|n| n.eq_ignore_ascii_case(host)).then_some(ip)
-            })
-            .filter(IpAddr::is_ipv4)
-            .collect();
-        if !from_hosts.is_empty() {
-            return Some(from_hosts);
-        }
-        let dp = self.dataplane()?;
-        let resolv = self.view.read("/etc/resolv.conf", at).unwrap_or_default();
-        let search: Vec<String> = resolv
-            .lines()
-            .filter_map(|l| l.strip_prefix("search "))
-            .flat_map(|l| l.split_whitespace().map(str::to_owned))
-            .collect();
-        dp.resolve(host, &search)
+        self.resolve_name(host)
     }
 
     /// One HTTP exchange with `url`, or why there was none; advances the clock.
@@ -905,6 +879,7 @@ mod tests {
 
     fn cluster() -> Arc<Dataplane> {
         let dp = Dataplane::new();
+        crate::net::add_cluster_dns(&dp);
         let pod: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 0, 5));
         dp.set_pod(
             "u1",
@@ -924,8 +899,10 @@ mod tests {
                     protocol: Protocol::Tcp,
                     endpoints: vec![SocketAddr::new(pod, 80)],
                 }],
-                dns_name: "hello.default.svc.cluster.local".into(),
-                dns_addresses: vec![vip],
+                records: vec![crate::dns::Rr::new(
+                    "hello.default.svc.cluster.local",
+                    crate::dns::RData::A(vip),
+                )],
             },
         );
         dp.set_service(
@@ -936,8 +913,10 @@ mod tests {
                     protocol: Protocol::Tcp,
                     endpoints: vec![],
                 }],
-                dns_name: "empty.default.svc.cluster.local".into(),
-                dns_addresses: vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, 21))],
+                records: vec![crate::dns::Rr::new(
+                    "empty.default.svc.cluster.local",
+                    crate::dns::RData::A(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 21))),
+                )],
             },
         );
         dp
