@@ -287,6 +287,37 @@ impl Dataplane {
 }
 
 impl Dataplane {
+    /// Sends UDP datagram `request` from `from` to `to` as the node's rules route it and
+    /// returns the reply: a Service frontend goes to one of its ready endpoints. Refused
+    /// when a Service has no endpoints or a pod has nothing on the port (ICMP port
+    /// unreachable); `Unreachable` when nobody has the address (the client times out).
+    pub fn send_udp(
+        &self,
+        to: SocketAddr,
+        from: SocketAddr,
+        request: &str,
+    ) -> Result<String, ConnectError> {
+        let t = self.read();
+        let target = match t.rules.get(&(to, Protocol::Udp)) {
+            Some(eps) if eps.is_empty() => return Err(ConnectError::Refused),
+            Some(eps) => eps[self.next.fetch_add(1, Ordering::Relaxed) % eps.len()],
+            None => to,
+        };
+        if let Some(pods) = t.pods.get(&target.ip()) {
+            return pods
+                .values()
+                .find_map(|p| crate::portforward::udp_answer(p, target.port(), request, from))
+                .ok_or(ConnectError::Refused);
+        }
+        let is_node = t.nodes.values().any(|ips| ips.contains(&target.ip()));
+        if is_node || target != to {
+            return Err(ConnectError::Refused);
+        }
+        Err(ConnectError::Unreachable)
+    }
+}
+
+impl Dataplane {
     /// A connection to what listens at `to`, for a client outside the simulation (the API
     /// server's pod and service proxies): one end of an in-memory pipe whose other end the
     /// listener answers. Refused and unreachable addresses fail with the I/O error a
@@ -710,5 +741,36 @@ mod tests {
         assert_eq!(dp.connect(vip), Err(ConnectError::Refused));
         dp.remove_service("default/hello");
         assert_eq!(dp.resolve("hello", &default), None);
+    }
+
+    #[test]
+    fn resolv_conf_follows_dns_policy_and_config() {
+        let pod = |spec: serde_json::Value| serde_json::json!({"metadata": {"name": "p", "namespace": "team"}, "spec": spec});
+        assert_eq!(
+            pod_resolv_conf(&pod(serde_json::json!({}))),
+            "search team.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
+        );
+        // hostNetwork with ClusterFirst gets the node's; ClusterFirstWithHostNet the cluster's.
+        assert_eq!(
+            pod_resolv_conf(&pod(serde_json::json!({"hostNetwork": true}))),
+            NODE_RESOLV_CONF
+        );
+        assert!(pod_resolv_conf(&pod(
+            serde_json::json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"})
+        ))
+        .contains("nameserver 10.96.0.10"));
+        // None: only dnsConfig; options replace those of the same name.
+        assert_eq!(
+            pod_resolv_conf(&pod(serde_json::json!({"dnsPolicy": "None", "dnsConfig": {
+                "nameservers": ["1.1.1.1"], "searches": ["resolv.conf.local"],
+                "options": [{"name": "ndots", "value": "2"}, {"name": "edns0"}]}}))),
+            "search resolv.conf.local\nnameserver 1.1.1.1\noptions ndots:2 edns0\n"
+        );
+        assert_eq!(
+            pod_resolv_conf(&pod(serde_json::json!({"dnsConfig": {
+                "nameservers": ["10.96.0.10", "1.1.1.1"],
+                "options": [{"name": "ndots", "value": "1"}]}}))),
+            "search team.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\nnameserver 1.1.1.1\noptions ndots:1\n"
+        );
     }
 }

@@ -129,9 +129,11 @@ fn dial(dp: Option<&Dataplane>, q: &dyn Fn(&str) -> String, log: &dyn Fn(String)
     if request.is_empty() {
         return bad("request parameter not specified. <nil>".into());
     }
-    if !matches!(protocol.to_ascii_lowercase().as_str(), "" | "http") {
-        return bad(format!("unsupported protocol. {protocol}"));
-    }
+    let udp = match protocol.to_ascii_lowercase().as_str() {
+        "" | "http" => false,
+        "udp" => true,
+        _ => return bad(format!("unsupported protocol. {protocol}")),
+    };
     let addr = match (host.parse::<IpAddr>(), port.parse::<u16>()) {
         (Ok(ip), Ok(p)) => SocketAddr::new(ip, p),
         _ => {
@@ -144,14 +146,20 @@ fn dial(dp: Option<&Dataplane>, q: &dyn Fn(&str) -> String, log: &dyn Fn(String)
     let (mut responses, mut errors) = (Vec::new(), Vec::new());
     let mut last = String::new();
     for _ in 0..tries {
-        match get(dp, addr, &format!("/{request}")) {
+        let answer = if udp {
+            udp_exchange(dp, addr, &request)
+        } else {
+            get(dp, addr, &format!("/{request}"))
+                .map_err(|e| format!("Get \"{url}\": dial tcp {addr}: {e}"))
+        };
+        match answer {
             Ok(body) => {
                 last.clone_from(&body);
                 responses.push(body);
             }
             Err(e) => {
                 last.clear();
-                errors.push(format!("Get \"{url}\": dial tcp {addr}: {e}"));
+                errors.push(e);
             }
         }
     }
@@ -163,6 +171,21 @@ fn dial(dp: Option<&Dataplane>, q: &dyn Fn(&str) -> String, log: &dyn Fn(String)
         out.insert("errors".into(), errors.into());
     }
     ok(serde_json::Value::Object(out).to_string())
+}
+
+/// agnhost's UDP exchange: `request` as one datagram, the reply within 5 seconds.
+fn udp_exchange(dp: Option<&Dataplane>, addr: SocketAddr, request: &str) -> Result<String, String> {
+    let local = "0.0.0.0:40000";
+    let dp =
+        dp.ok_or_else(|| "udp dial failed. err:dial udp: network is unreachable".to_owned())?;
+    let from: SocketAddr = local.parse().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+    dp.send_udp(addr, from, request).map_err(|e| {
+        let why = match e {
+            ConnectError::Refused => "connect: connection refused",
+            ConnectError::Unreachable => "i/o timeout",
+        };
+        format!("reading from udp connection failed. err:'read udp {local}->{addr}: {why}'")
+    })
 }
 
 /// The body of an HTTP GET of `path` at `addr` through the pod network.
@@ -246,6 +269,26 @@ mod tests {
             a.body.starts_with(
                 r#"{"errors":["Get \"http://10.244.0.8:8080/hostname\": dial tcp 10.244.0.8:8080: "#
             ),
+            "{}",
+            a.body
+        );
+        // UDP: netexec's UDP server on 8081 answers `hostname`; another port refuses.
+        let a = answer(
+            Some(&dp),
+            "client",
+            "",
+            "/dial?host=10.244.0.9&port=8081&request=hostname&protocol=udp&tries=1",
+        );
+        assert_eq!(a.body, r#"{"responses":["target"]}"#);
+        let a = answer(
+            Some(&dp),
+            "client",
+            "",
+            "/dial?host=10.244.0.9&port=8082&request=hostname&protocol=udp&tries=1",
+        );
+        assert!(
+            a.body.contains("reading from udp connection failed")
+                && a.body.contains("connection refused"),
             "{}",
             a.body
         );

@@ -913,6 +913,102 @@ fn image_listener(
     }
 }
 
+/// What a running container of `pod` answers to a UDP datagram `request` from `client`
+/// on `port`: agnhost netexec's UDP server (`--udp-port`, 8081 unless -1: `hostname`,
+/// `echo <text>`, `clientip`, `envvar <name>`) and `serve-hostname --udp` (`--port`,
+/// 9376: the host name). `None`: nothing listens there.
+pub(crate) fn udp_answer(
+    pod: &Value,
+    port: u16,
+    request: &str,
+    client: std::net::SocketAddr,
+) -> Option<String> {
+    let statuses = statuses(pod);
+    let hostname = pod
+        .pointer("/spec/hostname")
+        .and_then(Value::as_str)
+        .filter(|h| !h.is_empty())
+        .or_else(|| pod.pointer("/metadata/name").and_then(Value::as_str))
+        .unwrap_or("");
+    for c in serving_containers(pod) {
+        let running = statuses
+            .iter()
+            .any(|s| s["name"] == c["name"] && s.pointer("/state/running").is_some());
+        let (repo, _) = split_image(c["image"].as_str().unwrap_or(""));
+        if !running || repo.rsplit('/').next() != Some("agnhost") {
+            continue;
+        }
+        let mut args: Vec<&str> = c["command"]
+            .as_array()
+            .into_iter()
+            .chain(c["args"].as_array())
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if args
+            .first()
+            .is_some_and(|a| a.rsplit('/').next() == Some("agnhost"))
+        {
+            args.remove(0);
+        }
+        // Flags as `--name=value` or `--name value`.
+        let flag = |name: &str| -> Option<&str> {
+            args.iter().enumerate().find_map(|(i, a)| {
+                let rest = a.strip_prefix(name)?;
+                match rest.strip_prefix('=') {
+                    Some(v) => Some(v),
+                    None if rest.is_empty() => args.get(i + 1).copied(),
+                    None => None,
+                }
+            })
+        };
+        let text = request.trim();
+        let lower = text.to_ascii_lowercase();
+        match args.first().copied() {
+            Some("netexec") => {
+                let udp_port = flag("--udp-port")
+                    .and_then(|p| p.parse::<i64>().ok())
+                    .unwrap_or(8081);
+                if udp_port != i64::from(port) {
+                    continue;
+                }
+                return Some(if lower == "hostname" {
+                    hostname.to_owned()
+                } else if let Some(rest) = lower.strip_prefix("echo ") {
+                    rest.to_owned()
+                } else if lower == "clientip" {
+                    client.to_string()
+                } else if let Some(name) = text
+                    .strip_prefix("envvar ")
+                    .or_else(|| text.strip_prefix("ENVVAR "))
+                {
+                    c["env"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|e| e["name"] == name.trim())
+                        .and_then(|e| e["value"].as_str())
+                        .unwrap_or("")
+                        .to_owned()
+                } else {
+                    udp_port.to_string()
+                });
+            }
+            Some("serve-hostname") => {
+                let udp = args.iter().any(|a| *a == "--udp" || *a == "--udp=true");
+                let p = flag("--port")
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .unwrap_or(9376);
+                if udp && p == port {
+                    return Some(hostname.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// The statuses of the pod's long-running containers: its containers' and its sidecars'
 /// (init containers that restart Always).
 fn statuses(pod: &Value) -> Vec<&Value> {

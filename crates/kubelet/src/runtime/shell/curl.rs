@@ -214,7 +214,23 @@ impl Sh<'_> {
         };
         let input = io.read_all();
         if udp {
+            // The input goes out as one datagram; replies print until -w seconds pass.
+            let from = SocketAddr::new(
+                self.ctx
+                    .pod_ip
+                    .parse()
+                    .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+                40000,
+            );
+            let to = SocketAddr::new(ip, port);
+            let reply = match self.dataplane() {
+                Some(dp) if !input.is_empty() => dp.send_udp(to, from, &input).ok(),
+                _ => None,
+            };
             self.now += wait.unwrap_or(Duration::ZERO);
+            if let Some(r) = reply {
+                self.out(io, &r);
+            }
             return 0;
         }
         let to = SocketAddr::new(ip, port);
@@ -974,8 +990,35 @@ mod tests {
             err,
             "nc: can't connect to remote host (10.244.0.5:81): Connection refused\n"
         );
-        let (_, err, code, _) = run(dp, &["nc", "nowhere", "80"]);
+        let (_, err, code, _) = run(dp.clone(), &["nc", "nowhere", "80"]);
         assert_eq!((err.as_str(), code), ("nc: bad address 'nowhere'\n", 1));
+        // UDP: the datagram reaches netexec's UDP server, whose reply prints; the wait
+        // is -w's.
+        if let Some(dp) = &dp {
+            dp.set_pod(
+                "u2",
+                IpAddr::V4(Ipv4Addr::new(10, 244, 0, 6)),
+                serde_json::json!({
+                    "metadata": {"name": "udp-server"},
+                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/e2e-test-images/agnhost:2.55",
+                        "args": ["netexec", "--http-port", "80", "--udp-port", "80"]}]},
+                    "status": {"containerStatuses": [{"name": "c", "state": {"running": {}}}]}
+                }),
+            );
+        }
+        let (out, _, code, took) = run(
+            dp.clone(),
+            &["sh", "-c", "echo hostName | nc -v -u -w 2 10.244.0.6 80"],
+        );
+        assert_eq!(
+            (out.as_str(), code, took),
+            ("udp-server", 0, Duration::from_secs(2))
+        );
+        let (out, _, _, _) = run(
+            dp,
+            &["sh", "-c", "echo hostName | nc -u -w 1 10.244.0.6 81"],
+        );
+        assert_eq!(out, "");
     }
 
     #[test]
