@@ -39,6 +39,24 @@ pub(crate) async fn serve(io: tokio::io::DuplexStream, cfg: Config) {
     serve_tls(io, &cert, &key, "agnhost webhook", service).await;
 }
 
+/// Serves one connection of agnhost porter's TLS port: every request gets its body.
+pub(crate) async fn serve_porter_tls(
+    io: tokio::io::DuplexStream,
+    cert_pem: String,
+    key_pem: String,
+    l: crate::portforward::Listener,
+) {
+    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let (content_type, body) = crate::portforward::porter_body(&l, req.method().as_str());
+        async move {
+            hyper::Response::builder()
+                .header("Content-Type", content_type)
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        }
+    });
+    serve_tls(io, &cert_pem, &key_pem, "agnhost porter", service).await;
+}
+
 /// Serves one connection of a simulated TLS server: the handshake with the certificate
 /// chain and key of these PEM texts, then HTTP/1.1 requests answered by `service` until
 /// the client closes it. A certificate or key that does not load ends the connection, as

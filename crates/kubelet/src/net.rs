@@ -358,6 +358,20 @@ impl Dataplane {
                 };
                 tokio::spawn(crate::sample_apiserver::serve(server, cfg));
             }
+            Listener::Porter {
+                tls: Some(ref container),
+                ..
+            } => {
+                let cert = self
+                    .read_file(&container, "/localhost.crt")
+                    .unwrap_or_default();
+                let key = self
+                    .read_file(&container, "/localhost.key")
+                    .unwrap_or_default();
+                tokio::spawn(crate::agnhost_webhook::serve_porter_tls(
+                    server, cert, key, listener,
+                ));
+            }
             l => {
                 tokio::spawn(crate::portforward::serve_stream(
                     server,

@@ -818,6 +818,15 @@ pub enum Listener {
         /// `crd-conversion-webhook` (serves `/crdconvert`) rather than `webhook`.
         crd_conversion: bool,
     },
+    /// agnhost's `porter`: on a port named by its `SERVE_PORT_<port>` environment
+    /// variable that value as the body of every answer (with `--json-response` a JSON
+    /// object of the method and the body); on one named by `SERVE_TLS_PORT_<port>` the
+    /// same over TLS with the image's `/localhost.crt` (`tls`: the container's id).
+    Porter {
+        body: String,
+        json: bool,
+        tls: Option<String>,
+    },
     /// sample-apiserver (`--secure-port`, 443 by default): the `wardle.example.com`
     /// extension API server over TLS with the certificate and key at these paths of
     /// `container` (see [`crate::sample_apiserver`]); `/readyz` answers `ok`.
@@ -882,7 +891,30 @@ fn image_listener(
                 .and_then(|v| v.parse::<u16>().ok())
         })
     };
+    let env = |name: &str| {
+        c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap_or("").to_owned())
+    };
     match args.first().copied() {
+        Some("porter") => {
+            let json = args.contains(&"--json-response");
+            if let Some(body) = env(&format!("SERVE_PORT_{port}")) {
+                return Some(Listener::Porter {
+                    body,
+                    json,
+                    tls: None,
+                });
+            }
+            env(&format!("SERVE_TLS_PORT_{port}")).map(|body| Listener::Porter {
+                body,
+                json,
+                tls: Some(container_id.unwrap_or_default()),
+            })
+        }
         Some("liveness") if port == 8080 => Some(Listener::AgnhostLiveness { started }),
         Some(server @ ("webhook" | "crd-conversion-webhook"))
             if port == flag("--port").unwrap_or(443) =>
@@ -1491,6 +1523,19 @@ pub(crate) fn answer(
     keep_alive: bool,
 ) -> Vec<u8> {
     let head_only = method == "HEAD";
+    if let Listener::Porter { .. } = l {
+        let (content_type, body) = porter_body(l, method);
+        return http_message(
+            200,
+            "OK",
+            None,
+            &content_type,
+            &body,
+            keep_alive,
+            head_only,
+            false,
+        );
+    }
     if let Listener::Netexec { pod, container } = l {
         let a = crate::netexec::answer(dp, pod, container, path);
         return http_message(
@@ -1508,6 +1553,55 @@ pub(crate) fn answer(
     response(l, code, reason, keep_alive && code != 400, head_only)
 }
 
+/// agnhost porter's answer to `method`: its content type and body. Without
+/// `--json-response` the type is what Go's content sniffing makes of the body.
+pub(crate) fn porter_body(l: &Listener, method: &str) -> (String, String) {
+    let Listener::Porter { body, json, .. } = l else {
+        return ("text/plain; charset=utf-8".into(), String::new());
+    };
+    if *json {
+        let j = serde_json::json!({"Method": method, "Body": body});
+        return ("application/json".into(), j.to_string());
+    }
+    (sniff_content_type(body).into(), body.clone())
+}
+
+/// The HTML part of Go's http.DetectContentType: a body that starts (after white space)
+/// with one of the tags it knows is HTML, anything else printable is plain text.
+fn sniff_content_type(body: &str) -> &'static str {
+    const TAGS: &[&str] = &[
+        "<!DOCTYPE HTML",
+        "<HTML",
+        "<HEAD",
+        "<SCRIPT",
+        "<IFRAME",
+        "<H1",
+        "<DIV",
+        "<FONT",
+        "<TABLE",
+        "<A",
+        "<STYLE",
+        "<TITLE",
+        "<B",
+        "<BODY",
+        "<BR",
+        "<P",
+        "<!--",
+    ];
+    let t = body.trim_start_matches(['\t', '\n', '\x0c', '\r', ' ']);
+    let html = TAGS.iter().any(|tag| {
+        t.len() > tag.len()
+            && t.is_char_boundary(tag.len())
+            && t[..tag.len()].eq_ignore_ascii_case(tag)
+            && matches!(t.as_bytes()[tag.len()], b' ' | b'>')
+    });
+    if html {
+        "text/html; charset=utf-8"
+    } else {
+        "text/plain; charset=utf-8"
+    }
+}
+
 /// The status the listener answers a request with.
 pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (u16, &'static str) {
     match (l, method, path.split('?').next().unwrap_or("")) {
@@ -1515,7 +1609,14 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
         (Listener::Nginx(_), "GET" | "HEAD", "/" | "/index.html") => (200, "OK"),
         (Listener::Nginx(_), "GET" | "HEAD", _) => (404, "Not Found"),
         (Listener::Nginx(_), _, _) => (405, "Not Allowed"),
-        (Listener::Http(_) | Listener::Hostname(_) | Listener::Netexec { .. }, _, _) => (200, "OK"),
+        (
+            Listener::Http(_)
+            | Listener::Hostname(_)
+            | Listener::Netexec { .. }
+            | Listener::Porter { .. },
+            _,
+            _,
+        ) => (200, "OK"),
         (
             Listener::FileServer {
                 found: Some(false), ..
@@ -1601,6 +1702,17 @@ pub(crate) fn response(
         Listener::SampleApiserver { .. } => {
             let body = if code == 200 { "ok" } else { "forbidden\n" };
             (None, "text/plain; charset=utf-8", body.to_owned())
+        }
+        Listener::Porter { .. } => {
+            let (content_type, body) = porter_body(l, "GET");
+            let content_type: &'static str = if content_type.starts_with("application/json") {
+                "application/json"
+            } else if content_type.starts_with("text/html") {
+                "text/html; charset=utf-8"
+            } else {
+                "text/plain; charset=utf-8"
+            };
+            (None, content_type, body)
         }
     };
     let nginx_ok = matches!(l, Listener::Nginx(_)) && code == 200;
@@ -1823,6 +1935,57 @@ mod tests {
                 .expect("session ends")
                 .expect("no panic");
         }
+    }
+
+    #[test]
+    fn porter_serves_its_environment() {
+        let agnhost = "registry.k8s.io/e2e-test-images/agnhost:2.55";
+        let pod = serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": agnhost, "command": ["/agnhost", "porter"],
+                "env": [{"name": "SERVE_PORT_80", "value": "<a href=\"/rewriteme\">test</a>"},
+                        {"name": "SERVE_PORT_160", "value": "foo"},
+                        {"name": "SERVE_TLS_PORT_460", "value": "tls baz"}]}]},
+            "status": {"containerStatuses": [{"name": "c", "containerID": "sim://abc", "state": {"running": {}}}]}
+        });
+        let text = |port: u16, method: &str| {
+            let l = listener(&pod, port).expect("porter listens");
+            String::from_utf8_lossy(&answer(None, &l, method, "/", false)).into_owned()
+        };
+        let html = text(80, "GET");
+        assert!(
+            html.contains("Content-Type: text/html; charset=utf-8\r\n"),
+            "{html}"
+        );
+        assert!(
+            html.ends_with("\r\n\r\n<a href=\"/rewriteme\">test</a>"),
+            "{html}"
+        );
+        let foo = text(160, "GET");
+        assert!(
+            foo.contains("text/plain") && foo.ends_with("\r\n\r\nfoo"),
+            "{foo}"
+        );
+        assert_eq!(
+            listener(&pod, 460),
+            Some(Listener::Porter {
+                body: "tls baz".into(),
+                json: false,
+                tls: Some("abc".into())
+            })
+        );
+        assert_eq!(listener(&pod, 161), None);
+        let mut json_pod = pod.clone();
+        json_pod["spec"]["containers"][0]["command"] =
+            serde_json::json!(["/agnhost", "porter", "--json-response"]);
+        let l = listener(&json_pod, 160).expect("porter");
+        assert_eq!(
+            porter_body(&l, "PATCH"),
+            (
+                "application/json".into(),
+                r#"{"Body":"foo","Method":"PATCH"}"#.into()
+            )
+        );
     }
 
     #[test]
