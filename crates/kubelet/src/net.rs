@@ -363,10 +363,10 @@ impl Dataplane {
                 ..
             } => {
                 let cert = self
-                    .read_file(&container, "/localhost.crt")
+                    .read_file(container, "/localhost.crt")
                     .unwrap_or_default();
                 let key = self
-                    .read_file(&container, "/localhost.key")
+                    .read_file(container, "/localhost.key")
                     .unwrap_or_default();
                 tokio::spawn(crate::agnhost_webhook::serve_porter_tls(
                     server, cert, key, listener,
