@@ -673,6 +673,8 @@ pub fn container_config(
     Ok(ContainerConfig {
         user,
         privileged: spec.pointer("/securityContext/privileged") == Some(&Value::Bool(true)),
+        no_new_privs: spec.pointer("/securityContext/allowPrivilegeEscalation")
+            == Some(&Value::Bool(false)),
         mounts,
         files,
         name: str_at(spec, "/name"),

@@ -65,6 +65,8 @@ pub struct ContainerConfig {
     pub user: Option<(i64, Option<i64>)>,
     /// `securityContext.privileged`.
     pub privileged: bool,
+    /// `securityContext.allowPrivilegeEscalation: false` (the no_new_privs bit).
+    pub no_new_privs: bool,
 }
 
 /// A container's state, as the CRI reports it.
@@ -239,6 +241,7 @@ fn context(
         net: None,
         user: config.user,
         privileged: config.privileged,
+        no_new_privs: config.no_new_privs,
         observe_until: None,
         resume: None,
     }

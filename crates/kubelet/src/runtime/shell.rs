@@ -100,6 +100,8 @@ pub struct Context {
     pub user: Option<(i64, Option<i64>)>,
     /// Whether it runs privileged (may change the network devices).
     pub privileged: bool,
+    /// `allowPrivilegeEscalation: false`: setuid executables do not raise the uid.
+    pub no_new_privs: bool,
     /// For a container's program: the real time up to which its network commands are
     /// run against the network as it is now. One at a later simulated time suspends
     /// the run ([`Step::Suspend`]), so programs see the cluster change as they go.
@@ -236,6 +238,8 @@ fn image_config(image: &str) -> (Vec<String>, Vec<String>) {
         "agnhost" => (v(&["/agnhost"]), v(&["pause"])),
         "busybox" => (Vec::new(), v(&["sh"])),
         "pause" => (v(&["/pause"]), Vec::new()),
+        // The e2e image whose setuid-root `nnp` prints its effective uid.
+        "nonewprivs" => (Vec::new(), v(&["nnp"])),
         _ => (Vec::new(), Vec::new()),
     }
 }
@@ -380,6 +384,7 @@ const UTILITIES: &[&str] = &[
     "printenv",
     "pwd",
     "whoami",
+    "nnp",
     ":",
     "agnhost",
     "agnhost-2",
@@ -2248,6 +2253,15 @@ impl Sh<'_> {
                     0
                 }
             },
+            "nnp" => {
+                // Setuid root: the effective uid is root's unless no_new_privs holds.
+                let uid = match self.ctx.user {
+                    Some((u, _)) if self.ctx.no_new_privs => u,
+                    _ => 0,
+                };
+                self.out(io, &format!("Effective uid: {uid}\n"));
+                0
+            }
             "id" => {
                 let (set, _, _) = flags(args, "");
                 let (uid, gid) = match self.ctx.user {
@@ -3440,6 +3454,24 @@ mod tests {
                 ),
                 Step::Exit(0)
             ]
+        );
+        // The nonewprivs image's setuid-root binary: root, unless no_new_privs.
+        let nnp = |no_new_privs: bool| {
+            let c = Context {
+                user: Some((1000, None)),
+                no_new_privs,
+                ..ctx()
+            };
+            let argv = image_argv("registry.k8s.io/e2e-test-images/nonewprivs:1.4", &[], &[]);
+            exec_program(&argv, &c).unwrap_or_default()
+        };
+        assert_eq!(
+            nnp(false)[0],
+            Step::Out(Stream::Stdout, "Effective uid: 0\n".into())
+        );
+        assert_eq!(
+            nnp(true)[0],
+            Step::Out(Stream::Stdout, "Effective uid: 1000\n".into())
         );
         assert_eq!(
             out(None, &["sh", "-c", "ip link add dummy0 type dummy || true"]),
