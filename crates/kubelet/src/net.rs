@@ -97,6 +97,9 @@ pub struct Dataplane {
     /// The runtimes of the kubelets on this network, for listeners that serve what their
     /// containers' files hold (weak: a kubelet that stops takes its runtime along).
     runtimes: RwLock<Vec<Weak<dyn crate::runtime::Runtime>>>,
+    /// The in-memory state of simulated servers that keep one (agnhost nettest's
+    /// counts), by container id.
+    server_state: std::sync::Mutex<HashMap<String, Value>>,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -381,6 +384,20 @@ impl Dataplane {
             }
         }
         Ok(client)
+    }
+
+    /// Runs `f` over the state of the server in container `id` (`init` the first time).
+    pub(crate) fn with_server_state<T>(
+        &self,
+        id: &str,
+        init: impl FnOnce() -> Value,
+        f: impl FnOnce(&mut Value) -> T,
+    ) -> T {
+        let mut all = self.server_state.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() > 4096 {
+            all.clear();
+        }
+        f(all.entry(id.to_owned()).or_insert_with(init))
     }
 
     /// Adds a kubelet's runtime (see `runtimes`).

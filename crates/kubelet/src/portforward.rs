@@ -818,6 +818,10 @@ pub enum Listener {
         /// `crd-conversion-webhook` (serves `/crdconvert`) rather than `webhook`.
         crd_conversion: bool,
     },
+    /// agnhost's `nettest` (`--port`, 8080): `/write` counts the `Source` of the JSON
+    /// posted to it, `/read` answers the counts (kept in the [`crate::net::Dataplane`]
+    /// under `container`), `/status` whether enough peers were seen.
+    Nettest { hostname: String, container: String },
     /// agnhost's `porter`: on a port named by its `SERVE_PORT_<port>` environment
     /// variable that value as the body of every answer (with `--json-response` a JSON
     /// object of the method and the body); on one named by `SERVE_TLS_PORT_<port>` the
@@ -900,6 +904,10 @@ fn image_listener(
             .map(|e| e["value"].as_str().unwrap_or("").to_owned())
     };
     match args.first().copied() {
+        Some("nettest") if port == flag("--port").unwrap_or(8080) => Some(Listener::Nettest {
+            hostname: pod_name.to_owned(),
+            container: container_id.unwrap_or_default(),
+        }),
         Some("porter") => {
             let json = args.contains(&"--json-response");
             if let Some(body) = env(&format!("SERVE_PORT_{port}")) {
@@ -1490,14 +1498,14 @@ async fn http_server<F, Fut>(
                 }
             }
         }
-        // Skip a request body.
         while buf.len() < content_length {
             match rx.recv().await {
                 Some(b) => buf.extend_from_slice(&b),
                 None => return,
             }
         }
-        buf.drain(..content_length);
+        let body: Vec<u8> = buf.drain(..content_length).collect();
+        let body = String::from_utf8_lossy(&body).into_owned();
         let keep_alive = if version == "HTTP/1.0" {
             connection.contains("keep-alive")
         } else {
@@ -1507,7 +1515,7 @@ async fn http_server<F, Fut>(
             let _ = send(response(l, 400, "Bad Request", false, false)).await;
             return;
         }
-        if !send(answer(dp, l, method, path, keep_alive)).await || !keep_alive {
+        if !send(answer_request(dp, l, method, path, &body, keep_alive)).await || !keep_alive {
             return;
         }
     }
@@ -1522,7 +1530,36 @@ pub(crate) fn answer(
     path: &str,
     keep_alive: bool,
 ) -> Vec<u8> {
+    answer_request(dp, l, method, path, "", keep_alive)
+}
+
+/// [`answer`] to a request with a body.
+pub(crate) fn answer_request(
+    dp: Option<&crate::net::Dataplane>,
+    l: &Listener,
+    method: &str,
+    path: &str,
+    body: &str,
+    keep_alive: bool,
+) -> Vec<u8> {
     let head_only = method == "HEAD";
+    if let Listener::Nettest {
+        hostname,
+        container,
+    } = l
+    {
+        let (code, reason, text) = nettest(dp, hostname, container, path, body);
+        return http_message(
+            code,
+            reason,
+            None,
+            "text/plain; charset=utf-8",
+            &text,
+            keep_alive,
+            head_only,
+            false,
+        );
+    }
     if let Listener::Porter { .. } = l {
         let (content_type, body) = porter_body(l, method);
         return http_message(
@@ -1551,6 +1588,58 @@ pub(crate) fn answer(
     }
     let (code, reason) = status(l, method, path, "HTTP/1.1");
     response(l, code, reason, keep_alive && code != 400, head_only)
+}
+
+/// agnhost nettest's handlers over its state (upstream's `State`, as JSON).
+fn nettest(
+    dp: Option<&crate::net::Dataplane>,
+    hostname: &str,
+    container: &str,
+    path: &str,
+    body: &str,
+) -> (u16, &'static str, String) {
+    let fresh = || {
+        serde_json::json!({"Hostname": hostname, "Sent": {}, "Received": {}, "Errors": null,
+            "Log": null, "StillContactingPeers": true})
+    };
+    let Some(dp) = dp else {
+        return (200, "OK", fresh().to_string());
+    };
+    match path.split('?').next().unwrap_or("") {
+        "/write" => {
+            let source = serde_json::from_str::<Value>(body)
+                .ok()
+                .and_then(|v| v.get("Source").and_then(Value::as_str).map(str::to_owned));
+            dp.with_server_state(container, fresh, |state| match &source {
+                Some(src) if !src.is_empty() => {
+                    let n = state["Received"][src.as_str()].as_u64().unwrap_or(0);
+                    state["Received"][src.as_str()] = (n + 1).into();
+                }
+                _ => {
+                    let e = match &source {
+                        Some(_) => format!("{hostname}: Got request with no source"),
+                        None => "EOF".to_owned(),
+                    };
+                    match state["Errors"].as_array_mut() {
+                        Some(errors) => errors.push(e.into()),
+                        None => state["Errors"] = serde_json::json!([e]),
+                    }
+                }
+            });
+            (
+                200,
+                "OK",
+                format!("{}\n", serde_json::json!({"Hostname": hostname})),
+            )
+        }
+        "/read" => {
+            let state = dp.with_server_state(container, fresh, |s| s.clone());
+            let text = serde_json::to_string_pretty(&state).unwrap_or_default();
+            (200, "OK", text.replace("  ", "\t"))
+        }
+        "/status" => (200, "OK", "running".to_owned()),
+        _ => (404, "Not Found", "404 page not found\n".to_owned()),
+    }
 }
 
 /// agnhost porter's answer to `method`: its content type and body. Without
@@ -1613,6 +1702,7 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
             Listener::Http(_)
             | Listener::Hostname(_)
             | Listener::Netexec { .. }
+            | Listener::Nettest { .. }
             | Listener::Porter { .. },
             _,
             _,
@@ -1673,6 +1763,11 @@ pub(crate) fn response(
         Listener::Http(pod) | Listener::Netexec { pod, .. } => {
             (None, "text/plain; charset=utf-8", format!("{pod}\n"))
         }
+        Listener::Nettest { hostname, .. } => (
+            None,
+            "text/plain; charset=utf-8",
+            format!("{}\n", serde_json::json!({"Hostname": hostname})),
+        ),
         Listener::Hostname(host) => (None, "text/plain; charset=utf-8", host.clone()),
         Listener::FileServer { pod, .. } if code == 200 => {
             (None, "text/plain; charset=utf-8", format!("{pod}\n"))

@@ -144,6 +144,8 @@ struct CurlOpts {
     verbose: bool,
     fail: bool,
     method: Option<String>,
+    /// The request body (`-d`), pieces joined with `&` as curl does.
+    data: Option<String>,
     connect_timeout: Option<Duration>,
     max_time: Option<Duration>,
     urls: Vec<String>,
@@ -287,6 +289,7 @@ impl Sh<'_> {
         &mut self,
         url: &Url,
         method: &str,
+        body: &str,
         connect_timeout: Duration,
     ) -> Result<Response, Failure> {
         let Some(ips) = self.resolve_host(&url.host) else {
@@ -327,7 +330,7 @@ impl Sh<'_> {
             // Whatever listens speaks plain HTTP; the TLS handshake fails.
             return Err(Failure::Tls);
         }
-        Ok(http(&dp, &listener, remote, method, &url.path))
+        Ok(http(&dp, &listener, remote, method, &url.path, body))
     }
 
     /// Writes `text` as the whole content of `path` (a `-o` / `-O` file).
@@ -395,7 +398,11 @@ impl Sh<'_> {
                         take(&mut i);
                     }
                     "data" | "data-raw" | "data-binary" => {
-                        take(&mut i);
+                        let d = take(&mut i).unwrap_or_default();
+                        o.data = Some(match o.data.take() {
+                            Some(prev) => format!("{prev}&{d}"),
+                            None => d,
+                        });
                         o.method.get_or_insert_with(|| "POST".into());
                     }
                     "url" => o.urls.extend(take(&mut i)),
@@ -439,6 +446,11 @@ impl Sh<'_> {
                         'w' => o.write_out = v,
                         'X' => o.method = v,
                         'd' => {
+                            let d = v.unwrap_or_default();
+                            o.data = Some(match o.data.take() {
+                                Some(prev) => format!("{prev}&{d}"),
+                                None => d,
+                            });
                             o.method.get_or_insert_with(|| "POST".into());
                         }
                         'H' | 'A' | 'u' => {}
@@ -497,7 +509,7 @@ impl Sh<'_> {
             (None, Some(m)) => m.min(CURL_CONNECT_TIMEOUT),
             (None, None) => CURL_CONNECT_TIMEOUT,
         };
-        let result = self.transfer(&url, &method, limit);
+        let result = self.transfer(&url, &method, o.data.as_deref().unwrap_or(""), limit);
         let elapsed = self.now.saturating_sub(started);
         let ms = elapsed.as_millis();
         let (code, err, resp) = match result {
@@ -612,6 +624,7 @@ impl Sh<'_> {
         let mut quiet = false;
         let mut server_response = false;
         let mut spider = false;
+        let mut post_data: Option<String> = None;
         let mut output: Option<String> = None;
         let mut timeout = WGET_TIMEOUT;
         let mut urls: Vec<String> = Vec::new();
@@ -635,6 +648,7 @@ impl Sh<'_> {
                     "quiet" => quiet = true,
                     "server-response" => server_response = true,
                     "spider" => spider = true,
+                    "post-data" => post_data = take(&mut i),
                     "output-document" => output = take(&mut i),
                     "timeout" => {
                         if let Some(d) = take(&mut i).as_deref().and_then(seconds) {
@@ -693,7 +707,11 @@ impl Sh<'_> {
                 return 1;
             }
         };
-        let method = if spider { "HEAD" } else { "GET" };
+        let method = match (&post_data, spider) {
+            (Some(_), _) => "POST",
+            (None, true) => "HEAD",
+            (None, false) => "GET",
+        };
         let resolved = self.resolve_host(&url.host);
         let Some(ip) = resolved.as_ref().and_then(|v| v.first().copied()) else {
             self.now += RTT;
@@ -704,7 +722,7 @@ impl Sh<'_> {
             let line = format!("Connecting to {} ({ip}:{})\n", url.host, url.port);
             self.err(io, &line);
         }
-        let r = match self.transfer(&url, method, timeout) {
+        let r = match self.transfer(&url, method, post_data.as_deref().unwrap_or(""), timeout) {
             Ok(r) => r,
             Err(Failure::Timeout) => {
                 self.err(io, "wget: download timed out\n");
@@ -782,8 +800,15 @@ impl Sh<'_> {
 }
 
 /// The listener's answer to `method path`.
-fn http(dp: &Dataplane, l: &Listener, remote: SocketAddr, method: &str, path: &str) -> Response {
-    let raw = portforward::answer(Some(dp), l, method, path, true);
+fn http(
+    dp: &Dataplane,
+    l: &Listener,
+    remote: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Response {
+    let raw = portforward::answer_request(Some(dp), l, method, path, body, true);
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = match text.find("\r\n\r\n") {
         Some(i) => (text[..i + 4].to_owned(), text[i + 4..].to_owned()),
@@ -960,6 +985,45 @@ mod tests {
             }
         }
         (out, err, code, t)
+    }
+
+    #[test]
+    fn posts_reach_nettest_which_counts_them() {
+        let dp = cluster();
+        dp.set_pod(
+            "n1",
+            IpAddr::V4(Ipv4Addr::new(10, 244, 0, 7)),
+            serde_json::json!({
+                "metadata": {"name": "server"},
+                "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/e2e-test-images/agnhost:2.55",
+                    "args": ["nettest"]}]},
+                "status": {"containerStatuses": [{"name": "c", "containerID": "sim://n1", "state": {"running": {}}}]}
+            }),
+        );
+        // The PreStop e2e test's hook, twice, then what the test reads.
+        let post = r#"wget -O- --post-data='{"Source": "prestop"}' http://10.244.0.7:8080/write"#;
+        let (out, _, code, _) = run(Some(dp.clone()), &["sh", "-c", &format!("{post}; {post}")]);
+        assert_eq!(code, 0);
+        assert_eq!(out, "{\"Hostname\":\"server\"}\n".repeat(2));
+        let (out, _, _, _) = run(
+            Some(dp.clone()),
+            &[
+                "curl",
+                "-s",
+                "-d",
+                "{\"Source\":\"curl\"}",
+                "http://10.244.0.7:8080/write",
+            ],
+        );
+        assert_eq!(out, "{\"Hostname\":\"server\"}\n");
+        let (out, _, _, _) = run(Some(dp), &["wget", "-qO-", "http://10.244.0.7:8080/read"]);
+        let state: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        assert_eq!(
+            state["Received"],
+            serde_json::json!({"prestop": 2, "curl": 1}),
+            "{out}"
+        );
+        assert_eq!(state["Hostname"], "server");
     }
 
     #[test]
