@@ -63,6 +63,8 @@ pub struct ServiceEntry {
     pub rules: Vec<Rule>,
     /// Its records in the cluster DNS (see [`crate::dns`]).
     pub records: Vec<Rr>,
+    /// `sessionAffinity: ClientIP`: how long a client stays with the endpoint it got.
+    pub affinity: Option<std::time::Duration>,
 }
 
 /// Why a connection did not happen.
@@ -80,6 +82,8 @@ struct Tables {
     services: HashMap<String, ServiceEntry>,
     /// (frontend, protocol) → endpoints, from every Service.
     rules: HashMap<(SocketAddr, Protocol), Vec<SocketAddr>>,
+    /// (frontend, protocol) → the ClientIP affinity timeout of its Service.
+    affinity: HashMap<(SocketAddr, Protocol), std::time::Duration>,
     /// The cluster DNS zone: owner name (lower case, no trailing dot) → its records.
     zone: HashMap<String, Vec<Rr>>,
     /// Pod IP → (pod uid → the pod as the kubelet last saw it).
@@ -94,6 +98,10 @@ pub struct Dataplane {
     tables: RwLock<Tables>,
     /// Round-robin among endpoints.
     next: AtomicUsize,
+    /// ClientIP affinity: (client, frontend, protocol) → the endpoint it got, and when
+    /// it last used it (kube-proxy's `recent` match).
+    sticky:
+        std::sync::Mutex<HashMap<(IpAddr, SocketAddr, Protocol), (SocketAddr, std::time::Instant)>>,
     /// The runtimes of the kubelets on this network, for listeners that serve what their
     /// containers' files hold (weak: a kubelet that stops takes its runtime along).
     runtimes: RwLock<Vec<Weak<dyn crate::runtime::Runtime>>>,
@@ -260,15 +268,56 @@ impl Dataplane {
         serves.then(|| self.answer(name, qtype))
     }
 
+    /// Where a packet from `from` to `to` goes: `to` itself unless it is a Service
+    /// frontend, else one of its ready endpoints — round robin, or with ClientIP affinity
+    /// the one this client got last while it keeps using it. `None`: no endpoints.
+    fn route(
+        &self,
+        t: &Tables,
+        from: Option<IpAddr>,
+        to: SocketAddr,
+        proto: Protocol,
+    ) -> Option<SocketAddr> {
+        let Some(eps) = t.rules.get(&(to, proto)) else {
+            return Some(to);
+        };
+        if eps.is_empty() {
+            return None;
+        }
+        let round_robin = || eps[self.next.fetch_add(1, Ordering::Relaxed) % eps.len()];
+        let (Some(client), Some(timeout)) = (from, t.affinity.get(&(to, proto))) else {
+            return Some(round_robin());
+        };
+        let mut sticky = self.sticky.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        let key = (client, to, proto);
+        let ep = match sticky.get(&key) {
+            Some((ep, at)) if now.duration_since(*at) < *timeout && eps.contains(ep) => *ep,
+            _ => round_robin(),
+        };
+        if sticky.len() > 65536 {
+            sticky.clear();
+        }
+        sticky.insert(key, (ep, now));
+        Some(ep)
+    }
+
     /// Connects to `to` over TCP as the node's netfilter rules route it: a Service
     /// frontend goes to one of its ready endpoints (round robin), then to what listens
     /// there. Returns the endpoint connected to and its listener.
     pub fn connect(&self, to: SocketAddr) -> Result<(SocketAddr, Listener), ConnectError> {
+        self.connect_from(None, to)
+    }
+
+    /// [`Self::connect`] from client address `from` (for ClientIP session affinity).
+    pub fn connect_from(
+        &self,
+        from: Option<IpAddr>,
+        to: SocketAddr,
+    ) -> Result<(SocketAddr, Listener), ConnectError> {
         let t = self.read();
-        let target = match t.rules.get(&(to, Protocol::Tcp)) {
-            Some(eps) if eps.is_empty() => return Err(ConnectError::Refused),
-            Some(eps) => eps[self.next.fetch_add(1, Ordering::Relaxed) % eps.len()],
-            None => to,
+        let Some(target) = self.route(&t, from, to, Protocol::Tcp) else {
+            return Err(ConnectError::Refused);
         };
         if let Some(pods) = t.pods.get(&target.ip()) {
             return pods
@@ -301,10 +350,8 @@ impl Dataplane {
         request: &str,
     ) -> Result<String, ConnectError> {
         let t = self.read();
-        let target = match t.rules.get(&(to, Protocol::Udp)) {
-            Some(eps) if eps.is_empty() => return Err(ConnectError::Refused),
-            Some(eps) => eps[self.next.fetch_add(1, Ordering::Relaxed) % eps.len()],
-            None => to,
+        let Some(target) = self.route(&t, Some(from.ip()), to, Protocol::Udp) else {
+            return Err(ConnectError::Refused);
         };
         if let Some(pods) = t.pods.get(&target.ip()) {
             return pods
@@ -416,7 +463,7 @@ impl Dataplane {
     }
 
     /// File `path` of container `id`, from whichever runtime runs it.
-    fn read_file(&self, id: &str, path: &str) -> Option<String> {
+    pub(crate) fn read_file(&self, id: &str, path: &str) -> Option<String> {
         let all = self.runtimes.read().unwrap_or_else(|e| e.into_inner());
         all.iter()
             .filter_map(Weak::upgrade)
@@ -428,6 +475,7 @@ impl Tables {
     /// Recomputes the rule and name indexes from the Services.
     fn rebuild(&mut self) {
         self.rules.clear();
+        self.affinity.clear();
         self.zone.clear();
         for e in self.services.values() {
             for r in &e.rules {
@@ -435,6 +483,9 @@ impl Tables {
                     .entry((r.frontend, r.protocol))
                     .or_default()
                     .extend(r.endpoints.iter().copied());
+                if let Some(t) = e.affinity {
+                    self.affinity.insert((r.frontend, r.protocol), t);
+                }
             }
             for r in &e.records {
                 let at = self.zone.entry(r.name.clone()).or_default();
@@ -607,6 +658,7 @@ pub(crate) fn add_cluster_dns(dp: &Dataplane) {
                 "kube-dns.kube-system.svc.cluster.local",
                 RData::A(vip),
             )],
+            affinity: None,
         },
     );
 }
@@ -726,6 +778,7 @@ mod tests {
                     "hello.default.svc.cluster.local",
                     crate::dns::RData::A(vip.ip()),
                 )],
+                affinity: None,
             },
         );
         let default = search_path("default");
@@ -767,6 +820,7 @@ mod tests {
                     "hello.default.svc.cluster.local",
                     crate::dns::RData::A(vip.ip()),
                 )],
+                affinity: None,
             },
         );
         assert_eq!(dp.connect(vip), Err(ConnectError::Refused));
@@ -803,5 +857,39 @@ mod tests {
                 "options": [{"name": "ndots", "value": "1"}]}}))),
             "search team.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\nnameserver 1.1.1.1\noptions ndots:1\n"
         );
+    }
+
+    #[test]
+    fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
+        let dp = Dataplane::default();
+        let (a, b): (IpAddr, IpAddr) = ([10, 244, 0, 5].into(), [10, 244, 0, 6].into());
+        dp.set_pod("u1", a, nginx_pod("a"));
+        dp.set_pod("u2", b, nginx_pod("b"));
+        let vip: SocketAddr = ([10, 96, 0, 30], 80).into();
+        let entry = |affinity| ServiceEntry {
+            rules: vec![Rule {
+                frontend: vip,
+                protocol: Protocol::Tcp,
+                endpoints: vec![SocketAddr::new(a, 80), SocketAddr::new(b, 80)],
+            }],
+            records: Vec::new(),
+            affinity,
+        };
+        dp.set_service(
+            "default/s",
+            entry(Some(std::time::Duration::from_secs(10800))),
+        );
+        let client: IpAddr = [10, 244, 0, 9].into();
+        let got: Vec<SocketAddr> = (0..6)
+            .filter_map(|_| dp.connect_from(Some(client), vip).ok().map(|(ep, _)| ep))
+            .collect();
+        assert_eq!(got.len(), 6);
+        assert!(got.iter().all(|e| *e == got[0]), "{got:?}");
+        // Without affinity (or without a client address) the endpoints take turns.
+        dp.set_service("default/s", entry(None));
+        let got: std::collections::BTreeSet<SocketAddr> = (0..4)
+            .filter_map(|_| dp.connect_from(Some(client), vip).ok().map(|(ep, _)| ep))
+            .collect();
+        assert_eq!(got.len(), 2);
     }
 }

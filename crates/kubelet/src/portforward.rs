@@ -1543,6 +1543,29 @@ pub(crate) fn answer_request(
     keep_alive: bool,
 ) -> Vec<u8> {
     let head_only = method == "HEAD";
+    // test-webserver serves the container's files (what it can read of them).
+    if let (Listener::FileServer { container, .. }, Some(dp)) = (l, dp) {
+        let file = path.split('?').next().unwrap_or("/");
+        let (code, reason, content_type, body) = match dp.read_file(container, file) {
+            Some(content) => (200, "OK", sniff_content_type(&content), content),
+            None => (
+                404,
+                "Not Found",
+                "text/plain; charset=utf-8",
+                "404 page not found\n".to_owned(),
+            ),
+        };
+        return http_message(
+            code,
+            reason,
+            None,
+            content_type,
+            &body,
+            keep_alive,
+            head_only,
+            false,
+        );
+    }
     if let Listener::Nettest {
         hostname,
         container,

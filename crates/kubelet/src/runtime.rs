@@ -966,6 +966,7 @@ mod tests {
                     "web.default.svc.cluster.local",
                     crate::dns::RData::A([10, 96, 0, 7].into()),
                 )],
+                affinity: None,
             },
         );
         let mut logs = String::new();

@@ -125,6 +125,7 @@ pub fn service_entry(
         return Some(ServiceEntry {
             rules: Vec::new(),
             records,
+            affinity: None,
         });
     }
     let headless = spec.cluster_ip.as_deref() == Some("None");
@@ -155,6 +156,17 @@ pub fn service_entry(
         })
         .unwrap_or_default();
     let local = spec.external_traffic_policy.as_deref() == Some("Local");
+    // ClientIP affinity, 10800 s (3 hours) unless the Service says otherwise.
+    let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        let secs = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .and_then(|t| u64::try_from(t).ok())
+            .unwrap_or(10800);
+        std::time::Duration::from_secs(secs)
+    });
     let mut rules = Vec::new();
     let mut all_ready: BTreeSet<IpAddr> = BTreeSet::new();
     // Ready endpoint address → its hostname (headless Services publish it).
@@ -287,7 +299,11 @@ pub fn service_entry(
             ));
         }
     }
-    Some(ServiceEntry { rules, records })
+    Some(ServiceEntry {
+        rules,
+        records,
+        affinity,
+    })
 }
 
 /// The leftmost label of a headless Service's endpoint: its hostname, else its address

@@ -238,7 +238,9 @@ impl Sh<'_> {
         let to = SocketAddr::new(ip, port);
         let dp = self.dataplane();
         let connected = match &dp {
-            Some(dp) => dp.connect(to).map(|(_, l)| l),
+            Some(dp) => dp
+                .connect_from(self.ctx.pod_ip.parse().ok(), to)
+                .map(|(_, l)| l),
             None => Err(ConnectError::Unreachable),
         };
         let listener = match connected {
@@ -314,7 +316,7 @@ impl Sh<'_> {
             // No network: unreachable at once.
             return Err(Failure::Refused);
         };
-        let listener = match dp.connect(to) {
+        let listener = match dp.connect_from(self.ctx.pod_ip.parse().ok(), to) {
             Ok((_, l)) => l,
             Err(ConnectError::Refused) => {
                 self.now += RTT;
@@ -944,6 +946,7 @@ mod tests {
                     "hello.default.svc.cluster.local",
                     crate::dns::RData::A(vip),
                 )],
+                affinity: None,
             },
         );
         dp.set_service(
@@ -958,6 +961,7 @@ mod tests {
                     "empty.default.svc.cluster.local",
                     crate::dns::RData::A(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 21))),
                 )],
+                affinity: None,
             },
         );
         dp

@@ -491,6 +491,7 @@ mod tests {
                         },
                     ),
                 ],
+                affinity: None,
             },
         );
         dp
