@@ -92,6 +92,9 @@ struct Tables {
     nodes: HashMap<String, Vec<IpAddr>>,
 }
 
+/// A client, a Service frontend and its protocol (what ClientIP affinity keys on).
+type StickyKey = (IpAddr, SocketAddr, Protocol);
+
 /// The shared table (see the module documentation).
 #[derive(Default)]
 pub struct Dataplane {
@@ -100,8 +103,7 @@ pub struct Dataplane {
     next: AtomicUsize,
     /// ClientIP affinity: (client, frontend, protocol) → the endpoint it got, and when
     /// it last used it (kube-proxy's `recent` match).
-    sticky:
-        std::sync::Mutex<HashMap<(IpAddr, SocketAddr, Protocol), (SocketAddr, std::time::Instant)>>,
+    sticky: std::sync::Mutex<HashMap<StickyKey, (SocketAddr, std::time::Instant)>>,
     /// The runtimes of the kubelets on this network, for listeners that serve what their
     /// containers' files hold (weak: a kubelet that stops takes its runtime along).
     runtimes: RwLock<Vec<Weak<dyn crate::runtime::Runtime>>>,
