@@ -856,13 +856,18 @@ fn image_listener(
 ) -> Option<Listener> {
     let image = c["image"].as_str().unwrap_or("");
     let (repo, _) = split_image(image);
-    let mut args: Vec<&str> = c["command"]
-        .as_array()
-        .into_iter()
-        .chain(c["args"].as_array())
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let strings = |key: &str| -> Vec<String> {
+        c[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect()
+    };
+    // The command line with the image's entrypoint and cmd where the spec has none.
+    let argv = crate::runtime::shell::image_argv(image, &strings("command"), &strings("args"));
+    let mut args: Vec<&str> = argv.iter().map(String::as_str).collect();
     // `command: [/agnhost, serve-hostname]` names the binary the image's entrypoint is.
     if args
         .first()
@@ -877,7 +882,7 @@ fn image_listener(
             .to_owned()
     };
     match repo.rsplit('/').next() {
-        Some("agnhost") => {}
+        Some("agnhost" | "nautilus" | "kitten") => {}
         Some("sample-apiserver") => {
             let secure_port = text_flag("--secure-port").parse::<u16>().unwrap_or(443);
             return (port == secure_port).then(|| Listener::SampleApiserver {
@@ -2093,6 +2098,16 @@ mod tests {
             })
         );
         assert_eq!(listener(&pod, 161), None);
+        // The update-demo images serve their files with test-webserver by default.
+        let nautilus = serde_json::json!({
+            "metadata": {"name": "n"},
+            "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/e2e-test-images/nautilus:1.8"}]},
+            "status": {"containerStatuses": [{"name": "c", "containerID": "sim://n1", "state": {"running": {}}}]}
+        });
+        assert!(matches!(
+            listener(&nautilus, 80),
+            Some(Listener::FileServer { .. })
+        ));
         let mut json_pod = pod.clone();
         json_pod["spec"]["containers"][0]["command"] =
             serde_json::json!(["/agnhost", "porter", "--json-response"]);

@@ -501,25 +501,49 @@ impl Sim {
 }
 
 /// Files of an image's root filesystem the sim provides: agnhost's `/localhost.crt` and
-/// `/localhost.key` (its `porter` serves them; the StatefulSet e2e tests probe the first
-/// through `test-webserver`). Their content stands for the image's.
-fn image_files(image: &str) -> &'static [(&'static str, &'static str)] {
+/// `/localhost.key` (a self-signed pair for `localhost`, made once per process: its
+/// `porter` and `grpc-health-checking` serve TLS with them; the StatefulSet e2e tests
+/// probe the first through `test-webserver`), and the update-demo images' `/data.json`
+/// (nautilus and kitten are agnhost with a picture and that file).
+fn image_files(image: &str) -> Vec<(String, String)> {
     let repo = image.split('@').next().unwrap_or(image);
     let repo = repo
         .rsplit_once(':')
         .filter(|(_, t)| !t.contains('/'))
         .map_or(repo, |(r, _)| r);
-    if repo.rsplit('/').next() == Some("agnhost") {
-        &[
-            (
-                "/localhost.crt",
-                "(agnhost's localhost certificate, simulated)\n",
-            ),
-            ("/localhost.key", "(agnhost's localhost key, simulated)\n"),
-        ]
-    } else {
-        &[]
+    let name = repo.rsplit('/').next().unwrap_or(repo);
+    let mut files = Vec::new();
+    if matches!(name, "agnhost" | "nautilus" | "kitten") {
+        let (cert, key) = localhost_pair();
+        files.push(("/localhost.crt".to_owned(), cert.clone()));
+        files.push(("/localhost.key".to_owned(), key.clone()));
     }
+    if matches!(name, "nautilus" | "kitten") {
+        files.push((
+            "/data.json".to_owned(),
+            format!("{{\n  \"image\": \"{name}.jpg\"\n}}\n"),
+        ));
+        files.push((format!("/{name}.jpg"), String::new()));
+    }
+    files
+}
+
+/// The self-signed certificate and key for `localhost` the agnhost image ships.
+fn localhost_pair() -> &'static (String, String) {
+    static PAIR: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    PAIR.get_or_init(|| {
+        let made = rcgen::KeyPair::generate().and_then(|key| {
+            let params = rcgen::CertificateParams::new(vec![
+                "localhost".to_owned(),
+                "127.0.0.1".to_owned(),
+            ])?;
+            Ok((params.self_signed(&key)?.pem(), key.serialize_pem()))
+        });
+        made.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "generating agnhost's localhost certificate");
+            (String::new(), String::new())
+        })
+    })
 }
 
 /// Whether the container's first process is one that has no SIGTERM handler: a shell
@@ -590,7 +614,7 @@ impl Runtime for Sim {
                 ),
                 program_start,
                 Some(fs::Node::File {
-                    content: (*content).to_owned(),
+                    content,
                     mode: 0o644,
                 }),
             );

@@ -236,6 +236,8 @@ fn image_config(image: &str) -> (Vec<String>, Vec<String>) {
     let v = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     match name {
         "agnhost" => (v(&["/agnhost"]), v(&["pause"])),
+        // The update-demo images: agnhost serving their files.
+        "nautilus" | "kitten" => (v(&["/agnhost"]), v(&["test-webserver"])),
         "busybox" => (Vec::new(), v(&["sh"])),
         "pause" => (v(&["/pause"]), Vec::new()),
         // The e2e image whose setuid-root `nnp` prints its effective uid.
