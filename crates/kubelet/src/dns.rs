@@ -314,6 +314,25 @@ pub fn hosts_lookup(hosts: &str, name: &str) -> Vec<(IpAddr, Vec<String>)> {
         .collect()
 }
 
+/// The `kubernetes` Service's records at 10.96.0.1 (A, and SRV for its `https` port),
+/// for tests.
+#[cfg(test)]
+pub(crate) fn kubernetes_records() -> Vec<Rr> {
+    let fqdn = "kubernetes.default.svc.cluster.local";
+    vec![
+        Rr::new(fqdn, RData::A(IpAddr::from([10, 96, 0, 1]))),
+        Rr::new(
+            &format!("_https._tcp.{fqdn}"),
+            RData::Srv {
+                priority: 0,
+                weight: 100,
+                port: 443,
+                target: fqdn.into(),
+            },
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,23 +357,12 @@ mod tests {
 
     #[test]
     fn answers_by_type_with_cnames_nodata_and_nxdomain() {
-        let ip: IpAddr = "10.96.0.1".parse().unwrap();
-        let z = zone(&[
-            Rr::new("kubernetes.default.svc.cluster.local", RData::A(ip)),
-            Rr::new(
-                "_https._tcp.kubernetes.default.svc.cluster.local",
-                RData::Srv {
-                    priority: 0,
-                    weight: 100,
-                    port: 443,
-                    target: "kubernetes.default.svc.cluster.local".into(),
-                },
-            ),
-            Rr::new(
-                "ext.default.svc.cluster.local",
-                RData::Cname("kubernetes.default.svc.cluster.local".into()),
-            ),
-        ]);
+        let mut records = kubernetes_records();
+        records.extend([Rr::new(
+            "ext.default.svc.cluster.local",
+            RData::Cname("kubernetes.default.svc.cluster.local".into()),
+        )]);
+        let z = zone(&records);
         let a = ask(&z, "Kubernetes.Default.svc.cluster.local.", QType::A);
         assert_eq!(a.rcode, Rcode::NoError);
         assert_eq!(a.records.len(), 1);

@@ -465,7 +465,6 @@ fn addresses(a: &Answer) -> Vec<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::super::{exec_program, Context, Step, Stream};
-    use crate::dns::{RData, Rr};
     use crate::net::{Dataplane, ServiceEntry};
     use std::sync::Arc;
 
@@ -476,21 +475,7 @@ mod tests {
             "default/kubernetes",
             ServiceEntry {
                 rules: Vec::new(),
-                records: vec![
-                    Rr::new(
-                        "kubernetes.default.svc.cluster.local",
-                        RData::A([10, 96, 0, 1].into()),
-                    ),
-                    Rr::new(
-                        "_https._tcp.kubernetes.default.svc.cluster.local",
-                        RData::Srv {
-                            priority: 0,
-                            weight: 100,
-                            port: 443,
-                            target: "kubernetes.default.svc.cluster.local".into(),
-                        },
-                    ),
-                ],
+                records: crate::dns::kubernetes_records(),
                 affinity: None,
             },
         );
