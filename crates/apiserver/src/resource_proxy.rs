@@ -515,6 +515,41 @@ pub trait PodNetwork: Send + Sync + std::fmt::Debug {
     /// A connection to `to` (a pod IP and port), or the dial error (`connection refused`,
     /// `no route to host`) as the I/O error's kind.
     fn connect(&self, to: std::net::SocketAddr) -> std::io::Result<tokio::io::DuplexStream>;
+
+    /// Whether what listens at `to` speaks TLS (an `https:` proxy to anything else fails
+    /// as Go's client does on a plain answer).
+    fn serves_tls(&self, _to: std::net::SocketAddr) -> bool {
+        false
+    }
+}
+
+/// A TLS client that accepts any backend certificate: kube-apiserver's proxy transport
+/// does not verify pods and Services either.
+fn backend_tls() -> Result<tokio_rustls::TlsConnector, ApiError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(ApiError::internal)?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(crate::proxy::AnyServer(provider)))
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(tls)))
+}
+
+/// HTTP/1.1 over `io`, the connection driven by a task of its own.
+async fn http1_over<S>(io: S) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, ApiError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "proxied connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// Connects to the backend (TLS for `https:`), through the pod network when there is one.
@@ -535,45 +570,20 @@ async fn connect(
     .map_err(|_| unreachable(format!("dial tcp {host_port}: i/o timeout")))?
     .map_err(|e| unreachable(format!("dial tcp {host_port}: {}", go_dial_error(&e))))?;
     let _ = tcp.set_nodelay(true);
-    let handshake_error = |e: hyper::Error| unreachable(e.to_string());
     if target.https {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(ApiError::internal)?
-            .dangerous()
-            // kube-apiserver's proxy transport does not verify backends either.
-            .with_custom_certificate_verifier(Arc::new(crate::proxy::AnyServer(provider)))
-            .with_no_client_auth();
         let name = rustls::pki_types::ServerName::try_from(target.host.clone())
             .map_err(|e| unreachable(e.to_string()))?;
-        let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        let stream = backend_tls()?
             .connect(name, tcp)
             .await
             .map_err(|e| unreachable(e.to_string()))?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(handshake_error)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "proxied connection ended");
-            }
-        });
-        Ok(sender)
+        http1_over(stream).await
     } else {
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(handshake_error)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "proxied connection ended");
-            }
-        });
-        Ok(sender)
+        http1_over(tcp).await
     }
 }
 
-/// [`connect`] over a [`PodNetwork`] (plain HTTP: the simulated servers speak no TLS).
+/// [`connect`] over a [`PodNetwork`] (TLS only to the simulated servers that speak it).
 async fn connect_through(
     net: &dyn PodNetwork,
     target: &Target,
@@ -588,19 +598,20 @@ async fn connect_through(
         .connect(std::net::SocketAddr::new(ip, port))
         .map_err(|e| unreachable(format!("dial tcp {host_port}: {}", go_dial_error(&e))))?;
     if target.https {
-        return Err(unreachable(format!(
-            "dial tcp {host_port}: tls: first record does not look like a TLS handshake"
-        )));
-    }
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "proxied connection ended");
+        if !net.serves_tls(std::net::SocketAddr::new(ip, port)) {
+            return Err(unreachable(format!(
+                "dial tcp {host_port}: tls: first record does not look like a TLS handshake"
+            )));
         }
-    });
-    Ok(sender)
+        let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+            .map_err(|e| unreachable(e.to_string()))?;
+        let tls = backend_tls()?
+            .connect(name, stream)
+            .await
+            .map_err(|e| unreachable(format!("dial tcp {host_port}: {e}")))?;
+        return http1_over(tls).await;
+    }
+    http1_over(stream).await
 }
 
 /// A backend's redirect, kept under the proxy path when it points at the same host

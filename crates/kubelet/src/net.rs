@@ -449,6 +449,20 @@ impl Dataplane {
         f(all.entry(id.to_owned()).or_insert_with(init))
     }
 
+    /// Whether what listens at `to` speaks TLS (agnhost's webhook servers, porter's TLS
+    /// ports, sample-apiserver).
+    pub fn serves_tls(&self, to: SocketAddr) -> bool {
+        matches!(
+            self.connect(to),
+            Ok((
+                _,
+                Listener::AgnhostWebhook { .. }
+                    | Listener::SampleApiserver { .. }
+                    | Listener::Porter { tls: Some(_), .. }
+            ))
+        )
+    }
+
     /// Adds a kubelet's runtime (see `runtimes`).
     pub fn add_runtime(&self, rt: Weak<dyn crate::runtime::Runtime>) {
         let mut all = self.runtimes.write().unwrap_or_else(|e| e.into_inner());

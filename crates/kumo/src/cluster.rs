@@ -714,6 +714,10 @@ impl kumo_apiserver::resource_proxy::PodNetwork for PodNetwork {
     fn connect(&self, to: std::net::SocketAddr) -> std::io::Result<tokio::io::DuplexStream> {
         self.0.dial(to)
     }
+
+    fn serves_tls(&self, to: std::net::SocketAddr) -> bool {
+        self.0.serves_tls(to)
+    }
 }
 
 async fn run_proxy(kubeconfig: PathBuf, dataplane: Arc<kumo_kubelet::net::Dataplane>) {
