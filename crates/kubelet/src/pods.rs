@@ -265,7 +265,7 @@ pub async fn run(
         runtime,
         node_uid,
         workers: HashMap::new(),
-        next_ip: 2,
+        next_ip: 0,
         pulled: std::collections::HashSet::new(),
         sources: HashMap::new(),
         quiet_found: Vec::new(),
@@ -346,12 +346,29 @@ impl Workers {
             .unwrap_or_else(|| "127.0.0.1".into())
     }
 
+    /// The next free address of the node's pod range, as the CNI's host-local IPAM gives
+    /// them: from .2 (.1 is the bridge) to the last before the broadcast address, in turn,
+    /// skipping those this kubelet's pods hold.
     fn allocate_ip(&mut self) -> String {
         let (base, len) = self.pod_cidr.unwrap_or((Ipv4Addr::new(10, 244, 0, 0), 24));
         let size = 1u32 << (32 - u32::from(len.min(30)));
-        let ip = u32::from(base) + (self.next_ip % (size - 2)).max(2);
-        self.next_ip += 1;
-        Ipv4Addr::from(ip).to_string()
+        let usable = size - 3;
+        let in_use: std::collections::HashSet<&str> = self
+            .workers
+            .values()
+            .filter_map(|w| w.ip.as_deref())
+            .collect();
+        let mut pick = None;
+        for _ in 0..usable {
+            let ip = Ipv4Addr::from(u32::from(base) + 2 + self.next_ip % usable).to_string();
+            self.next_ip = self.next_ip.wrapping_add(1);
+            if !in_use.contains(ip.as_str()) {
+                pick = Some(ip);
+                break;
+            }
+        }
+        // A full range: upstream's IPAM fails the sandbox; the sim shares the first one.
+        pick.unwrap_or_else(|| Ipv4Addr::from(u32::from(base) + 2).to_string())
     }
 
     /// One pass over the node's pods: `api_pods` to sync, `steady` (uids, each with a
