@@ -430,8 +430,9 @@ where
             .map_err(|e| e.to_string())?;
     Ok((
         sender,
+        // With upgrades: a connection that switches protocols hands its stream over.
         AbortOnDrop(tokio::spawn(async move {
-            let _ = conn.await;
+            let _ = conn.with_upgrades().await;
         })),
     ))
 }
@@ -524,6 +525,11 @@ pub async fn serve(
         Ok(s) => s,
         Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, &e),
     };
+    // An upgrade (WebSocket, SPDY) passes through once the backend switches protocols, as
+    // the aggregator's UpgradeAwareHandler does.
+    let mut req = req;
+    let upgrade = crate::resource_proxy::is_upgrade(req.headers());
+    let front_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let pq = parts
         .uri
@@ -552,6 +558,13 @@ pub async fn serve(
             out = out.header(k, v);
         }
     }
+    if upgrade {
+        for k in [header::CONNECTION, header::UPGRADE] {
+            for v in parts.headers.get_all(&k) {
+                out = out.header(&k, v);
+            }
+        }
+    }
     out = out.header(
         header::HOST,
         format!("{}:{}", backend.server_name(), backend.port),
@@ -565,6 +578,25 @@ pub async fn serve(
         Ok(r) => r,
         Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     };
+    if let (Some(front), StatusCode::SWITCHING_PROTOCOLS) = (front_upgrade, resp.status()) {
+        let mut resp = resp;
+        let backend = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            // The backend connection hands its stream over only while it is driven.
+            let _conn = conn;
+            if let (Ok(f), Ok(b)) = (front.await, backend.await) {
+                let (mut f, mut b) = (
+                    hyper_util::rt::TokioIo::new(f),
+                    hyper_util::rt::TokioIo::new(b),
+                );
+                let _ = tokio::io::copy_bidirectional(&mut f, &mut b).await;
+            }
+        });
+        let mut r = Response::new(Full::new(Bytes::new()).boxed());
+        *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        *r.headers_mut() = resp.headers().clone();
+        return r;
+    }
     let (rparts, rbody) = resp.into_parts();
     let mut head = Response::new(());
     *head.status_mut() = rparts.status;

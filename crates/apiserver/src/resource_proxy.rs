@@ -418,7 +418,7 @@ pub(crate) fn hop_by_hop(name: &str) -> bool {
 }
 
 /// Whether a request asks to switch protocols (upstream's httpstream.IsUpgradeRequest).
-fn is_upgrade(headers: &http::HeaderMap) -> bool {
+pub(crate) fn is_upgrade(headers: &http::HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
         && headers
             .get_all(header::CONNECTION)

@@ -81,6 +81,7 @@ pub(crate) async fn serve_tls<S>(
     };
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .with_upgrades()
         .await;
 }
 

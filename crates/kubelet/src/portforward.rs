@@ -168,13 +168,7 @@ pub fn serve(
                 "websocket: not a websocket handshake: 'Sec-WebSocket-Key' header must be Base64 encoded value of 16-byte in length",
             );
         };
-        let accept = {
-            let d = ring::digest::digest(
-                &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
-                format!("{key}{WS_GUID}").as_bytes(),
-            );
-            base64::engine::general_purpose::STANDARD.encode(d.as_ref())
-        };
+        let accept = ws_accept(&key);
         let protocol = match &channels {
             Some((_, (p, _))) => (*p).to_owned(),
             None => format!("{TUNNEL_PREFIX}{PROTOCOL}"),
@@ -1375,8 +1369,17 @@ where
     let _ = writer.await;
 }
 
+/// The `Sec-WebSocket-Accept` value answering a client's `Sec-WebSocket-Key` (RFC 6455).
+pub(crate) fn ws_accept(key: &str) -> String {
+    let d = ring::digest::digest(
+        &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
+        format!("{key}{WS_GUID}").as_bytes(),
+    );
+    base64::engine::general_purpose::STANDARD.encode(d.as_ref())
+}
+
 /// An unmasked (server) WebSocket frame.
-fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
     let mut f = vec![0x80 | opcode];
     let n = payload.len();
     if n < 126 {

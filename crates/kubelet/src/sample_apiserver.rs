@@ -7,7 +7,7 @@
 //! serves the `wardle.example.com` group as the real one does: discovery (`/apis`, the
 //! group, `v1alpha1` with flunders and fischers, `v1beta1` with flunders), and create,
 //! get, list (with label selectors), update, merge patch, delete and deletecollection of
-//! both kinds, with the BanFlunder admission plugin (a flunder named in a fischer's
+//! both kinds, watch (a streamed body, or WebSocket text messages), with the BanFlunder admission plugin (a flunder named in a fischer's
 //! `disallowedFlunders` is forbidden). Objects live in the container's memory, as the real
 //! server's live in its etcd sidecar without a volume: a new container starts empty.
 //!
@@ -291,8 +291,14 @@ impl Watch {
 }
 
 /// A watch: the objects (or the changes since `from`), then each change as it happens,
-/// one JSON event a line, until `timeoutSeconds`.
-fn watch(w: Watch, cfg: &Config) -> http::Response<BoxBody<Bytes, Infallible>> {
+/// until `timeoutSeconds`. Over HTTP each event is a JSON line of a streamed body; a
+/// WebSocket handshake gets each event as a text message, as the generic API server's
+/// watch handler sends them.
+fn watch(
+    w: Watch,
+    cfg: &Config,
+    mut req: http::Request<Incoming>,
+) -> http::Response<BoxBody<Bytes, Infallible>> {
     let selector = match kumo_apimachinery::selector::LabelSelector::parse(&w.labels) {
         Ok(s) => s,
         Err(e) => return status(400, "BadRequest", e.to_string(), Value::Null).map(BodyExt::boxed),
@@ -347,6 +353,25 @@ fn watch(w: Watch, cfg: &Config) -> http::Response<BoxBody<Bytes, Infallible>> {
             }
         }
     });
+    if let Some(key) = websocket_key(&req) {
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(websocket_watch(upgrade, out));
+        let mut r = http::Response::new(Full::new(Bytes::new()).boxed());
+        *r.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+        let h = r.headers_mut();
+        h.insert(
+            http::header::UPGRADE,
+            http::HeaderValue::from_static("websocket"),
+        );
+        h.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("Upgrade"),
+        );
+        if let Ok(v) = http::HeaderValue::from_str(&crate::portforward::ws_accept(&key)) {
+            h.insert("sec-websocket-accept", v);
+        }
+        return r;
+    }
     let stream = futures::stream::unfold(out, |mut out| async move {
         out.recv()
             .await
@@ -360,12 +385,50 @@ fn watch(w: Watch, cfg: &Config) -> http::Response<BoxBody<Bytes, Infallible>> {
     r
 }
 
+/// The client's `Sec-WebSocket-Key` when the request is a WebSocket handshake.
+fn websocket_key(req: &http::Request<Incoming>) -> Option<String> {
+    let h = req.headers();
+    let wants = h
+        .get(http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    wants
+        .then(|| h.get("sec-websocket-key")?.to_str().ok().map(str::to_owned))
+        .flatten()
+}
+
+/// Sends each watch event as a WebSocket text message, then a close message when the
+/// watch ends; a client that goes away ends it.
+async fn websocket_watch(
+    upgrade: hyper::upgrade::OnUpgrade,
+    mut events: tokio::sync::mpsc::Receiver<Bytes>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let Ok(io) = upgrade.await else {
+        return;
+    };
+    let mut io = hyper_util::rt::TokioIo::new(io);
+    while let Some(e) = events.recv().await {
+        if io
+            .write_all(&crate::portforward::ws_frame(0x1, &e))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+    let _ = io
+        .write_all(&crate::portforward::ws_frame(0x8, &1000u16.to_be_bytes()))
+        .await;
+    let _ = io.shutdown().await;
+}
+
 async fn handle(
     req: http::Request<Incoming>,
     cfg: &Config,
 ) -> http::Response<BoxBody<Bytes, Infallible>> {
     if let Some(w) = watch_request(&req) {
-        return watch(w, cfg);
+        return watch(w, cfg, req);
     }
     handle_plain(req, cfg).await.map(BodyExt::boxed)
 }

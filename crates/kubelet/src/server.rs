@@ -1058,7 +1058,6 @@ async fn running_container(
         })
 }
 
-const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 /// The stream protocols the kubelet speaks over WebSocket, best first.
 const WS_PROTOCOLS: &[&str] = &[
     "v5.channel.k8s.io",
@@ -1138,13 +1137,7 @@ async fn stream(
         .iter()
         .find(|p| WS_PROTOCOLS.contains(&p.as_str()))
         .cloned();
-    let accept = {
-        let d = ring::digest::digest(
-            &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
-            format!("{key}{WS_GUID}").as_bytes(),
-        );
-        base64::engine::general_purpose::STANDARD.encode(d.as_ref())
-    };
+    let accept = crate::portforward::ws_accept(&key);
     let upgrade = hyper::upgrade::on(&mut req);
     // v4 and v5 end with a JSON Status on the error channel; the older protocols with
     // only a failure's message.

@@ -77,6 +77,94 @@ spec:
 }
 
 /// The watcher's next line.
+/// A WebSocket client over TLS with the kubeconfig's credentials, raw as RFC 6455 frames
+/// (the key is the RFC's sample, so the expected accept value is its sample too).
+struct WebSocket {
+    head: String,
+    io: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+}
+
+impl WebSocket {
+    async fn open(kc: &std::path::Path, path: &str) -> WebSocket {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let cfg: serde_json::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(kc).unwrap()).unwrap();
+        let pem = |v: &serde_json::Value| {
+            base64::engine::general_purpose::STANDARD
+                .decode(v.as_str().unwrap())
+                .unwrap()
+        };
+        let server = cfg["clusters"][0]["cluster"]["server"].as_str().unwrap();
+        let ca = pem(&cfg["clusters"][0]["cluster"]["certificate-authority-data"]);
+        let cert = pem(&cfg["users"][0]["user"]["client-certificate-data"]);
+        let key = pem(&cfg["users"][0]["user"]["client-key-data"]);
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls_pemfile::certs(&mut ca.as_slice()) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let chain = rustls_pemfile::certs(&mut cert.as_slice())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = rustls_pemfile::private_key(&mut key.as_slice())
+            .unwrap()
+            .unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        let addr = server.trim_start_matches("https://");
+        let host = addr.rsplit_once(':').unwrap().0.to_owned();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from(host).unwrap();
+        let mut io = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        );
+        io.write_all(req.as_bytes()).await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            let n = tokio::time::timeout(Duration::from_secs(30), io.read(&mut b))
+                .await
+                .expect("the handshake's answer")
+                .unwrap();
+            assert_eq!(n, 1, "the connection ended in the handshake: {head:?}");
+            head.push(b[0]);
+        }
+        WebSocket {
+            head: String::from_utf8(head).unwrap(),
+            io,
+        }
+    }
+
+    /// The next text message's payload (the server's frames are unmasked).
+    async fn text(&mut self) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let read = async {
+            let mut h = [0u8; 2];
+            self.io.read_exact(&mut h).await.unwrap();
+            assert_eq!(h[0], 0x81, "a final text frame");
+            let len = match h[1] & 0x7f {
+                126 => u64::from(self.io.read_u16().await.unwrap()),
+                127 => self.io.read_u64().await.unwrap(),
+                n => u64::from(n),
+            };
+            let mut payload = vec![0u8; usize::try_from(len).unwrap()];
+            self.io.read_exact(&mut payload).await.unwrap();
+            payload
+        };
+        tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .expect("a watch event")
+    }
+}
+
 async fn next(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
     tokio::time::timeout(Duration::from_secs(20), lines.next_line())
         .await
@@ -312,8 +400,35 @@ metadata:
         out.stderr
     );
 
+    // A WebSocket watch (what browser clients use) passes through the aggregator's
+    // upgrade: the handshake answers with the backend's accept key, and each event
+    // arrives as a text message.
+    let mut ws = WebSocket::open(
+        kc,
+        "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders?watch=true&resourceVersion=0",
+    )
+    .await;
+    assert!(ws.head.starts_with("HTTP/1.1 101"), "{}", ws.head);
+    assert!(
+        ws.head
+            .to_ascii_lowercase()
+            .contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{}",
+        ws.head
+    );
+    let first: serde_json::Value = serde_json::from_slice(&ws.text().await).unwrap();
+    assert_eq!(first["type"], "ADDED");
+    assert_eq!(first["object"]["metadata"]["name"], "rest-flunder");
+    ok(k(kc, &["annotate", "flunder", "rest-flunder", "seen=ws"]).await);
+    let changed: serde_json::Value = serde_json::from_slice(&ws.text().await).unwrap();
+    assert_eq!(changed["type"], "MODIFIED");
+    assert_eq!(changed["object"]["metadata"]["annotations"]["seen"], "ws");
+    assert_eq!(next(&mut lines).await.trim(), "MODIFIED rest-flunder gold");
+
     ok(k(kc, &["delete", "flunder", "rest-flunder"]).await);
     assert_eq!(next(&mut lines).await.trim(), "DELETED rest-flunder gold");
+    let deleted: serde_json::Value = serde_json::from_slice(&ws.text().await).unwrap();
+    assert_eq!(deleted["type"], "DELETED");
     let _ = watcher.kill().await;
     let out = k(kc, &["get", "flunders"]).await;
     assert!(out.stderr.contains("No resources found"), "{}", out.stderr);
