@@ -4,6 +4,7 @@
 //! protobuf encoding of the built-in types.
 
 pub mod gojson;
+pub mod openapi;
 pub mod protobuf;
 pub mod quantity;
 pub mod query;

@@ -18,6 +18,13 @@
 //! * Discovery: the groups appear in `/apis`, `/apis/<group>` and the aggregated discovery
 //!   document, with the resources of the backend's own `/apis/<group>/<version>` answer
 //!   (fetched by the availability check).
+//! * Upgrade requests (WebSocket, SPDY) are passed through once the backend switches
+//!   protocols, as the proxy's UpgradeAwareHandler does.
+//! * OpenAPI v3: while an APIService is available, its backend's `/openapi/v3` index entries
+//!   (fetched as `system:aggregator` with each check) join this server's index under the
+//!   keys it does not serve itself, and `/openapi/v3/<key>` for those is proxied to the
+//!   backend, as kube-aggregator's v3 spec proxier does. The v2 document is this server's
+//!   alone (upstream also merges the backends' v2 paths and definitions).
 //!
 //! Endpoints are resolved as with kube-apiserver's `--enable-aggregator-routing` (a pod
 //! address of the Service's EndpointSlices), as the admission webhooks' client does.
@@ -122,6 +129,9 @@ pub struct Aggregator {
     client_cert: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
     /// Each backend's last `APIResourceList`, by APIService name.
     discovery: RwLock<HashMap<String, Value>>,
+    /// Each available backend's OpenAPI v3 index entries (key → `serverRelativeURL`), by
+    /// APIService name.
+    openapi_v3: RwLock<HashMap<String, serde_json::Map<String, Value>>>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -159,6 +169,7 @@ impl Aggregator {
             services,
             client_cert,
             discovery: RwLock::new(HashMap::new()),
+            openapi_v3: RwLock::new(HashMap::new()),
         }))
     }
 
@@ -180,6 +191,52 @@ impl Aggregator {
         self.services
             .with(|m| m.get(&key).and_then(Backend::of))
             .filter(|b| b.group == g && b.version == v)
+    }
+
+    /// `/openapi/v3` with the backends' entries added, each under a key this server does
+    /// not serve itself (upstream merges every APIService's index the same way).
+    pub fn extend_openapi_v3_index(&self, own: bytes::Bytes) -> bytes::Bytes {
+        let specs = self.openapi_v3.read().unwrap_or_else(|e| e.into_inner());
+        if specs.is_empty() {
+            return own;
+        }
+        let Ok(mut index) = serde_json::from_slice::<Value>(&own) else {
+            return own;
+        };
+        let Some(paths) = index.get_mut("paths").and_then(Value::as_object_mut) else {
+            return own;
+        };
+        let mut names: Vec<&String> = specs.keys().collect();
+        names.sort();
+        for entries in names.into_iter().filter_map(|n| specs.get(n)) {
+            for (k, v) in entries {
+                if !paths.contains_key(k) {
+                    paths.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        bytes::Bytes::from(index.to_string())
+    }
+
+    /// The backend whose OpenAPI v3 index lists `/openapi/v3/<key>`, for a key this server
+    /// does not serve itself (`served`).
+    pub fn openapi_v3_backend(&self, path: &str, served: impl Fn(&str) -> bool) -> Option<Backend> {
+        let key = path.strip_prefix("/openapi/v3/")?.trim_end_matches('/');
+        let name = {
+            let specs = self.openapi_v3.read().unwrap_or_else(|e| e.into_inner());
+            let mut owners: Vec<&String> = specs
+                .iter()
+                .filter(|(_, entries)| entries.contains_key(key))
+                .map(|(n, _)| n)
+                .collect();
+            owners.sort();
+            owners.first().map(|n| (*n).clone())?
+        };
+        if served(key) {
+            return None;
+        }
+        self.services
+            .with(|m| m.get(&format!("{PREFIX}{name}")).and_then(Backend::of))
     }
 
     /// The groups only backends serve, by priority, each with its versions by priority.
@@ -751,28 +808,46 @@ async fn check(state: &State, b: &Backend) -> (Verdict, Option<Value>) {
     }
 }
 
-/// GETs the backend's `/apis/<group>/<version>` as `system:kube-aggregator` in
-/// `system:masters`; any 2xx passes.
-async fn discovery_check(state: &State, b: &Backend) -> Result<Option<Value>, String> {
+/// Why a GET of a backend got no answer: the Service did not resolve (its message), or
+/// the request to `url` failed (Go's client error).
+enum FetchError {
+    Resolve(String),
+    Failed { url: String, why: String },
+}
+
+/// GETs `path` from the backend as `user` (in `system:masters` for the discovery check,
+/// as upstream's), within [`CHECK_TIMEOUT`]: the status, the body and the URL.
+async fn fetch(
+    state: &State,
+    b: &Backend,
+    path: &str,
+    user: (&str, Option<&str>),
+) -> Result<(u16, Bytes, String), FetchError> {
     let addr = crate::webhook_client::resolve_service(
         &*state.rest.store,
         &b.namespace,
         &b.service,
         b.port,
     )
-    .await?;
-    let path = format!("/apis/{}/{}", b.group, b.version);
+    .await
+    .map_err(FetchError::Resolve)?;
     let url = format!("https://{addr}{path}");
-    let failed = |why: String| format!("failing or missing response from {url}: {why}");
+    let failed = |why: String| FetchError::Failed {
+        url: url.clone(),
+        why,
+    };
     let tls = state.aggregator.tls(b).map_err(failed)?;
     let exchange = async {
         let (mut sender, _conn) =
             dial::<Full<Bytes>>(state.pod_network.as_ref(), &addr, &b.server_name(), tls).await?;
-        let req = Request::get(path.as_str())
+        let mut req = Request::get(path)
             .header(header::HOST, format!("{}:{}", b.server_name(), b.port))
             .header(header::ACCEPT, "application/json")
-            .header("X-Remote-User", "system:kube-aggregator")
-            .header("X-Remote-Group", "system:masters")
+            .header("X-Remote-User", user.0);
+        if let Some(g) = user.1 {
+            req = req.header("X-Remote-Group", g);
+        }
+        let req = req
             .body(Full::new(Bytes::new()))
             .map_err(|e| e.to_string())?;
         let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
@@ -784,21 +859,51 @@ async fn discovery_check(state: &State, b: &Backend) -> Result<Option<Value>, St
             .unwrap_or_default();
         Ok::<_, String>((status, body))
     };
-    let (status, body) = match tokio::time::timeout(CHECK_TIMEOUT, exchange).await {
-        Err(_) => {
-            return Err(failed(format!(
-                "Get \"{url}\": context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
-            )))
+    match tokio::time::timeout(CHECK_TIMEOUT, exchange).await {
+        Err(_) => Err(failed(format!(
+            "Get \"{url}\": context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+        ))),
+        Ok(Err(why)) => Err(failed(format!("Get \"{url}\": {why}"))),
+        Ok(Ok((status, body))) => Ok((status, body, url)),
+    }
+}
+
+/// GETs the backend's `/apis/<group>/<version>` as `system:kube-aggregator` in
+/// `system:masters`; any 2xx passes.
+async fn discovery_check(state: &State, b: &Backend) -> Result<Option<Value>, String> {
+    let path = format!("/apis/{}/{}", b.group, b.version);
+    let (status, body, url) = fetch(
+        state,
+        b,
+        &path,
+        ("system:kube-aggregator", Some("system:masters")),
+    )
+    .await
+    .map_err(|e| match e {
+        FetchError::Resolve(why) => why,
+        FetchError::Failed { url, why } => {
+            format!("failing or missing response from {url}: {why}")
         }
-        Ok(Err(why)) => return Err(failed(format!("Get \"{url}\": {why}"))),
-        Ok(Ok(r)) => r,
-    };
+    })?;
     if !(200..300).contains(&status) {
         return Err(format!("bad status from {url}: {status}"));
     }
     Ok(serde_json::from_slice::<Value>(&body)
         .ok()
         .filter(|v| v.get("kind").and_then(Value::as_str) == Some("APIResourceList")))
+}
+
+/// The backend's OpenAPI v3 index entries (`paths` of its `/openapi/v3`), fetched as
+/// upstream's downloader does, as `system:aggregator`; None when it serves none.
+async fn openapi_v3_index(state: &State, b: &Backend) -> Option<serde_json::Map<String, Value>> {
+    let (status, body, _) = fetch(state, b, "/openapi/v3", ("system:aggregator", None))
+        .await
+        .ok()?;
+    if status != 200 {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&body).ok()?;
+    v.get("paths").and_then(Value::as_object).cloned()
 }
 
 /// Sets the Available condition of APIService `name` as upstream's SetAPIServiceCondition
@@ -902,6 +1007,28 @@ pub async fn run_available_controller(state: Arc<State>) {
                         None => {}
                     }
                 }
+                // The backend's OpenAPI is followed while it is available (upstream's
+                // OpenAPI controllers drop the specs of an unavailable APIService).
+                let index = if verdict.0 == "True" {
+                    openapi_v3_index(&state, &b).await
+                } else {
+                    None
+                };
+                {
+                    let mut o = state
+                        .aggregator
+                        .openapi_v3
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner());
+                    match index {
+                        Some(paths) => {
+                            o.insert(b.name.clone(), paths);
+                        }
+                        None => {
+                            o.remove(&b.name);
+                        }
+                    }
+                }
                 record(&state, &b.name, verdict).await;
             }
         });
@@ -916,6 +1043,12 @@ pub async fn run_available_controller(state: Arc<State>) {
         state
             .aggregator
             .discovery
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|n, _| names.contains(n));
+        state
+            .aggregator
+            .openapi_v3
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|n, _| names.contains(n));

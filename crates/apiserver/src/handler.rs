@@ -199,7 +199,14 @@ pub async fn handle(
             .scope(attrs.user.clone(), crate::proxy::serve(state, attrs, req))
             .await;
     }
-    if let Some(backend) = state.aggregator.backend_for(req.uri().path()) {
+    let backend = state.aggregator.backend_for(req.uri().path()).or_else(|| {
+        state
+            .aggregator
+            .openapi_v3_backend(req.uri().path(), |key| {
+                state.openapi.v3_group(&state.registry, key).is_some()
+            })
+    });
+    if let Some(backend) = backend {
         let user = attrs.user.clone();
         return crate::aggregator::serve(state, backend, user, req).await;
     }
@@ -454,6 +461,9 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             accept_header.as_deref(),
             if_none_match,
         ) {
+            if trimmed == "/openapi/v3" && resp.status() == StatusCode::OK {
+                return resp.map(|own| full(state.aggregator.extend_openapi_v3_index(own)));
+            }
             return resp.map(full);
         }
     }

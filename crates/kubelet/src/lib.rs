@@ -25,6 +25,7 @@ pub mod portforward;
 pub mod prober;
 pub mod runtime;
 mod sample_apiserver;
+mod sample_openapi;
 pub mod server;
 pub mod static_pods;
 pub mod trustbundle;

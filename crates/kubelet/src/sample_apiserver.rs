@@ -8,7 +8,9 @@
 //! group, `v1alpha1` with flunders and fischers, `v1beta1` with flunders), and create,
 //! get, list (with label selectors), update, merge patch, delete and deletecollection of
 //! both kinds, watch (a streamed body, or WebSocket text messages), with the BanFlunder admission plugin (a flunder named in a fischer's
-//! `disallowedFlunders` is forbidden). Objects live in the container's memory, as the real
+//! `disallowedFlunders` is forbidden). Its OpenAPI v3 documents (`sample_openapi`) advertise
+//! `fieldValidation`, which it honours: unknown fields are dropped, refused under Strict,
+//! warned about under Warn (the default). Objects live in the container's memory, as the real
 //! server's live in its etcd sidecar without a volume: a new container starts empty.
 //!
 //! What the sim does not do: it trusts the aggregator's `X-Remote-User` header without
@@ -26,7 +28,7 @@ use hyper::body::Incoming;
 use serde_json::{json, Map, Value};
 
 /// The API group the server serves.
-const GROUP: &str = "wardle.example.com";
+pub(crate) const GROUP: &str = "wardle.example.com";
 
 /// What the server needs beyond the connection.
 #[derive(Clone, Debug)]
@@ -106,6 +108,20 @@ pub(crate) async fn serve(io: tokio::io::DuplexStream, cfg: Config) {
     crate::agnhost_webhook::serve_tls(io, &cert, &key, "sample-apiserver", service).await;
 }
 
+/// Adds a `Warning: 299 - "<text>"` header for each warning, as the API server does.
+fn with_warnings(
+    mut r: http::Response<Full<Bytes>>,
+    warnings: &[String],
+) -> http::Response<Full<Bytes>> {
+    for w in warnings {
+        let text = format!("299 - {}", serde_json::to_string(w).unwrap_or_default());
+        if let Ok(v) = http::HeaderValue::from_str(&text) {
+            r.headers_mut().append(http::header::WARNING, v);
+        }
+    }
+    r
+}
+
 fn reply(code: u16, body: &Value) -> http::Response<Full<Bytes>> {
     let mut r = http::Response::new(Full::new(Bytes::from(body.to_string())));
     *r.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::OK);
@@ -137,7 +153,9 @@ fn not_found_path() -> http::Response<Full<Bytes>> {
 }
 
 /// The resources of one version: (plural, singular, kind, namespaced).
-fn resources(version: &str) -> &'static [(&'static str, &'static str, &'static str, bool)] {
+pub(crate) fn resources(
+    version: &str,
+) -> &'static [(&'static str, &'static str, &'static str, bool)] {
     match version {
         "v1alpha1" => &[
             ("fischers", "fischer", "Fischer", false),
@@ -480,6 +498,22 @@ async fn handle_plain(req: http::Request<Incoming>, cfg: &Config) -> http::Respo
     }
     let get = method == http::Method::GET;
     match segs.as_slice() {
+        ["openapi", "v3"] if get => return reply(200, &crate::sample_openapi::index()),
+        ["openapi", "v3", "apis", GROUP, v] if get => {
+            let Some(d) = crate::sample_openapi::document(v) else {
+                return not_found_path();
+            };
+            let mut r = http::Response::new(Full::new(d.body.clone()));
+            let h = r.headers_mut();
+            h.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            if let Ok(etag) = http::HeaderValue::from_str(&format!("\"{}\"", d.hash)) {
+                h.insert(http::header::ETAG, etag);
+            }
+            return r;
+        }
         ["apis"] if get => {
             return reply(
                 200,
@@ -582,6 +616,38 @@ impl Req<'_> {
     }
 
     /// The request's object, or why it is a bad request.
+    /// Drops the fields the kind's schema does not know, as `fieldValidation` asks:
+    /// Strict refuses the request, Warn (the default) answers with a warning each, Ignore
+    /// says nothing. Returns the warnings.
+    #[allow(clippy::result_large_err)]
+    fn check_fields(&self, obj: &mut Value) -> Result<Vec<String>, http::Response<Full<Bytes>>> {
+        let unknown = crate::sample_openapi::drop_unknown_fields(self.version, self.kind, obj);
+        let quoted: Vec<String> = unknown
+            .iter()
+            .map(|f| {
+                format!(
+                    "unknown field {}",
+                    serde_json::to_string(f).unwrap_or_default()
+                )
+            })
+            .collect();
+        match query_param(self.query, "fieldValidation").as_deref() {
+            Some("Strict") if !quoted.is_empty() => Err(status(
+                400,
+                "BadRequest",
+                format!(
+                    "{kind} in version \"{v}\" cannot be handled as a {kind}: strict decoding error: {}",
+                    quoted.join(", "),
+                    kind = self.kind,
+                    v = self.version
+                ),
+                Value::Null,
+            )),
+            Some("Ignore") => Ok(Vec::new()),
+            _ => Ok(quoted),
+        }
+    }
+
     fn decode(&self) -> Result<Value, String> {
         match serde_json::from_slice::<Value>(self.body) {
             Ok(v) if v.is_object() => Ok(v),
@@ -660,6 +726,14 @@ impl Req<'_> {
             Ok(o) => o,
             Err(why) => return status(400, "BadRequest", why, Value::Null),
         };
+        let warnings = match self.check_fields(&mut obj) {
+            Ok(w) => w,
+            Err(r) => return r,
+        };
+        with_warnings(self.create_checked(objects, obj), &warnings)
+    }
+
+    fn create_checked(&self, objects: &mut Objects, mut obj: Value) -> http::Response<Full<Bytes>> {
         let meta = obj
             .get("metadata")
             .and_then(Value::as_object)
@@ -728,8 +802,9 @@ impl Req<'_> {
         );
         m.insert("creationTimestamp".into(), json!(now()));
         obj["metadata"] = Value::Object(m);
-        for k in ["spec", "status"] {
-            if !obj.get(k).is_some_and(Value::is_object) {
+        // A Flunder's spec and status default to {}; a Fischer has neither.
+        for k in ["spec", "status"].iter().filter(|_| self.kind == "Flunder") {
+            if !obj.get(*k).is_some_and(Value::is_object) {
                 obj[k] = json!({});
             }
         }
@@ -790,9 +865,13 @@ impl Req<'_> {
         let Some(old) = objects.items.get(&self.key(name)).cloned() else {
             return self.not_found(name);
         };
-        let obj = match self.decode() {
+        let mut obj = match self.decode() {
             Ok(o) => o,
             Err(why) => return status(400, "BadRequest", why, Value::Null),
+        };
+        let warnings = match self.check_fields(&mut obj) {
+            Ok(w) => w,
+            Err(r) => return r,
         };
         if !obj.get("metadata").is_some_and(Value::is_object) {
             return status(
@@ -802,7 +881,7 @@ impl Req<'_> {
                 Value::Null,
             );
         }
-        self.store(objects, name, obj, &old)
+        with_warnings(self.store(objects, name, obj, &old), &warnings)
     }
 
     fn patch(&self, objects: &mut Objects, name: &str) -> http::Response<Full<Bytes>> {
@@ -832,7 +911,11 @@ impl Req<'_> {
                 m.remove("resourceVersion");
             }
         }
-        self.store(objects, name, obj, &old)
+        let warnings = match self.check_fields(&mut obj) {
+            Ok(w) => w,
+            Err(r) => return r,
+        };
+        with_warnings(self.store(objects, name, obj, &old), &warnings)
     }
 
     fn delete(&self, objects: &mut Objects, name: &str) -> http::Response<Full<Bytes>> {

@@ -338,6 +338,64 @@ async fn sample_apiserver_serves_its_group_through_the_aggregator() {
         "{resources}"
     );
 
+    // The backend's OpenAPI: its group versions in /openapi/v3, their documents proxied,
+    // so kubectl explain works on flunders.
+    let index = ok(k(kc, &["get", "--raw", "/openapi/v3"]).await);
+    let index: serde_json::Value = serde_json::from_str(&index).unwrap();
+    let url = index["paths"]["apis/wardle.example.com/v1alpha1"]["serverRelativeURL"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{index}"));
+    assert!(url.starts_with("/openapi/v3/apis/wardle.example.com/v1alpha1?hash="));
+    assert!(index["paths"]["api/v1"].is_object(), "{index}");
+    let explained = ok(k(kc, &["explain", "flunders"]).await);
+    for line in [
+        "GROUP:      wardle.example.com",
+        "KIND:       Flunder",
+        "VERSION:    v1alpha1",
+        "  metadata\t<ObjectMeta>",
+        "  spec\t<FlunderSpec>",
+        "  status\t<FlunderStatus>",
+    ] {
+        assert!(explained.contains(line), "{line:?} in {explained}");
+    }
+    // The meta types the backend's document refers to resolve in it too.
+    let explained = ok(k(kc, &["explain", "flunders.metadata.labels"]).await);
+    assert!(
+        explained.contains("FIELD: labels <map[string]string>"),
+        "{explained}"
+    );
+    let explained = ok(k(
+        kc,
+        &[
+            "explain",
+            "flunders.spec",
+            "--api-version=wardle.example.com/v1beta1",
+        ],
+    )
+    .await);
+    assert!(
+        explained.contains("  flunderReference\t<string>") && !explained.contains("  reference\t"),
+        "{explained}"
+    );
+    // kubectl finds fieldValidation in the backend's document and lets the server check
+    // fields: Strict refuses an unknown field, Warn drops it with a warning.
+    let bogus = "apiVersion: wardle.example.com/v1alpha1
+kind: Flunder
+metadata: {name: bogus-flunder, namespace: default}
+spec: {reference: x, bogus: 1}
+";
+    let out = k_in(kc, &["create", "-f", "-"], Some(bogus)).await;
+    assert_eq!(
+        out.stderr.trim(),
+        "Error from server (BadRequest): error when creating \"STDIN\": Flunder in version \"v1alpha1\" cannot be handled as a Flunder: strict decoding error: unknown field \"spec.bogus\""
+    );
+    let out = k_in(kc, &["create", "--validate=warn", "-f", "-"], Some(bogus)).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(out.stderr.trim(), "Warning: unknown field \"spec.bogus\"");
+    let obj = get(kc, &["flunder", "bogus-flunder"]).await.unwrap();
+    assert_eq!(obj["spec"], serde_json::json!({"reference": "x"}));
+    ok(k(kc, &["delete", "flunder", "bogus-flunder"]).await);
+
     // kubectl against the extension API server, through this server.
     let flunder = "apiVersion: wardle.example.com/v1alpha1
 kind: Flunder

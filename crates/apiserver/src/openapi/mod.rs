@@ -16,7 +16,7 @@ mod proto;
 mod types;
 mod validate;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -27,117 +27,11 @@ use crate::registry::{Registry, Resource};
 pub use types::type_error;
 pub use validate::{check_fields, check_patched, prune, Directive, FieldProblems};
 
-/// The schema facts, as `scripts/gen-openapi` wrote them: one definition a line.
-const SCHEMAS_TEXT: &str = include_str!("schemas.txt");
+use kumo_apimachinery::openapi::V3_REF;
+pub use kumo_apimachinery::openapi::{schemas, Schemas};
 
-/// Prefix of a reference to a schema in an OpenAPI v3 document.
-const V3_REF: &str = "#/components/schemas/";
 /// Prefix of a reference to a definition in an OpenAPI v2 document.
 const V2_REF: &str = "#/definitions/";
-
-/// One definition: its JSON text in the embedded data, parsed when first needed.
-struct Definition {
-    text: &'static str,
-    parsed: OnceLock<Value>,
-}
-
-/// The built-in schemas, by definition name, with an index by group-version-kind.
-///
-/// Definitions stay text until something needs one as a value (field validation, the v2
-/// conversion): documents copy the text, so serving OpenAPI parses almost nothing.
-pub struct Schemas {
-    defs: HashMap<&'static str, Definition>,
-    by_gvk: HashMap<(&'static str, &'static str, &'static str), &'static str>,
-}
-
-impl Schemas {
-    fn parse(text: &'static str) -> Schemas {
-        let mut defs = HashMap::new();
-        let mut by_gvk = HashMap::new();
-        for line in text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-        {
-            let mut parts = line.splitn(3, ' ');
-            let (Some(name), Some(gvks), Some(json)) = (parts.next(), parts.next(), parts.next())
-            else {
-                tracing::error!(line, "malformed line in the embedded OpenAPI schemas");
-                continue;
-            };
-            let gvks: Vec<&str> = gvks.split(',').filter(|g| *g != "-").collect();
-            // DeleteOptions and WatchEvent name every group version; they are no
-            // resource's schema.
-            if let [gvk] = gvks[..] {
-                let mut p = gvk.splitn(3, '/');
-                if let (Some(g), Some(v), Some(k)) = (p.next(), p.next(), p.next()) {
-                    by_gvk.insert((g, v, k), name);
-                }
-            }
-            let d = Definition {
-                text: json,
-                parsed: OnceLock::new(),
-            };
-            defs.insert(name, d);
-        }
-        Schemas { defs, by_gvk }
-    }
-
-    /// A definition by name.
-    pub fn get(&self, name: &str) -> Option<&Value> {
-        let d = self.defs.get(name)?;
-        Some(d.parsed.get_or_init(|| {
-            serde_json::from_str(d.text).unwrap_or_else(|e| {
-                tracing::error!(name, error = %e, "malformed embedded OpenAPI schema");
-                Value::Null
-            })
-        }))
-    }
-
-    /// A definition's JSON text.
-    fn text(&self, name: &str) -> Option<&'static str> {
-        self.defs.get(name).map(|d| d.text)
-    }
-
-    /// The definition name of a kind (`io.k8s.api.core.v1.Pod` for `/v1, Kind=Pod`).
-    pub fn for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&'static str> {
-        self.by_gvk.get(&(group, version, kind)).copied()
-    }
-
-    /// The definition a schema refers to (through `$ref` or a one-element `allOf`), or the
-    /// schema itself.
-    pub fn resolve<'a>(&'a self, mut s: &'a Value) -> &'a Value {
-        for _ in 0..8 {
-            let r = s.get("$ref").and_then(Value::as_str).or_else(|| {
-                s.get("allOf")
-                    .and_then(Value::as_array)
-                    .filter(|a| a.len() == 1)
-                    .and_then(|a| a[0].get("$ref"))
-                    .and_then(Value::as_str)
-            });
-            match r
-                .and_then(|r| r.strip_prefix(V3_REF))
-                .and_then(|n| self.get(n))
-            {
-                Some(d) => s = d,
-                None => return s,
-            }
-        }
-        s
-    }
-}
-
-/// The names a JSON text refers to (`"$ref":"#/components/schemas/<name>"`).
-fn refs_in(text: &str) -> impl Iterator<Item = &str> {
-    text.split("\"$ref\":\"")
-        .skip(1)
-        .filter_map(|rest| rest.strip_prefix(V3_REF).and_then(|r| r.split('"').next()))
-}
-
-/// The schemas, read on first use.
-pub fn schemas() -> &'static Schemas {
-    static S: OnceLock<Schemas> = OnceLock::new();
-    S.get_or_init(|| Schemas::parse(SCHEMAS_TEXT))
-}
 
 /// One served document with its content hash (upstream: SHA-512, upper-case hex).
 #[derive(Clone)]
@@ -678,35 +572,18 @@ fn gv_paths(registry: &Registry, group: &str, version: &str, custom: bool) -> Ma
     paths
 }
 
-/// Every definition `text` refers to, recursively.
-fn referenced(text: &str, out: &mut BTreeSet<&'static str>) {
-    let mut stack: Vec<&str> = vec![text];
-    while let Some(t) = stack.pop() {
-        for name in refs_in(t) {
-            let Some(d) = schemas().text(name) else {
-                continue;
-            };
-            if let Some((n, _)) = schemas().defs.get_key_value(name) {
-                if out.insert(n) {
-                    stack.push(d);
-                }
-            }
-        }
-    }
-}
-
 /// The OpenAPI v3 document of one group version: its paths, and the definitions they use
 /// copied as text.
 fn v3_document(registry: &Registry, group: &str, version: &str) -> Document {
     let paths = Value::Object(gv_paths(registry, group, version, true)).to_string();
     let mut names = BTreeSet::new();
-    referenced(&paths, &mut names);
+    schemas().referenced(&paths, &mut names);
     // The custom resources' own definitions, and the built-in ones they use.
     let mut custom: BTreeMap<String, String> = BTreeMap::new();
     for r in registry.in_group_version(group, version) {
         for (n, d) in r.strategy.openapi_definitions().into_iter().flatten() {
             let text = d.to_string();
-            referenced(&text, &mut names);
+            schemas().referenced(&text, &mut names);
             custom.insert(n, text);
         }
     }
@@ -816,7 +693,7 @@ fn discovery_documents(registry: &Registry) -> Vec<(String, Document)> {
             });
             let paths = json!({ format!("/{key}/"): {"get": op} }).to_string();
             let mut names = BTreeSet::new();
-            referenced(&paths, &mut names);
+            schemas().referenced(&paths, &mut names);
             let schemas: Map<String, Value> = names
                 .iter()
                 .filter_map(|n| {
@@ -979,13 +856,13 @@ fn v2_definitions(registry: &Registry, mut f: impl FnMut(&str, Value)) {
     let mut names = BTreeSet::new();
     let mut custom: BTreeMap<String, Value> = BTreeMap::new();
     for (g, v) in group_versions(registry) {
-        referenced(
+        schemas().referenced(
             &Value::Object(gv_paths(registry, g, v, true)).to_string(),
             &mut names,
         );
         for r in registry.in_group_version(g, v) {
             for (n, d) in r.strategy.openapi_definitions().into_iter().flatten() {
-                referenced(&d.to_string(), &mut names);
+                schemas().referenced(&d.to_string(), &mut names);
                 custom.insert(n, d);
             }
         }
@@ -1299,8 +1176,8 @@ mod tests {
         let containers = &spec["properties"]["containers"];
         assert_eq!(containers["x-kubernetes-patch-merge-key"], "name");
         assert_eq!(containers["x-kubernetes-list-type"], "map");
-        assert!(!SCHEMAS_TEXT.contains("\"description\":\""));
-        let names: Vec<&str> = refs_in(
+        assert!(!kumo_apimachinery::openapi::SCHEMAS_TEXT.contains("\"description\":\""));
+        let names: Vec<&str> = kumo_apimachinery::openapi::refs_in(
             r##"{"a":{"$ref":"#/components/schemas/X"},"b":[{"$ref":"#/components/schemas/Y"}]}"##,
         )
         .collect();

@@ -1,0 +1,139 @@
+//! The OpenAPI schemas of the Kubernetes built-in types: facts of the API (types,
+//! formats, properties, defaults, the `x-kubernetes-*` extensions; no descriptions), as
+//! `scripts/gen-openapi` extracts them from k8s.io/kubernetes into `openapi_schemas.txt`.
+//! The API server builds its documents and validates fields with them; extension API
+//! servers of the sim refer to the same meta types.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// The schema facts, as `scripts/gen-openapi` wrote them: one definition a line.
+pub const SCHEMAS_TEXT: &str = include_str!("openapi_schemas.txt");
+
+/// Prefix of a reference to a schema in an OpenAPI v3 document.
+pub const V3_REF: &str = "#/components/schemas/";
+
+/// One definition: its JSON text in the embedded data, parsed when first needed.
+struct Definition {
+    text: &'static str,
+    parsed: OnceLock<Value>,
+}
+
+/// The built-in schemas, by definition name, with an index by group-version-kind.
+///
+/// Definitions stay text until something needs one as a value (field validation, the v2
+/// conversion): documents copy the text, so serving OpenAPI parses almost nothing.
+pub struct Schemas {
+    defs: HashMap<&'static str, Definition>,
+    by_gvk: HashMap<(&'static str, &'static str, &'static str), &'static str>,
+}
+
+impl Schemas {
+    fn parse(text: &'static str) -> Schemas {
+        let mut defs = HashMap::new();
+        let mut by_gvk = HashMap::new();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let mut parts = line.splitn(3, ' ');
+            let (Some(name), Some(gvks), Some(json)) = (parts.next(), parts.next(), parts.next())
+            else {
+                tracing::error!(line, "malformed line in the embedded OpenAPI schemas");
+                continue;
+            };
+            let gvks: Vec<&str> = gvks.split(',').filter(|g| *g != "-").collect();
+            // DeleteOptions and WatchEvent name every group version; they are no
+            // resource's schema.
+            if let [gvk] = gvks[..] {
+                let mut p = gvk.splitn(3, '/');
+                if let (Some(g), Some(v), Some(k)) = (p.next(), p.next(), p.next()) {
+                    by_gvk.insert((g, v, k), name);
+                }
+            }
+            let d = Definition {
+                text: json,
+                parsed: OnceLock::new(),
+            };
+            defs.insert(name, d);
+        }
+        Schemas { defs, by_gvk }
+    }
+
+    /// A definition by name.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        let d = self.defs.get(name)?;
+        Some(d.parsed.get_or_init(|| {
+            serde_json::from_str(d.text).unwrap_or_else(|e| {
+                tracing::error!(name, error = %e, "malformed embedded OpenAPI schema");
+                Value::Null
+            })
+        }))
+    }
+
+    /// A definition's JSON text.
+    pub fn text(&self, name: &str) -> Option<&'static str> {
+        self.defs.get(name).map(|d| d.text)
+    }
+
+    /// The name as the embedded data holds it (for sets that outlive the caller's string).
+    pub fn name(&self, name: &str) -> Option<&'static str> {
+        self.defs.get_key_value(name).map(|(n, _)| *n)
+    }
+
+    /// Every definition `text` refers to, and the ones those refer to, into `out`.
+    pub fn referenced(&self, text: &str, out: &mut BTreeSet<&'static str>) {
+        let mut stack: Vec<&str> = vec![text];
+        while let Some(t) = stack.pop() {
+            for name in refs_in(t) {
+                if let (Some(n), Some(d)) = (self.name(name), self.text(name)) {
+                    if out.insert(n) {
+                        stack.push(d);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The definition name of a kind (`io.k8s.api.core.v1.Pod` for `/v1, Kind=Pod`).
+    pub fn for_kind(&self, group: &str, version: &str, kind: &str) -> Option<&'static str> {
+        self.by_gvk.get(&(group, version, kind)).copied()
+    }
+
+    /// The definition a schema refers to (through `$ref` or a one-element `allOf`), or the
+    /// schema itself.
+    pub fn resolve<'a>(&'a self, mut s: &'a Value) -> &'a Value {
+        for _ in 0..8 {
+            let r = s.get("$ref").and_then(Value::as_str).or_else(|| {
+                s.get("allOf")
+                    .and_then(Value::as_array)
+                    .filter(|a| a.len() == 1)
+                    .and_then(|a| a[0].get("$ref"))
+                    .and_then(Value::as_str)
+            });
+            match r
+                .and_then(|r| r.strip_prefix(V3_REF))
+                .and_then(|n| self.get(n))
+            {
+                Some(d) => s = d,
+                None => return s,
+            }
+        }
+        s
+    }
+}
+
+/// The names a JSON text refers to (`"$ref":"#/components/schemas/<name>"`).
+pub fn refs_in(text: &str) -> impl Iterator<Item = &str> {
+    text.split("\"$ref\":\"")
+        .skip(1)
+        .filter_map(|rest| rest.strip_prefix(V3_REF).and_then(|r| r.split('"').next()))
+}
+
+/// The schemas, read on first use.
+pub fn schemas() -> &'static Schemas {
+    static S: OnceLock<Schemas> = OnceLock::new();
+    S.get_or_init(|| Schemas::parse(SCHEMAS_TEXT))
+}
