@@ -7,13 +7,15 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::OnceLock;
 
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 
 /// The schema facts, as `scripts/gen-openapi` wrote them: one definition a line.
 pub const SCHEMAS_TEXT: &str = include_str!("openapi_schemas.txt");
 
 /// Prefix of a reference to a schema in an OpenAPI v3 document.
 pub const V3_REF: &str = "#/components/schemas/";
+/// Prefix of a reference to a definition in an OpenAPI v2 document.
+pub const V2_REF: &str = "#/definitions/";
 
 /// One definition: its JSON text in the embedded data, parsed when first needed.
 struct Definition {
@@ -136,4 +138,127 @@ pub fn refs_in(text: &str) -> impl Iterator<Item = &str> {
 pub fn schemas() -> &'static Schemas {
     static S: OnceLock<Schemas> = OnceLock::new();
     S.get_or_init(|| Schemas::parse(SCHEMAS_TEXT))
+}
+
+/// A v3 schema in v2 form: `#/definitions/` references, and a reference wrapped in
+/// `allOf` (v3's way to give it siblings) as a plain `$ref`.
+pub fn schema_to_v2(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            if let Some(r) = m
+                .get("allOf")
+                .and_then(Value::as_array)
+                .filter(|a| a.len() == 1)
+                .and_then(|a| a[0].get("$ref"))
+            {
+                return json!({"$ref": r.as_str().unwrap_or("").replace(V3_REF, V2_REF)});
+            }
+            // v2 has no oneOf: IntOrString and Quantity are strings there, and kube-apiserver
+            // publishes no defaults in v2.
+            let mut out: Map<String, Value> = m
+                .iter()
+                .filter(|(k, _)| *k != "oneOf" && *k != "default")
+                .map(|(k, x)| match (k.as_str(), x) {
+                    ("$ref", Value::String(r)) => (k.clone(), json!(r.replace(V3_REF, V2_REF))),
+                    // Property names are data, not schemas.
+                    ("properties", Value::Object(props)) => (
+                        k.clone(),
+                        Value::Object(
+                            props
+                                .iter()
+                                .map(|(p, s)| (p.clone(), schema_to_v2(s)))
+                                .collect(),
+                        ),
+                    ),
+                    // Extension values are data.
+                    (e, _) if e.starts_with("x-") => (k.clone(), x.clone()),
+                    _ => (k.clone(), schema_to_v2(x)),
+                })
+                .collect();
+            if m.contains_key("oneOf") && !m.contains_key("type") {
+                out.insert("type".into(), json!("string"));
+            }
+            Value::Object(out)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(schema_to_v2).collect()),
+        other => other.clone(),
+    }
+}
+
+/// A v3 operation in v2 form.
+pub fn operation_to_v2(op: &Value) -> Value {
+    let mut out = Map::new();
+    let mut params: Vec<Value> = Vec::new();
+    let mut consumes: Vec<Value> = Vec::new();
+    for (k, v) in op.as_object().into_iter().flatten() {
+        match k.as_str() {
+            "parameters" => params.extend(v.as_array().into_iter().flatten().map(param_to_v2)),
+            "requestBody" => {
+                let c = v.get("content").and_then(Value::as_object);
+                let schema = c
+                    .and_then(|c| c.values().next())
+                    .and_then(|x| x.get("schema"))
+                    .map(schema_to_v2)
+                    .unwrap_or(Value::Null);
+                consumes.extend(c.into_iter().flat_map(|c| c.keys()).map(|k| json!(k)));
+                params.push(
+                    json!({"name": "body", "in": "body", "required": true, "schema": schema}),
+                );
+            }
+            "responses" => {
+                let mut rs = Map::new();
+                for (code, r) in v.as_object().into_iter().flatten() {
+                    let mut x = json!({"description": status_text(code)});
+                    if let Some(s) = r
+                        .get("content")
+                        .and_then(Value::as_object)
+                        .and_then(|c| c.values().next())
+                        .and_then(|c| c.get("schema"))
+                    {
+                        x["schema"] = schema_to_v2(s);
+                    }
+                    rs.insert(code.clone(), x);
+                }
+                out.insert(k.clone(), Value::Object(rs));
+            }
+            _ => {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    if !consumes.is_empty() {
+        out.insert("consumes".into(), Value::Array(consumes));
+    }
+    out.insert(
+        "produces".into(),
+        json!(["application/json", "application/yaml"]),
+    );
+    out.insert("schemes".into(), json!(["https"]));
+    if !params.is_empty() {
+        out.insert("parameters".into(), Value::Array(params));
+    }
+    Value::Object(out)
+}
+
+pub fn param_to_v2(p: &Value) -> Value {
+    let mut out = json!({
+        "name": p.get("name").cloned().unwrap_or(Value::Null),
+        "in": p.get("in").cloned().unwrap_or(Value::Null),
+        "type": p.pointer("/schema/type").cloned().unwrap_or(json!("string")),
+        "uniqueItems": true,
+    });
+    if p.get("required") == Some(&json!(true)) {
+        out["required"] = json!(true);
+    }
+    out
+}
+
+fn status_text(code: &str) -> &'static str {
+    match code {
+        "200" => "OK",
+        "201" => "Created",
+        "202" => "Accepted",
+        "401" => "Unauthorized",
+        _ => "",
+    }
 }

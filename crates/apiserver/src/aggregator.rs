@@ -23,8 +23,10 @@
 //! * OpenAPI v3: while an APIService is available, its backend's `/openapi/v3` index entries
 //!   (fetched as `system:aggregator` with each check) join this server's index under the
 //!   keys it does not serve itself, and `/openapi/v3/<key>` for those is proxied to the
-//!   backend, as kube-aggregator's v3 spec proxier does. The v2 document is this server's
-//!   alone (upstream also merges the backends' v2 paths and definitions).
+//!   backend, as kube-aggregator's v3 spec proxier does. `/openapi/v2` gains each backend's
+//!   paths under `/apis/<group>/<version>/` and the definitions they use (a name this server
+//!   defines stays its own; upstream renames a conflicting one), as its spec aggregator
+//!   merges them.
 //!
 //! Endpoints are resolved as with kube-apiserver's `--enable-aggregator-routing` (a pod
 //! address of the Service's EndpointSlices), as the admission webhooks' client does.
@@ -132,6 +134,8 @@ pub struct Aggregator {
     /// Each available backend's OpenAPI v3 index entries (key → `serverRelativeURL`), by
     /// APIService name.
     openapi_v3: RwLock<HashMap<String, serde_json::Map<String, Value>>>,
+    /// Each available backend's part of `/openapi/v2`, by APIService name.
+    openapi_v2: RwLock<HashMap<String, crate::openapi::V2Part>>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -170,6 +174,7 @@ impl Aggregator {
             client_cert,
             discovery: RwLock::new(HashMap::new()),
             openapi_v3: RwLock::new(HashMap::new()),
+            openapi_v2: RwLock::new(HashMap::new()),
         }))
     }
 
@@ -893,6 +898,43 @@ async fn discovery_check(state: &State, b: &Backend) -> Result<Option<Value>, St
         .filter(|v| v.get("kind").and_then(Value::as_str) == Some("APIResourceList")))
 }
 
+/// The backend's `/openapi/v2` filtered to the APIService's paths (`/apis/<group>/<version>/`)
+/// and the definitions they use, as upstream's spec aggregator keeps it; None when it
+/// serves none.
+async fn openapi_v2_part(state: &State, b: &Backend) -> Option<crate::openapi::V2Part> {
+    let (status, body, _) = fetch(state, b, "/openapi/v2", ("system:aggregator", None))
+        .await
+        .ok()?;
+    if status != 200 {
+        return None;
+    }
+    let doc: Value = serde_json::from_slice(&body).ok()?;
+    let prefix = format!("/apis/{}/{}/", b.group, b.version);
+    let paths: serde_json::Map<String, Value> = doc
+        .get("paths")
+        .and_then(Value::as_object)?
+        .iter()
+        .filter(|(p, _)| p.starts_with(&prefix))
+        .map(|(p, v)| (p.clone(), v.clone()))
+        .collect();
+    let all = doc.get("definitions").and_then(Value::as_object)?;
+    let mut definitions = serde_json::Map::new();
+    let mut pending = vec![Value::Object(paths.clone()).to_string()];
+    while let Some(text) = pending.pop() {
+        for name in text
+            .split("\"$ref\":\"#/definitions/")
+            .skip(1)
+            .filter_map(|r| r.split('"').next())
+        {
+            if let (false, Some(d)) = (definitions.contains_key(name), all.get(name)) {
+                definitions.insert(name.to_owned(), d.clone());
+                pending.push(d.to_string());
+            }
+        }
+    }
+    Some(crate::openapi::V2Part { paths, definitions })
+}
+
 /// The backend's OpenAPI v3 index entries (`paths` of its `/openapi/v3`), fetched as
 /// upstream's downloader does, as `system:aggregator`; None when it serves none.
 async fn openapi_v3_index(state: &State, b: &Backend) -> Option<serde_json::Map<String, Value>> {
@@ -1009,11 +1051,29 @@ pub async fn run_available_controller(state: Arc<State>) {
                 }
                 // The backend's OpenAPI is followed while it is available (upstream's
                 // OpenAPI controllers drop the specs of an unavailable APIService).
-                let index = if verdict.0 == "True" {
-                    openapi_v3_index(&state, &b).await
+                let (index, v2) = if verdict.0 == "True" {
+                    (
+                        openapi_v3_index(&state, &b).await,
+                        openapi_v2_part(&state, &b).await,
+                    )
                 } else {
-                    None
+                    (None, None)
                 };
+                {
+                    let mut o = state
+                        .aggregator
+                        .openapi_v2
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner());
+                    match v2 {
+                        Some(part) => {
+                            o.insert(b.name.clone(), part);
+                        }
+                        None => {
+                            o.remove(&b.name);
+                        }
+                    }
+                }
                 {
                     let mut o = state
                         .aggregator
@@ -1052,6 +1112,18 @@ pub async fn run_available_controller(state: Arc<State>) {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|n, _| names.contains(n));
+        let parts = {
+            let mut v2 = state
+                .aggregator
+                .openapi_v2
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            v2.retain(|n, _| names.contains(n));
+            let mut named: Vec<(&String, &crate::openapi::V2Part)> = v2.iter().collect();
+            named.sort_by(|a, b| a.0.cmp(b.0));
+            named.into_iter().map(|(_, p)| p.clone()).collect()
+        };
+        state.openapi.set_v2_extra(parts);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -499,6 +499,14 @@ async fn handle_plain(req: http::Request<Incoming>, cfg: &Config) -> http::Respo
     let get = method == http::Method::GET;
     match segs.as_slice() {
         ["openapi", "v3"] if get => return reply(200, &crate::sample_openapi::index()),
+        ["openapi", "v2"] if get => {
+            let mut r = http::Response::new(Full::new(crate::sample_openapi::v2().clone()));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            return r;
+        }
         ["openapi", "v3", "apis", GROUP, v] if get => {
             let Some(d) = crate::sample_openapi::document(v) else {
                 return not_found_path();

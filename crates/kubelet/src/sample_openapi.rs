@@ -375,6 +375,50 @@ pub(crate) fn document(version: &str) -> Option<&'static Doc> {
         .find_map(|(v, d)| (*v == version).then_some(d))
 }
 
+/// `/openapi/v2`: both versions' paths and every definition they use, in v2 form, built
+/// once from the v3 documents.
+pub(crate) fn v2() -> &'static Bytes {
+    use kumo_apimachinery::openapi::{operation_to_v2, param_to_v2, schema_to_v2};
+    static DOC: OnceLock<Bytes> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut paths = Map::new();
+        let mut definitions = Map::new();
+        for v in VERSIONS {
+            let Some(doc) = document(v).and_then(|d| serde_json::from_slice::<Value>(&d.body).ok())
+            else {
+                continue;
+            };
+            for (p, item) in doc["paths"].as_object().into_iter().flatten() {
+                let item: Map<String, Value> = item
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, x)| {
+                        let x = if k == "parameters" {
+                            Value::Array(x.as_array().into_iter().flatten().map(param_to_v2).collect())
+                        } else {
+                            operation_to_v2(x)
+                        };
+                        (k.clone(), x)
+                    })
+                    .collect();
+                paths.insert(p.clone(), Value::Object(item));
+            }
+            for (n, d) in doc["components"]["schemas"].as_object().into_iter().flatten() {
+                definitions.insert(n.clone(), schema_to_v2(d));
+            }
+        }
+        let doc = json!({
+            "swagger": "2.0",
+            "info": {"title": "Wardle", "version": "0.1"},
+            "paths": paths,
+            "definitions": definitions,
+            "securityDefinitions": {"BearerToken": {"type": "apiKey", "name": "authorization", "in": "header"}},
+            "security": [{"BearerToken": []}]});
+        Bytes::from(doc.to_string())
+    })
+}
+
 /// `/openapi/v3`: each group version's document with its hash.
 pub(crate) fn index() -> Value {
     let paths: Map<String, Value> = VERSIONS
@@ -422,6 +466,17 @@ mod tests {
             .unwrap();
         assert!(url.ends_with(&document("v1alpha1").unwrap().hash));
         assert!(document("v2").is_none());
+        let v2: Value = serde_json::from_slice(v2()).unwrap();
+        let text = v2.to_string();
+        assert!(!text.contains("#/components/schemas/"));
+        for name in text.split("\"$ref\":\"#/definitions/").skip(1) {
+            let name = name.split('"').next().unwrap();
+            assert!(v2["definitions"][name].is_object(), "{name}");
+        }
+        assert!(
+            v2["paths"]["/apis/wardle.example.com/v1beta1/namespaces/{namespace}/flunders"]["post"]
+                .is_object()
+        );
     }
 
     #[test]

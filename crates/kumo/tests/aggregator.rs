@@ -377,6 +377,31 @@ async fn sample_apiserver_serves_its_group_through_the_aggregator() {
         explained.contains("  flunderReference\t<string>") && !explained.contains("  reference\t"),
         "{explained}"
     );
+    // /openapi/v2 merges the backend's paths of the group version and its definitions
+    // (kubectl reads the protobuf form for the v2 explain).
+    let v2 = ok(k(kc, &["get", "--raw", "/openapi/v2"]).await);
+    let v2: serde_json::Value = serde_json::from_str(&v2).unwrap();
+    assert!(
+        v2["paths"]["/apis/wardle.example.com/v1alpha1/namespaces/{namespace}/flunders"]["post"]
+            .is_object()
+    );
+    // Only the APIService's version: v1beta1 has no APIService now.
+    assert!(v2["paths"]["/apis/wardle.example.com/v1beta1/flunders"].is_null());
+    assert!(v2["paths"]["/api/v1/pods"].is_object());
+    assert!(
+        v2["definitions"]["io.k8s.sample-apiserver.pkg.apis.wardle.v1alpha1.FlunderSpec"]
+            .is_object()
+    );
+    let explained = ok(k(
+        kc,
+        &["explain", "flunders.spec", "--output=plaintext-openapiv2"],
+    )
+    .await);
+    assert!(
+        explained.contains("KIND:     Flunder") && explained.contains("referenceType\t<string>"),
+        "{explained}"
+    );
+
     // kubectl finds fieldValidation in the backend's document and lets the server check
     // fields: Strict refuses an unknown field, Warn drops it with a warning.
     let bogus = "apiVersion: wardle.example.com/v1alpha1

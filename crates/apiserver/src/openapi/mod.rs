@@ -27,11 +27,8 @@ use crate::registry::{Registry, Resource};
 pub use types::type_error;
 pub use validate::{check_fields, check_patched, prune, Directive, FieldProblems};
 
-use kumo_apimachinery::openapi::V3_REF;
+use kumo_apimachinery::openapi::{operation_to_v2, param_to_v2, schema_to_v2, V3_REF};
 pub use kumo_apimachinery::openapi::{schemas, Schemas};
-
-/// Prefix of a reference to a definition in an OpenAPI v2 document.
-const V2_REF: &str = "#/definitions/";
 
 /// One served document with its content hash (upstream: SHA-512, upper-case hex).
 #[derive(Clone)]
@@ -55,12 +52,27 @@ impl Document {
 /// registry's resources change (custom resources come and go).
 #[derive(Default)]
 pub struct Documents {
-    current: std::sync::Mutex<Option<(u64, Arc<Built>)>>,
+    current: std::sync::Mutex<Option<(Generation, Arc<Built>)>>,
+    /// What other servers add to `/openapi/v2` (the aggregator's backends), with its
+    /// generation.
+    extra: std::sync::Mutex<(u64, Arc<Vec<V2Part>>)>,
+}
+
+/// What the documents were built from: the registry's generation and the extra parts'.
+type Generation = (u64, u64);
+
+/// Paths and definitions (both in v2 form) that a backend adds to `/openapi/v2`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct V2Part {
+    pub paths: Map<String, Value>,
+    pub definitions: Map<String, Value>,
 }
 
 /// The documents of one generation of the registry.
 #[derive(Default)]
 struct Built {
+    /// The backends' parts of `/openapi/v2`.
+    extra: Arc<Vec<V2Part>>,
     v3: OnceLock<V3>,
     v2: OnceLock<Document>,
     v2_protobuf: OnceLock<Document>,
@@ -76,7 +88,12 @@ struct V3 {
 impl Documents {
     /// The documents of the registry as it is now.
     fn built(&self, registry: &Registry) -> Arc<Built> {
-        let generation = registry.generation();
+        let (extra_generation, extra) = self
+            .extra
+            .lock()
+            .map(|e| e.clone())
+            .unwrap_or_else(|p| p.into_inner().clone());
+        let generation = (registry.generation(), extra_generation);
         let mut current = match self.current.lock() {
             Ok(c) => c,
             Err(poisoned) => poisoned.into_inner(),
@@ -84,10 +101,22 @@ impl Documents {
         match &*current {
             Some((g, b)) if *g == generation => b.clone(),
             _ => {
-                let b = Arc::new(Built::default());
+                let b = Arc::new(Built {
+                    extra,
+                    ..Built::default()
+                });
                 *current = Some((generation, b.clone()));
                 b
             }
+        }
+    }
+
+    /// Sets what backends add to `/openapi/v2`; the documents are built again when it
+    /// differs from what they hold.
+    pub fn set_v2_extra(&self, parts: Vec<V2Part>) {
+        let mut e = self.extra.lock().unwrap_or_else(|p| p.into_inner());
+        if *e.1 != parts {
+            *e = (e.0 + 1, Arc::new(parts));
         }
     }
 
@@ -138,13 +167,17 @@ impl Built {
     }
 
     fn v2(&self, registry: &Registry) -> &Document {
-        self.v2.get_or_init(|| v2_document(registry))
+        self.v2.get_or_init(|| v2_document(registry, &self.extra))
     }
 
     fn v2_protobuf(&self, registry: &Registry) -> &Document {
         self.v2_protobuf.get_or_init(|| {
             let mut defs = Vec::new();
             v2_definitions(registry, |n, d| defs.push((n.to_owned(), d)));
+            let own: BTreeSet<String> = defs.iter().map(|(n, _)| n.clone()).collect();
+            for (n, d) in extra_definitions(&self.extra, &own) {
+                defs.push((n.to_owned(), d.clone()));
+            }
             let body = proto::document(
                 crate::KUBERNETES_VERSION,
                 defs.iter().map(|(n, d)| (n.as_str(), d.clone())),
@@ -730,126 +763,6 @@ fn version_string() -> String {
     }
 }
 
-/// A v3 schema in v2 form: `#/definitions/` references, and a reference wrapped in
-/// `allOf` (v3's way to give it siblings) as a plain `$ref`.
-fn schema_to_v2(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            if let Some(r) = m
-                .get("allOf")
-                .and_then(Value::as_array)
-                .filter(|a| a.len() == 1)
-                .and_then(|a| a[0].get("$ref"))
-            {
-                return json!({"$ref": r.as_str().unwrap_or("").replace(V3_REF, V2_REF)});
-            }
-            // v2 has no oneOf: IntOrString and Quantity are strings there, and kube-apiserver
-            // publishes no defaults in v2.
-            let mut out: Map<String, Value> = m
-                .iter()
-                .filter(|(k, _)| *k != "oneOf" && *k != "default")
-                .map(|(k, x)| match (k.as_str(), x) {
-                    ("$ref", Value::String(r)) => (k.clone(), json!(r.replace(V3_REF, V2_REF))),
-                    // Property names are data, not schemas.
-                    ("properties", Value::Object(props)) => (
-                        k.clone(),
-                        Value::Object(
-                            props
-                                .iter()
-                                .map(|(p, s)| (p.clone(), schema_to_v2(s)))
-                                .collect(),
-                        ),
-                    ),
-                    // Extension values are data.
-                    (e, _) if e.starts_with("x-") => (k.clone(), x.clone()),
-                    _ => (k.clone(), schema_to_v2(x)),
-                })
-                .collect();
-            if m.contains_key("oneOf") && !m.contains_key("type") {
-                out.insert("type".into(), json!("string"));
-            }
-            Value::Object(out)
-        }
-        Value::Array(a) => Value::Array(a.iter().map(schema_to_v2).collect()),
-        other => other.clone(),
-    }
-}
-
-/// A v3 operation in v2 form.
-fn operation_to_v2(op: &Value) -> Value {
-    let mut out = Map::new();
-    let mut params: Vec<Value> = Vec::new();
-    let mut consumes: Vec<Value> = Vec::new();
-    for (k, v) in op.as_object().into_iter().flatten() {
-        match k.as_str() {
-            "parameters" => params.extend(v.as_array().into_iter().flatten().map(param_to_v2)),
-            "requestBody" => {
-                let c = v.get("content").and_then(Value::as_object);
-                let schema = c
-                    .and_then(|c| c.values().next())
-                    .and_then(|x| x.get("schema"))
-                    .map(schema_to_v2)
-                    .unwrap_or(Value::Null);
-                consumes.extend(c.into_iter().flat_map(|c| c.keys()).map(|k| json!(k)));
-                params.push(
-                    json!({"name": "body", "in": "body", "required": true, "schema": schema}),
-                );
-            }
-            "responses" => {
-                let mut rs = Map::new();
-                for (code, r) in v.as_object().into_iter().flatten() {
-                    let mut x = json!({"description": status_text(code)});
-                    if let Some(s) = r
-                        .get("content")
-                        .and_then(Value::as_object)
-                        .and_then(|c| c.values().next())
-                        .and_then(|c| c.get("schema"))
-                    {
-                        x["schema"] = schema_to_v2(s);
-                    }
-                    rs.insert(code.clone(), x);
-                }
-                out.insert(k.clone(), Value::Object(rs));
-            }
-            _ => {
-                out.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    if !consumes.is_empty() {
-        out.insert("consumes".into(), Value::Array(consumes));
-    }
-    out.insert("produces".into(), json!(RESPONSE_TYPES));
-    out.insert("schemes".into(), json!(["https"]));
-    if !params.is_empty() {
-        out.insert("parameters".into(), Value::Array(params));
-    }
-    Value::Object(out)
-}
-
-fn param_to_v2(p: &Value) -> Value {
-    let mut out = json!({
-        "name": p.get("name").cloned().unwrap_or(Value::Null),
-        "in": p.get("in").cloned().unwrap_or(Value::Null),
-        "type": p.pointer("/schema/type").cloned().unwrap_or(json!("string")),
-        "uniqueItems": true,
-    });
-    if p.get("required") == Some(&json!(true)) {
-        out["required"] = json!(true);
-    }
-    out
-}
-
-fn status_text(code: &str) -> &'static str {
-    match code {
-        "200" => "OK",
-        "201" => "Created",
-        "202" => "Accepted",
-        "401" => "Unauthorized",
-        _ => "",
-    }
-}
-
 /// The definitions the served paths use (the names are the same in both forms), custom
 /// resources' included, each in v2 form when `f` asks for it.
 fn v2_definitions(registry: &Registry, mut f: impl FnMut(&str, Value)) {
@@ -938,9 +851,23 @@ fn v2_definition(name: &str) -> Value {
     schema_to_v2(&def)
 }
 
-/// The OpenAPI v2 document: every served group version's paths, in v2 form. Each
-/// definition is converted and written on its own, so building it holds few values at once.
-fn v2_document(registry: &Registry) -> Document {
+/// The backends' definitions that this server does not define itself (a name it has is
+/// its own: the meta types are the same facts), each once.
+fn extra_definitions<'a>(
+    extra: &'a [V2Part],
+    own: &BTreeSet<String>,
+) -> impl Iterator<Item = (&'a String, &'a Value)> {
+    let mut seen = own.clone();
+    extra
+        .iter()
+        .flat_map(|p| p.definitions.iter())
+        .filter(move |(n, _)| seen.insert((*n).clone()))
+}
+
+/// The OpenAPI v2 document: every served group version's paths, in v2 form, then the
+/// backends' (`extra`). Each definition is converted and written on its own, so building
+/// it holds few values at once.
+fn v2_document(registry: &Registry, extra: &[V2Part]) -> Document {
     let mut out = String::new();
     out.push_str("{\"swagger\":\"2.0\",\"info\":");
     out.push_str(&json!({"title": "Kubernetes", "version": crate::KUBERNETES_VERSION}).to_string());
@@ -971,9 +898,29 @@ fn v2_document(registry: &Registry) -> Document {
             out.push_str(&Value::Object(m).to_string());
         }
     }
+    for (p, item) in extra.iter().flat_map(|e| e.paths.iter()) {
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        out.push_str(&json!(p).to_string());
+        out.push(':');
+        out.push_str(&item.to_string());
+    }
     out.push_str("},\"definitions\":{");
     let mut first = true;
+    let mut own = BTreeSet::new();
     v2_definitions(registry, |n, d| {
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        own.insert(n.to_owned());
+        out.push_str(&json!(n).to_string());
+        out.push(':');
+        out.push_str(&d.to_string());
+    });
+    for (n, d) in extra_definitions(extra, &own) {
         if !first {
             out.push(',');
         }
@@ -981,7 +928,7 @@ fn v2_document(registry: &Registry) -> Document {
         out.push_str(&json!(n).to_string());
         out.push(':');
         out.push_str(&d.to_string());
-    });
+    }
     out.push_str("},\"securityDefinitions\":");
     out.push_str(&security_scheme().to_string());
     out.push_str(",\"security\":[{\"BearerToken\":[]}]}");
