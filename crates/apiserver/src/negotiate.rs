@@ -225,7 +225,13 @@ pub fn decode_body_as(
         .unwrap_or("application/json");
     let value: Value = match essence {
         "application/json" | "" => serde_json::from_slice(body).map_err(|e| {
-            let why = kumo_apimachinery::gojson::syntax_error(body).unwrap_or_else(|| e.to_string());
+            let syntax = kumo_apimachinery::gojson::syntax_error(body);
+            // Valid JSON deeper than the decoder goes (serde_json stops at 128 levels): the
+            // same refusal as for 101–128 levels below, not a parse error.
+            if syntax.is_none() && e.to_string().starts_with("recursion limit exceeded") {
+                return too_deep();
+            }
+            let why = syntax.unwrap_or_else(|| e.to_string());
             ApiError::bad_request(format!(
                 "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {why} ({})",
                 summarize(body)
@@ -258,11 +264,20 @@ pub fn decode_body_as(
         )));
     }
     if depth(&value) > MAX_DEPTH {
-        return Err(ApiError::bad_request(format!(
-            "the object provided is nested more than {MAX_DEPTH} levels deep"
-        )));
+        return Err(too_deep());
     }
     Ok(value)
+}
+
+/// kumo's refusal of a body nested deeper than [`MAX_DEPTH`]. Upstream decodes up to
+/// 10 000 levels (Go's stacks grow); kumo bounds every recursive pass over an object
+/// (field validation, patches, managedFields, admission, storage) by refusing deeper
+/// bodies up front, so none can exhaust a fixed-size thread stack. Deeper than 10 000 is
+/// Go's syntax error on both.
+fn too_deep() -> ApiError {
+    ApiError::bad_request(format!(
+        "the object provided is nested more than {MAX_DEPTH} levels deep"
+    ))
 }
 
 /// How Go prints the anonymous struct upstream's serializer decodes apiVersion and kind
@@ -377,6 +392,32 @@ mod tests {
         let deep = "[".repeat(200) + &"]".repeat(200);
         let e = decode_body(Some("application/json"), deep.as_bytes()).unwrap_err();
         assert_eq!(e.code, 400);
+        // One refusal from 101 levels to Go's limit, whichever decoder stage meets it;
+        // past 10 000, Go's own syntax error.
+        for (levels, message) in [
+            (
+                120,
+                "the object provided is nested more than 100 levels deep",
+            ),
+            (
+                5000,
+                "the object provided is nested more than 100 levels deep",
+            ),
+            (10_001, "invalid character '[' exceeded max depth"),
+        ] {
+            let body = format!(
+                "{{\"kind\":\"ConfigMap\",\"extra\":{}{}}}",
+                "[".repeat(levels),
+                "]".repeat(levels)
+            );
+            let e = decode_body(Some("application/json"), body.as_bytes()).unwrap_err();
+            assert_eq!(e.code, 400);
+            assert!(
+                e.to_status()["message"].as_str().unwrap().contains(message),
+                "{levels}: {}",
+                e.to_status()
+            );
+        }
         let big = vec![b' '; MAX_BODY_BYTES + 1];
         assert_eq!(decode_body(None, &big).unwrap_err().code, 413);
     }
