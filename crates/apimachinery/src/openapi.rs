@@ -240,6 +240,26 @@ pub fn operation_to_v2(op: &Value) -> Value {
     Value::Object(out)
 }
 
+/// A v3 path item (operations and shared parameters) in v2 form.
+pub fn path_item_to_v2(item: &Value) -> Value {
+    let m: Map<String, Value> = item
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, x)| {
+            let x = if k == "parameters" {
+                let ps = x.as_array().into_iter().flatten();
+                Value::Array(ps.map(param_to_v2).collect())
+            } else {
+                operation_to_v2(x)
+            };
+            (k.clone(), x)
+        })
+        .collect();
+    Value::Object(m)
+}
+
+/// A v3 parameter in v2 form.
 pub fn param_to_v2(p: &Value) -> Value {
     let mut out = json!({
         "name": p.get("name").cloned().unwrap_or(Value::Null),
@@ -262,3 +282,70 @@ fn status_text(code: &str) -> &'static str {
         _ => "",
     }
 }
+
+/// A parameter of an operation (path parameters are required).
+pub fn param(name: &str, in_: &str, type_: &str) -> Value {
+    let mut p = json!({"name": name, "in": in_, "schema": {"type": type_, "uniqueItems": true}});
+    if in_ == "path" {
+        p["required"] = json!(true);
+    }
+    p
+}
+
+/// Query parameters by (name, type).
+pub fn query(names: &[(&str, &str)]) -> Vec<Value> {
+    names.iter().map(|(n, t)| param(n, "query", t)).collect()
+}
+
+/// The query parameters of each kind of operation, as the generic API server lists them.
+pub const LIST_PARAMS: &[(&str, &str)] = &[
+    ("allowWatchBookmarks", "boolean"),
+    ("continue", "string"),
+    ("fieldSelector", "string"),
+    ("labelSelector", "string"),
+    ("limit", "integer"),
+    ("resourceVersion", "string"),
+    ("resourceVersionMatch", "string"),
+    ("sendInitialEvents", "boolean"),
+    ("timeoutSeconds", "integer"),
+    ("watch", "boolean"),
+];
+pub const WRITE_PARAMS: &[(&str, &str)] = &[
+    ("dryRun", "string"),
+    ("fieldManager", "string"),
+    ("fieldValidation", "string"),
+];
+pub const PATCH_PARAMS: &[(&str, &str)] = &[
+    ("dryRun", "string"),
+    ("fieldManager", "string"),
+    ("fieldValidation", "string"),
+    ("force", "boolean"),
+];
+pub const DELETE_PARAMS: &[(&str, &str)] = &[
+    ("dryRun", "string"),
+    ("gracePeriodSeconds", "integer"),
+    (
+        "ignoreStoreReadErrorWithClusterBreakingPotential",
+        "boolean",
+    ),
+    ("orphanDependents", "boolean"),
+    ("propagationPolicy", "string"),
+];
+pub const DELETE_COLLECTION_PARAMS: &[(&str, &str)] = &[
+    ("continue", "string"),
+    ("dryRun", "string"),
+    ("fieldSelector", "string"),
+    ("gracePeriodSeconds", "integer"),
+    (
+        "ignoreStoreReadErrorWithClusterBreakingPotential",
+        "boolean",
+    ),
+    ("labelSelector", "string"),
+    ("limit", "integer"),
+    ("orphanDependents", "boolean"),
+    ("propagationPolicy", "string"),
+    ("resourceVersion", "string"),
+    ("resourceVersionMatch", "string"),
+    ("sendInitialEvents", "boolean"),
+    ("timeoutSeconds", "integer"),
+];

@@ -902,13 +902,7 @@ async fn discovery_check(state: &State, b: &Backend) -> Result<Option<Value>, St
 /// and the definitions they use, as upstream's spec aggregator keeps it; None when it
 /// serves none.
 async fn openapi_v2_part(state: &State, b: &Backend) -> Option<crate::openapi::V2Part> {
-    let (status, body, _) = fetch(state, b, "/openapi/v2", ("system:aggregator", None))
-        .await
-        .ok()?;
-    if status != 200 {
-        return None;
-    }
-    let doc: Value = serde_json::from_slice(&body).ok()?;
+    let doc = openapi_document(state, b, "/openapi/v2").await?;
     let prefix = format!("/apis/{}/{}/", b.group, b.version);
     let paths: serde_json::Map<String, Value> = doc
         .get("paths")
@@ -938,14 +932,20 @@ async fn openapi_v2_part(state: &State, b: &Backend) -> Option<crate::openapi::V
 /// The backend's OpenAPI v3 index entries (`paths` of its `/openapi/v3`), fetched as
 /// upstream's downloader does, as `system:aggregator`; None when it serves none.
 async fn openapi_v3_index(state: &State, b: &Backend) -> Option<serde_json::Map<String, Value>> {
-    let (status, body, _) = fetch(state, b, "/openapi/v3", ("system:aggregator", None))
+    let v = openapi_document(state, b, "/openapi/v3").await?;
+    v.get("paths").and_then(Value::as_object).cloned()
+}
+
+/// A JSON document the backend serves at `path` to `system:aggregator` (upstream's
+/// OpenAPI downloaders' user), if it answers 200.
+async fn openapi_document(state: &State, b: &Backend, path: &str) -> Option<Value> {
+    let (status, body, _) = fetch(state, b, path, ("system:aggregator", None))
         .await
         .ok()?;
     if status != 200 {
         return None;
     }
-    let v: Value = serde_json::from_slice(&body).ok()?;
-    v.get("paths").and_then(Value::as_object).cloned()
+    serde_json::from_slice(&body).ok()
 }
 
 /// Sets the Available condition of APIService `name` as upstream's SetAPIServiceCondition
@@ -1011,6 +1011,26 @@ async fn record(state: &State, name: &str, (status, reason, message): Verdict) {
     }
 }
 
+/// Keeps what APIService `name`'s backend last said (`Some`), or forgets it (`None`).
+fn keep<T>(map: &RwLock<HashMap<String, T>>, name: &str, value: Option<T>) {
+    let mut m = map.write().unwrap_or_else(|e| e.into_inner());
+    match value {
+        Some(v) => {
+            m.insert(name.to_owned(), v);
+        }
+        None => {
+            m.remove(name);
+        }
+    }
+}
+
+/// Forgets what APIServices other than `names` said (they are gone).
+fn forget_others<T>(map: &RwLock<HashMap<String, T>>, names: &[String]) {
+    map.write()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|n, _| names.contains(n));
+}
+
 /// The availability controller: runs until the process ends.
 pub async fn run_available_controller(state: Arc<State>) {
     let mut last_full: Option<Instant> = None;
@@ -1059,36 +1079,8 @@ pub async fn run_available_controller(state: Arc<State>) {
                 } else {
                     (None, None)
                 };
-                {
-                    let mut o = state
-                        .aggregator
-                        .openapi_v2
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner());
-                    match v2 {
-                        Some(part) => {
-                            o.insert(b.name.clone(), part);
-                        }
-                        None => {
-                            o.remove(&b.name);
-                        }
-                    }
-                }
-                {
-                    let mut o = state
-                        .aggregator
-                        .openapi_v3
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner());
-                    match index {
-                        Some(paths) => {
-                            o.insert(b.name.clone(), paths);
-                        }
-                        None => {
-                            o.remove(&b.name);
-                        }
-                    }
-                }
+                keep(&state.aggregator.openapi_v2, &b.name, v2);
+                keep(&state.aggregator.openapi_v3, &b.name, index);
                 record(&state, &b.name, verdict).await;
             }
         });
@@ -1100,25 +1092,15 @@ pub async fn run_available_controller(state: Arc<State>) {
             .into_iter()
             .map(|b| b.name)
             .collect();
-        state
-            .aggregator
-            .discovery
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|n, _| names.contains(n));
-        state
-            .aggregator
-            .openapi_v3
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|n, _| names.contains(n));
+        forget_others(&state.aggregator.discovery, &names);
+        forget_others(&state.aggregator.openapi_v3, &names);
+        forget_others(&state.aggregator.openapi_v2, &names);
         let parts = {
-            let mut v2 = state
+            let v2 = state
                 .aggregator
                 .openapi_v2
-                .write()
+                .read()
                 .unwrap_or_else(|e| e.into_inner());
-            v2.retain(|n, _| names.contains(n));
             let mut named: Vec<(&String, &crate::openapi::V2Part)> = v2.iter().collect();
             named.sort_by(|a, b| a.0.cmp(b.0));
             named.into_iter().map(|(_, p)| p.clone()).collect()

@@ -190,51 +190,16 @@ fn walk(
 
 /// The query parameters of each action, as the generic API server lists them.
 fn params(action: &str) -> Value {
-    let q = |n: &str, t: &str| json!({"name": n, "in": "query", "schema": {"type": t, "uniqueItems": true}});
-    let names: &[(&str, &str)] = match action {
-        "list" => &[
-            ("allowWatchBookmarks", "boolean"),
-            ("continue", "string"),
-            ("fieldSelector", "string"),
-            ("labelSelector", "string"),
-            ("limit", "integer"),
-            ("resourceVersion", "string"),
-            ("resourceVersionMatch", "string"),
-            ("sendInitialEvents", "boolean"),
-            ("timeoutSeconds", "integer"),
-            ("watch", "boolean"),
-        ],
-        "deletecollection" => &[
-            ("continue", "string"),
-            ("dryRun", "string"),
-            ("fieldSelector", "string"),
-            ("gracePeriodSeconds", "integer"),
-            ("labelSelector", "string"),
-            ("limit", "integer"),
-            ("propagationPolicy", "string"),
-            ("resourceVersion", "string"),
-            ("resourceVersionMatch", "string"),
-            ("timeoutSeconds", "integer"),
-        ],
-        "post" | "put" => &[
-            ("dryRun", "string"),
-            ("fieldManager", "string"),
-            ("fieldValidation", "string"),
-        ],
-        "patch" => &[
-            ("dryRun", "string"),
-            ("fieldManager", "string"),
-            ("fieldValidation", "string"),
-            ("force", "boolean"),
-        ],
-        "delete" => &[
-            ("dryRun", "string"),
-            ("gracePeriodSeconds", "integer"),
-            ("propagationPolicy", "string"),
-        ],
+    use kumo_apimachinery::openapi as o;
+    let names = match action {
+        "list" => o::LIST_PARAMS,
+        "deletecollection" => o::DELETE_COLLECTION_PARAMS,
+        "post" | "put" => o::WRITE_PARAMS,
+        "patch" => o::PATCH_PARAMS,
+        "delete" => o::DELETE_PARAMS,
         _ => &[],
     };
-    Value::Array(names.iter().map(|(n, t)| q(n, t)).collect())
+    Value::Array(o::query(names))
 }
 
 /// `wardle.example.com` → `WardleExampleCom`, as operation ids spell a group.
@@ -378,7 +343,7 @@ pub(crate) fn document(version: &str) -> Option<&'static Doc> {
 /// `/openapi/v2`: both versions' paths and every definition they use, in v2 form, built
 /// once from the v3 documents.
 pub(crate) fn v2() -> &'static Bytes {
-    use kumo_apimachinery::openapi::{operation_to_v2, param_to_v2, schema_to_v2};
+    use kumo_apimachinery::openapi::{path_item_to_v2, schema_to_v2};
     static DOC: OnceLock<Bytes> = OnceLock::new();
     DOC.get_or_init(|| {
         let mut paths = Map::new();
@@ -389,20 +354,7 @@ pub(crate) fn v2() -> &'static Bytes {
                 continue;
             };
             for (p, item) in doc["paths"].as_object().into_iter().flatten() {
-                let item: Map<String, Value> = item
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, x)| {
-                        let x = if k == "parameters" {
-                            Value::Array(x.as_array().into_iter().flatten().map(param_to_v2).collect())
-                        } else {
-                            operation_to_v2(x)
-                        };
-                        (k.clone(), x)
-                    })
-                    .collect();
-                paths.insert(p.clone(), Value::Object(item));
+                paths.insert(p.clone(), path_item_to_v2(item));
             }
             for (n, d) in doc["components"]["schemas"].as_object().into_iter().flatten() {
                 definitions.insert(n.clone(), schema_to_v2(d));

@@ -27,7 +27,10 @@ use crate::registry::{Registry, Resource};
 pub use types::type_error;
 pub use validate::{check_fields, check_patched, prune, Directive, FieldProblems};
 
-use kumo_apimachinery::openapi::{operation_to_v2, param_to_v2, schema_to_v2, V3_REF};
+use kumo_apimachinery::openapi::{
+    param, path_item_to_v2, query, schema_to_v2, DELETE_COLLECTION_PARAMS, DELETE_PARAMS,
+    LIST_PARAMS, PATCH_PARAMS, V3_REF, WRITE_PARAMS,
+};
 pub use kumo_apimachinery::openapi::{schemas, Schemas};
 
 /// One served document with its content hash (upstream: SHA-512, upper-case hex).
@@ -234,69 +237,6 @@ fn capitalize(s: &str) -> String {
     }
 }
 
-fn param(name: &str, in_: &str, type_: &str) -> Value {
-    let mut p = json!({"name": name, "in": in_, "schema": {"type": type_, "uniqueItems": true}});
-    if in_ == "path" {
-        p["required"] = json!(true);
-    }
-    p
-}
-
-fn query(names: &[(&str, &str)]) -> Vec<Value> {
-    names.iter().map(|(n, t)| param(n, "query", t)).collect()
-}
-
-const LIST_PARAMS: &[(&str, &str)] = &[
-    ("allowWatchBookmarks", "boolean"),
-    ("continue", "string"),
-    ("fieldSelector", "string"),
-    ("labelSelector", "string"),
-    ("limit", "integer"),
-    ("resourceVersion", "string"),
-    ("resourceVersionMatch", "string"),
-    ("sendInitialEvents", "boolean"),
-    ("timeoutSeconds", "integer"),
-    ("watch", "boolean"),
-];
-const WRITE_PARAMS: &[(&str, &str)] = &[
-    ("dryRun", "string"),
-    ("fieldManager", "string"),
-    ("fieldValidation", "string"),
-];
-const PATCH_PARAMS: &[(&str, &str)] = &[
-    ("dryRun", "string"),
-    ("fieldManager", "string"),
-    ("fieldValidation", "string"),
-    ("force", "boolean"),
-];
-const DELETE_PARAMS: &[(&str, &str)] = &[
-    ("dryRun", "string"),
-    ("gracePeriodSeconds", "integer"),
-    (
-        "ignoreStoreReadErrorWithClusterBreakingPotential",
-        "boolean",
-    ),
-    ("orphanDependents", "boolean"),
-    ("propagationPolicy", "string"),
-];
-const DELETE_COLLECTION_PARAMS: &[(&str, &str)] = &[
-    ("continue", "string"),
-    ("dryRun", "string"),
-    ("fieldSelector", "string"),
-    ("gracePeriodSeconds", "integer"),
-    (
-        "ignoreStoreReadErrorWithClusterBreakingPotential",
-        "boolean",
-    ),
-    ("labelSelector", "string"),
-    ("limit", "integer"),
-    ("orphanDependents", "boolean"),
-    ("propagationPolicy", "string"),
-    ("resourceVersion", "string"),
-    ("resourceVersionMatch", "string"),
-    ("sendInitialEvents", "boolean"),
-    ("timeoutSeconds", "integer"),
-];
 const PATCH_TYPES: &[&str] = &[
     "application/json-patch+json",
     "application/merge-patch+json",
@@ -872,67 +812,51 @@ fn v2_document(registry: &Registry, extra: &[V2Part]) -> Document {
     out.push_str("{\"swagger\":\"2.0\",\"info\":");
     out.push_str(&json!({"title": "Kubernetes", "version": crate::KUBERNETES_VERSION}).to_string());
     out.push_str(",\"paths\":{");
-    let mut first = true;
+    let mut paths = Members::new(&mut out);
     for (g, v) in group_versions(registry) {
         for (p, item) in gv_paths(registry, g, v, true) {
-            let m: Map<String, Value> = item
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(k, x)| {
-                    let x = if k == "parameters" {
-                        let ps = x.as_array().into_iter().flatten();
-                        Value::Array(ps.map(param_to_v2).collect())
-                    } else {
-                        operation_to_v2(x)
-                    };
-                    (k.clone(), x)
-                })
-                .collect();
-            if !first {
-                out.push(',');
-            }
-            first = false;
-            out.push_str(&json!(p).to_string());
-            out.push(':');
-            out.push_str(&Value::Object(m).to_string());
+            paths.push(&p, &path_item_to_v2(&item));
         }
     }
     for (p, item) in extra.iter().flat_map(|e| e.paths.iter()) {
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        out.push_str(&json!(p).to_string());
-        out.push(':');
-        out.push_str(&item.to_string());
+        paths.push(p, item);
     }
     out.push_str("},\"definitions\":{");
-    let mut first = true;
     let mut own = BTreeSet::new();
+    let mut definitions = Members::new(&mut out);
     v2_definitions(registry, |n, d| {
-        if !first {
-            out.push(',');
-        }
-        first = false;
         own.insert(n.to_owned());
-        out.push_str(&json!(n).to_string());
-        out.push(':');
-        out.push_str(&d.to_string());
+        definitions.push(n, &d);
     });
     for (n, d) in extra_definitions(extra, &own) {
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        out.push_str(&json!(n).to_string());
-        out.push(':');
-        out.push_str(&d.to_string());
+        definitions.push(n, d);
     }
     out.push_str("},\"securityDefinitions\":");
     out.push_str(&security_scheme().to_string());
     out.push_str(",\"security\":[{\"BearerToken\":[]}]}");
     Document::new(out)
+}
+
+/// Writes the members of a JSON object one at a time, commas between them.
+struct Members<'a> {
+    out: &'a mut String,
+    first: bool,
+}
+
+impl<'a> Members<'a> {
+    fn new(out: &'a mut String) -> Self {
+        Members { out, first: true }
+    }
+
+    fn push(&mut self, name: &str, value: &Value) {
+        if !self.first {
+            self.out.push(',');
+        }
+        self.first = false;
+        self.out.push_str(&json!(name).to_string());
+        self.out.push(':');
+        self.out.push_str(&value.to_string());
+    }
 }
 
 /// Media type of the protobuf form of `/openapi/v2` as clients ask for it.
