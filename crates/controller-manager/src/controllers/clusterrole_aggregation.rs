@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::informer::{Informer, InformerFactory};
 use crate::workqueue::WorkQueue;
@@ -56,11 +56,14 @@ pub fn start(
         if !wait_for_sync(&mut stop, ctl.roles.wait_synced()).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers("clusterrole-aggregation", queue, 5, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
-        });
+        let tasks = run_workers_of(
+            "clusterrole-aggregation",
+            queue,
+            5,
+            stop,
+            &ctl,
+            |c, key| async move { c.sync(&key).await },
+        );
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down ClusterRoleAggregator controller");
     })

@@ -37,7 +37,7 @@ use super::replicaset::{
     adopt_patch, controller_of, controller_ref, pod_available, pod_ready, record_event,
     release_patch, selector_is_empty, selector_matches, Expectations,
 };
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_already_exists, is_conflict, is_not_found, message, namespace_terminating};
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -713,11 +713,14 @@ pub fn start(
         if !wait_for_sync(&mut stop, synced).await {
             return;
         }
-        let c = ctl.clone();
-        let mut tasks = run_workers("daemonset", queue, 2, stop.clone(), move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
-        });
+        let mut tasks = run_workers_of(
+            "daemonset",
+            queue,
+            2,
+            stop.clone(),
+            &ctl,
+            |c, key| async move { c.sync(&key).await },
+        );
         let c = ctl.clone();
         tasks.extend(run_workers(
             "daemonset-node-updates",

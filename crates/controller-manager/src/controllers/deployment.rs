@@ -27,7 +27,7 @@ use super::replicaset::{
     adopt_patch, controller_of, controller_ref, record_event, release_patch, selector_is_empty,
     selector_matches,
 };
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_already_exists, is_not_found, message};
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -167,10 +167,8 @@ pub fn start(
         if !wait_for_sync(&mut stop, synced).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers("deployment", queue, 5, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
+        let tasks = run_workers_of("deployment", queue, 5, stop, &ctl, |c, key| async move {
+            c.sync(&key).await
         });
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down deployment controller");

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::replicaset::{controller_of, pod_ready, selector_matches};
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_conflict, is_not_found, message};
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -333,11 +333,14 @@ pub fn start(
         if !wait_for_sync(&mut stop, synced).await {
             return;
         }
-        let c = ctl.clone();
-        let mut tasks = run_workers("disruption", queue, WORKERS, stop.clone(), move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
-        });
+        let mut tasks = run_workers_of(
+            "disruption",
+            queue,
+            WORKERS,
+            stop.clone(),
+            &ctl,
+            |c, key| async move { c.sync(&key).await },
+        );
         let c = ctl.clone();
         tasks.extend(run_workers(
             "disruption",

@@ -21,7 +21,7 @@ use super::endpointslice::{
     queue_pod_services, rv, selector, set_trigger_time, should_pod_be_in_endpoints,
     should_set_hostname, TriggerTimeTracker, LABEL_HEADLESS,
 };
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_not_found, message, namespace_terminating};
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -105,10 +105,8 @@ pub fn start(
                 queue.add(key_of(e.as_ref()));
             }
         }
-        let c = ctl.clone();
-        let tasks = run_workers("endpoint", queue, 5, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
+        let tasks = run_workers_of("endpoint", queue, 5, stop, &ctl, |c, key| async move {
+            c.sync(&key).await
         });
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down endpoint controller");

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::endpointslice::{LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LAST_CHANGE_TRIGGER_TIME};
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_not_found, message, namespace_terminating};
 use crate::events;
@@ -262,11 +262,14 @@ pub fn start(
         if !wait_for_sync(&mut stop, synced).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers("endpointslicemirroring", queue, 5, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
-        });
+        let tasks = run_workers_of(
+            "endpointslicemirroring",
+            queue,
+            5,
+            stop,
+            &ctl,
+            |c, key| async move { c.sync(&key).await },
+        );
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down EndpointSliceMirroring controller");
     })

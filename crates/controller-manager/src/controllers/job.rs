@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 use super::replicaset::{
     controller_of, controller_ref, pod_ready, record_event, selector_matches, Expectations,
 };
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_not_found, message, namespace_terminating};
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -1119,10 +1119,8 @@ pub fn start(
         if !wait_for_sync(&mut stop, synced).await {
             return;
         }
-        let c = ctl.clone();
-        let mut tasks = run_workers("job", queue, 5, stop.clone(), move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
+        let mut tasks = run_workers_of("job", queue, 5, stop.clone(), &ctl, |c, key| async move {
+            c.sync(&key).await
         });
         let c = ctl.clone();
         tasks.extend(run_workers(

@@ -84,6 +84,27 @@ impl From<kube::Error> for SyncError {
     }
 }
 
+/// [`run_workers`] for a controller `ctl` whose sync is a method of it: each call gets
+/// the controller and the key (`|c, key| async move { c.sync(&key).await }`).
+pub fn run_workers_of<C, F, Fut>(
+    name: &'static str,
+    queue: Arc<WorkQueue<String>>,
+    workers: usize,
+    stop: watch::Receiver<bool>,
+    ctl: &Arc<C>,
+    sync: F,
+) -> Vec<JoinHandle<()>>
+where
+    C: Send + Sync + 'static,
+    F: Fn(Arc<C>, String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), SyncError>> + Send + 'static,
+{
+    let ctl = ctl.clone();
+    run_workers(name, queue, workers, stop, move |key| {
+        sync(ctl.clone(), key)
+    })
+}
+
 /// Starts `workers` workers that take keys from `queue` and run `sync` on them (client-go's
 /// processNextWorkItem: forget on success, rate-limited requeue on failure), and shuts the
 /// queue down when `stop` turns true.

@@ -22,7 +22,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_conflict, is_method_not_supported, is_not_found, message};
 use crate::informer::{Change, InformerFactory};
@@ -270,11 +270,14 @@ pub fn start(
                 }
             })
         };
-        let c = ctl.clone();
-        let mut tasks = run_workers("namespace", queue, WORKERS, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
-        });
+        let mut tasks = run_workers_of(
+            "namespace",
+            queue,
+            WORKERS,
+            stop,
+            &ctl,
+            |c, key| async move { c.sync(&key).await },
+        );
         tasks.push(resync);
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down namespace controller");

@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::message;
 use crate::informer::{Change, Informer, InformerFactory};
@@ -455,10 +455,8 @@ pub fn start(
             }
         }
         tracing::info!("Starting range CIDR allocator");
-        let c = ctl.clone();
-        let tasks = run_workers("node-ipam", queue, 4, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
+        let tasks = run_workers_of("node-ipam", queue, 4, stop, &ctl, |c, key| async move {
+            c.sync(&key).await
         });
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down ipam controller");

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::informer::{Change, Informer, InformerFactory};
 use crate::workqueue::WorkQueue;
@@ -151,11 +151,14 @@ pub fn start(
                 }
             }
         });
-        let c = ctl.clone();
-        let tasks = run_workers("node-lifecycle", queue, 1, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
-        });
+        let tasks = run_workers_of(
+            "node-lifecycle",
+            queue,
+            1,
+            stop,
+            &ctl,
+            |c, key| async move { c.sync(&key).await },
+        );
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down node controller");
     })

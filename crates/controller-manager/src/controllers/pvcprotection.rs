@@ -14,7 +14,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams, PostParams};
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::is_not_found;
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -144,10 +144,8 @@ pub fn start(
         if !wait_for_sync(&mut stop, synced).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers("pvcprotection", queue, 1, stop, move |key| {
-            let c = c.clone();
-            async move { c.process(&key).await }
+        let tasks = run_workers_of("pvcprotection", queue, 1, stop, &ctl, |c, key| async move {
+            c.process(&key).await
         });
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down PVC protection controller");

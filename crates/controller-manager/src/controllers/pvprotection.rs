@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::pvcprotection::{deletion_candidate, needs_finalizer};
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::is_not_found;
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -56,10 +56,8 @@ pub fn start(
         if !wait_for_sync(&mut stop, ctl.volumes.wait_synced()).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers("pvprotection", queue, 1, stop, move |key| {
-            let c = c.clone();
-            async move { c.process(&key).await }
+        let tasks = run_workers_of("pvprotection", queue, 1, stop, &ctl, |c, key| async move {
+            c.process(&key).await
         });
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down PV protection controller");

@@ -26,7 +26,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_not_found, message, namespace_terminating};
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -463,10 +463,8 @@ fn start_for<K: Owner>(
         if !wait_for_sync(&mut stop, synced).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers(K::QUEUE, queue, 5, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
+        let tasks = run_workers_of(K::QUEUE, queue, 5, stop, &ctl, |c, key| async move {
+            c.sync(&key).await
         });
         futures::future::join_all(tasks).await;
         tracing::info!(controller = K::QUEUE, "Shutting down controller");

@@ -39,7 +39,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_not_found, message};
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -289,11 +289,14 @@ pub fn start(
         if !wait_for_sync(&mut stop, synced).await {
             return;
         }
-        let c = ctl.clone();
-        let mut tasks = run_workers("resourcequota", queue, WORKERS, stop.clone(), move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
-        });
+        let mut tasks = run_workers_of(
+            "resourcequota",
+            queue,
+            WORKERS,
+            stop.clone(),
+            &ctl,
+            |c, key| async move { c.sync(&key).await },
+        );
         // The full resync.
         let c = ctl.clone();
         let mut s = stop.clone();

@@ -10,7 +10,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_not_found, namespace_terminating};
 use crate::informer::{Change, Informer, InformerFactory};
@@ -82,11 +82,14 @@ pub fn start(
         if !wait_for_sync(&mut stop, ctl.config_maps.wait_synced()).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers("root-ca-cert-publisher", queue, 1, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
-        });
+        let tasks = run_workers_of(
+            "root-ca-cert-publisher",
+            queue,
+            1,
+            stop,
+            &ctl,
+            |c, key| async move { c.sync(&key).await },
+        );
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down root CA cert publisher controller");
     })

@@ -9,7 +9,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::{is_already_exists, namespace_terminating};
 use crate::informer::{Change, Informer, InformerFactory};
@@ -68,11 +68,14 @@ pub fn start(
         if !wait_for_sync(&mut stop, synced).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers("serviceaccount", queue, 1, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
-        });
+        let tasks = run_workers_of(
+            "serviceaccount",
+            queue,
+            1,
+            stop,
+            &ctl,
+            |c, key| async move { c.sync(&key).await },
+        );
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down service account controller");
     })

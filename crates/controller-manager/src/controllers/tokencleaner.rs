@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::is_not_found;
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -72,10 +72,8 @@ pub fn start(
         if !wait_for_sync(&mut stop, ctl.secrets.wait_synced()).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers("token_cleaner", queue, 1, stop, move |key| {
-            let c = c.clone();
-            async move { c.sync(&key).await }
+        let tasks = run_workers_of("token_cleaner", queue, 1, stop, &ctl, |c, key| async move {
+            c.sync(&key).await
         });
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down token cleaner controller");

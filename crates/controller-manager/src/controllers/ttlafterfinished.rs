@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
+use super::{client_for, run_workers_of, wait_for_sync, SyncError};
 use crate::clients::{ClientBuilder, ClientSource};
 use crate::error::is_not_found;
 use crate::informer::{key_of, Change, Informer, InformerFactory};
@@ -108,11 +108,14 @@ pub fn start(
         if !wait_for_sync(&mut stop, ctl.jobs.wait_synced()).await {
             return;
         }
-        let c = ctl.clone();
-        let tasks = run_workers("ttl_jobs_to_delete", queue, 5, stop, move |key| {
-            let c = c.clone();
-            async move { c.process(&key).await }
-        });
+        let tasks = run_workers_of(
+            "ttl_jobs_to_delete",
+            queue,
+            5,
+            stop,
+            &ctl,
+            |c, key| async move { c.process(&key).await },
+        );
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down TTL after finished controller");
     })
