@@ -92,6 +92,46 @@ struct Tables {
     nodes: HashMap<String, Vec<IpAddr>>,
 }
 
+/// The pod on node `node` that publishes `to`'s port as a hostPort for `proto`, bound to
+/// `to`'s address or to every address (`hostIP` unset or 0.0.0.0), as its container port
+/// on the pod's IP.
+fn host_port(t: &Tables, node: &str, to: SocketAddr, proto: Protocol) -> Option<SocketAddr> {
+    let want = match proto {
+        Protocol::Tcp => "TCP",
+        Protocol::Udp => "UDP",
+        Protocol::Sctp => "SCTP",
+    };
+    t.pods.iter().find_map(|(ip, pods)| {
+        pods.values().find_map(|p| {
+            let spec = p.get("spec")?;
+            if spec.get("nodeName").and_then(Value::as_str) != Some(node)
+                || spec.get("hostNetwork").and_then(Value::as_bool) == Some(true)
+            {
+                return None;
+            }
+            let ports = spec
+                .get("containers")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .flat_map(|c| c.get("ports").and_then(Value::as_array).into_iter().flatten());
+            ports.into_iter().find_map(|port| {
+                let host = port.get("hostPort").and_then(Value::as_u64)?;
+                let protocol = port.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
+                let bound = port.get("hostIP").and_then(Value::as_str).unwrap_or("");
+                let matches = host == u64::from(to.port())
+                    && protocol == want
+                    && (bound.is_empty()
+                        || bound == "0.0.0.0"
+                        || bound.parse::<IpAddr>().ok() == Some(to.ip()));
+                let container = port.get("containerPort").and_then(Value::as_u64)?;
+                let container = u16::try_from(container).ok()?;
+                matches.then(|| SocketAddr::new(*ip, container))
+            })
+        })
+    })
+}
+
 /// A client, a Service frontend and its protocol (what ClientIP affinity keys on).
 type StickyKey = (IpAddr, SocketAddr, Protocol);
 
@@ -280,6 +320,23 @@ impl Dataplane {
         to: SocketAddr,
         proto: Protocol,
     ) -> Option<SocketAddr> {
+        // Loopback is the client's own network namespace: a pod's, or the node's for a
+        // host-network client, where hostPorts bound to loopback answer too.
+        if to.ip().is_loopback() {
+            let Some(client) = from.filter(|c| !c.is_unspecified()) else {
+                return Some(to);
+            };
+            let node = t.nodes.iter().find(|(_, ips)| ips.contains(&client));
+            if let Some(target) = node.and_then(|(n, _)| host_port(t, n, to, proto)) {
+                return Some(target);
+            }
+            return Some(SocketAddr::new(client, to.port()));
+        }
+        // The CNI portmap plugin's DNAT of a node address to a pod's hostPort.
+        let node = t.nodes.iter().find(|(_, ips)| ips.contains(&to.ip()));
+        if let Some(target) = node.and_then(|(n, _)| host_port(t, n, to, proto)) {
+            return Some(target);
+        }
         let Some(eps) = t.rules.get(&(to, proto)) else {
             return Some(to);
         };
@@ -873,6 +930,44 @@ mod tests {
                 "options": [{"name": "ndots", "value": "1"}]}}))),
             "search team.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\nnameserver 1.1.1.1\noptions ndots:1\n"
         );
+    }
+
+    #[test]
+    fn host_ports_follow_their_host_ip_and_protocol_and_loopback_is_the_clients() {
+        let dp = Dataplane::default();
+        let node: IpAddr = [10, 0, 0, 11].into();
+        dp.set_node("n1", vec![node]);
+        let hostport = |name: &str, host_ip: &str, protocol: &str| {
+            serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "nginx:1.29",
+                    "ports": [{"containerPort": 80, "hostPort": 54323, "hostIP": host_ip, "protocol": protocol}]}]},
+                "status": {"containerStatuses": [{"name": "c", "state": {"running": {}}}]}})
+        };
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+            [10, 244, 0, 5].into(),
+            [10, 244, 0, 6].into(),
+            [10, 244, 0, 7].into(),
+        );
+        dp.set_pod("a", a, hostport("on-loopback", "127.0.0.1", "TCP"));
+        dp.set_pod("b", b, hostport("on-node", "10.0.0.11", "TCP"));
+        dp.set_pod("c", c, hostport("on-node-udp", "10.0.0.11", "UDP"));
+        let t = dp.read();
+        let at = |from: IpAddr, to: SocketAddr, proto| dp.route(&t, Some(from), to, proto);
+        let loopback: SocketAddr = ([127, 0, 0, 1], 54323).into();
+        let on_node = SocketAddr::new(node, 54323);
+        // A host-network client (the node's address) reaches each by its hostIP.
+        assert_eq!(at(node, loopback, Protocol::Tcp), Some(SocketAddr::new(a, 80)));
+        assert_eq!(at(node, on_node, Protocol::Tcp), Some(SocketAddr::new(b, 80)));
+        assert_eq!(at(node, on_node, Protocol::Udp), Some(SocketAddr::new(c, 80)));
+        // A pod's loopback is its own, whatever the node publishes.
+        let pod: IpAddr = [10, 244, 0, 9].into();
+        assert_eq!(at(pod, loopback, Protocol::Tcp), Some(SocketAddr::new(pod, 54323)));
+        // A pod reaches the node's published ports at the node's address.
+        assert_eq!(at(pod, on_node, Protocol::Tcp), Some(SocketAddr::new(b, 80)));
+        // A port nobody publishes stays the node's.
+        let other = SocketAddr::new(node, 54324);
+        assert_eq!(at(pod, other, Protocol::Tcp), Some(other));
     }
 
     #[test]

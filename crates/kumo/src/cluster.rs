@@ -196,6 +196,10 @@ fn server_url(kubeconfig: &Path) -> Result<String> {
         .context("the admin kubeconfig names no server")
 }
 
+/// The InternalIP of the one node of `kumo up --no-cloud`: an address of the simulated
+/// network (the cloud's instances get theirs from their subnet).
+pub const NO_CLOUD_NODE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 0, 11);
+
 /// Starts the API server and then each component; the components restart if they stop.
 pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     if let Some(c) = &cfg.cloud {
@@ -258,16 +262,34 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
         let mut k = kumo_kubelet::KubeletConfig::new(&kc, &cfg.node_name);
         k.pod_manifest_path = Some(manifests);
         k.dataplane = Some(dataplane.clone());
-        // The kubelet API on 127.0.0.1 (the node's InternalIP): 10250, or any port when
-        // another cluster on this machine has it. Clients are the API server's
-        // apiserver-kubelet-client certificate (signed by the cluster CA) and tokens.
-        let free = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 10250)).is_ok();
+        // The node's InternalIP is an address of the simulated network, as a kubeadm
+        // machine's is of its LAN: pods reach its NodePorts and host ports through the
+        // dataplane, and a pod's 127.0.0.1 stays its own. Nothing dials it on the host: the
+        // kubelet API listens on 127.0.0.1 (10250, or another port when another cluster on
+        // this machine has it), where the API server's dial override sends it. Clients are
+        // the API server's apiserver-kubelet-client certificate (signed by the cluster CA)
+        // and tokens.
+        k.node_ip = Some(NO_CLOUD_NODE_IP.into());
+        let port = if std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 10250)).is_ok() {
+            10250
+        } else {
+            std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+                .and_then(|l| l.local_addr())
+                .context("a port for the kubelet API")?
+                .port()
+        };
         k.server = Some(kumo_kubelet::server::ServerConfig {
             address: std::net::Ipv4Addr::LOCALHOST.into(),
-            port: if free { 10250 } else { 0 },
+            port,
             client_ca_file: Some(cfg.data_dir.join("pki").join("ca.crt")),
             ..Default::default()
         });
+        if let Ok(mut m) = dial.write() {
+            m.insert(
+                cfg.node_name.clone(),
+                std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)),
+            );
+        }
         tokio::spawn(run_kubelet(k));
         node_kubeconfig = Some(kc);
     }

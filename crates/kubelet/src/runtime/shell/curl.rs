@@ -148,6 +148,8 @@ struct CurlOpts {
     data: Option<String>,
     connect_timeout: Option<Duration>,
     max_time: Option<Duration>,
+    /// `--interface`: the source address (an interface name is taken as the pod's one).
+    interface: Option<String>,
     urls: Vec<String>,
 }
 
@@ -303,15 +305,8 @@ impl Sh<'_> {
             .copied()
             .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let remote = SocketAddr::new(ip, url.port);
-        // Loopback is the pod's own network namespace.
-        let to = if ip.is_loopback() {
-            match self.ctx.pod_ip.parse::<IpAddr>() {
-                Ok(own) => SocketAddr::new(own, url.port),
-                Err(_) => remote,
-            }
-        } else {
-            remote
-        };
+        // Loopback is the pod's own network namespace (the dataplane knows whose).
+        let to = remote;
         let Some(dp) = self.dataplane() else {
             // No network: unreachable at once.
             return Err(Failure::Refused);
@@ -408,6 +403,7 @@ impl Sh<'_> {
                         o.method.get_or_insert_with(|| "POST".into());
                     }
                     "url" => o.urls.extend(take(&mut i)),
+                    "interface" => o.interface = take(&mut i),
                     _ => {
                         let err = format!("curl: option {a}: is unknown\n{usage}");
                         self.err(io, &err);
@@ -479,6 +475,18 @@ impl Sh<'_> {
             let err = format!("curl: no URL specified\n{usage}");
             self.err(io, &err);
             return 2;
+        }
+        // A source address the pod does not have cannot be bound.
+        if let Some(ip) = o.interface.as_deref().and_then(|i| i.parse::<IpAddr>().ok()) {
+            if self.ctx.pod_ip.parse::<IpAddr>().ok() != Some(ip) {
+                if !o.silent || o.show_error {
+                    self.err(
+                        io,
+                        "curl: (45) bind failed with errno 99: Cannot assign requested address\n",
+                    );
+                }
+                return 45;
+            }
         }
         let mut code = 0;
         let urls = std::mem::take(&mut o.urls);
