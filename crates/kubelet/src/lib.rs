@@ -16,6 +16,7 @@ pub mod dns;
 pub mod env;
 pub mod events;
 pub mod fleet;
+mod guestbook;
 mod lifecycle;
 pub mod net;
 mod netexec;

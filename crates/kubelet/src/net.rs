@@ -114,10 +114,18 @@ fn host_port(t: &Tables, node: &str, to: SocketAddr, proto: Protocol) -> Option<
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
-                .flat_map(|c| c.get("ports").and_then(Value::as_array).into_iter().flatten());
+                .flat_map(|c| {
+                    c.get("ports")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                });
             ports.into_iter().find_map(|port| {
                 let host = port.get("hostPort").and_then(Value::as_u64)?;
-                let protocol = port.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
+                let protocol = port
+                    .get("protocol")
+                    .and_then(Value::as_str)
+                    .unwrap_or("TCP");
                 let bound = port.get("hostIP").and_then(Value::as_str).unwrap_or("");
                 let matches = host == u64::from(to.port())
                     && protocol == want
@@ -493,6 +501,48 @@ impl Dataplane {
     }
 
     /// Runs `f` over the state of the server in container `id` (`init` the first time).
+    /// The address a pod in `namespace` resolves `name` to through the cluster zone, with
+    /// the search path the kubelet gives it (`<namespace>.svc`, `svc`, the cluster domain).
+    pub(crate) fn resolve_in(&self, namespace: &str, name: &str) -> Option<IpAddr> {
+        if let Ok(ip) = name.parse() {
+            return Some(ip);
+        }
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let candidates = [
+            format!("{name}.{namespace}.svc.{CLUSTER_DOMAIN}"),
+            format!("{name}.svc.{CLUSTER_DOMAIN}"),
+            format!("{name}.{CLUSTER_DOMAIN}"),
+            name,
+        ];
+        let t = self.read();
+        candidates.iter().find_map(|n| {
+            t.zone.get(n)?.iter().find_map(|r| match r.data {
+                crate::dns::RData::A(ip) => Some(ip),
+                _ => None,
+            })
+        })
+    }
+
+    /// The pods on the network now, with their IPs.
+    pub(crate) fn pods(&self) -> Vec<(IpAddr, Arc<Value>)> {
+        self.read()
+            .pods
+            .iter()
+            .flat_map(|(ip, pods)| pods.values().map(|p| (*ip, p.clone())))
+            .collect()
+    }
+
+    /// Whether TCP to `frontend` can reach `target`: it is `target`, or a Service frontend
+    /// with an endpoint there.
+    pub(crate) fn routes_to(&self, frontend: SocketAddr, target: IpAddr) -> bool {
+        frontend.ip() == target
+            || self
+                .read()
+                .rules
+                .get(&(frontend, Protocol::Tcp))
+                .is_some_and(|eps| eps.iter().any(|e| e.ip() == target))
+    }
+
     pub(crate) fn with_server_state<T>(
         &self,
         id: &str,
@@ -957,14 +1007,29 @@ mod tests {
         let loopback: SocketAddr = ([127, 0, 0, 1], 54323).into();
         let on_node = SocketAddr::new(node, 54323);
         // A host-network client (the node's address) reaches each by its hostIP.
-        assert_eq!(at(node, loopback, Protocol::Tcp), Some(SocketAddr::new(a, 80)));
-        assert_eq!(at(node, on_node, Protocol::Tcp), Some(SocketAddr::new(b, 80)));
-        assert_eq!(at(node, on_node, Protocol::Udp), Some(SocketAddr::new(c, 80)));
+        assert_eq!(
+            at(node, loopback, Protocol::Tcp),
+            Some(SocketAddr::new(a, 80))
+        );
+        assert_eq!(
+            at(node, on_node, Protocol::Tcp),
+            Some(SocketAddr::new(b, 80))
+        );
+        assert_eq!(
+            at(node, on_node, Protocol::Udp),
+            Some(SocketAddr::new(c, 80))
+        );
         // A pod's loopback is its own, whatever the node publishes.
         let pod: IpAddr = [10, 244, 0, 9].into();
-        assert_eq!(at(pod, loopback, Protocol::Tcp), Some(SocketAddr::new(pod, 54323)));
+        assert_eq!(
+            at(pod, loopback, Protocol::Tcp),
+            Some(SocketAddr::new(pod, 54323))
+        );
         // A pod reaches the node's published ports at the node's address.
-        assert_eq!(at(pod, on_node, Protocol::Tcp), Some(SocketAddr::new(b, 80)));
+        assert_eq!(
+            at(pod, on_node, Protocol::Tcp),
+            Some(SocketAddr::new(b, 80))
+        );
         // A port nobody publishes stays the node's.
         let other = SocketAddr::new(node, 54324);
         assert_eq!(at(pod, other, Protocol::Tcp), Some(other));

@@ -20,7 +20,7 @@ pub(crate) struct Answer {
     pub body: String,
 }
 
-fn ok(body: String) -> Answer {
+pub(crate) fn ok(body: String) -> Answer {
     Answer {
         code: 200,
         reason: "OK",
@@ -189,7 +189,11 @@ fn udp_exchange(dp: Option<&Dataplane>, addr: SocketAddr, request: &str) -> Resu
 }
 
 /// The body of an HTTP GET of `path` at `addr` through the pod network.
-fn get(dp: Option<&Dataplane>, addr: SocketAddr, path: &str) -> Result<String, &'static str> {
+pub(crate) fn get(
+    dp: Option<&Dataplane>,
+    addr: SocketAddr,
+    path: &str,
+) -> Result<String, &'static str> {
     let dp = dp.ok_or("connect: network is unreachable")?;
     let (_, listener) = dp.connect(addr).map_err(|e| match e {
         ConnectError::Refused => "connect: connection refused",

@@ -816,6 +816,8 @@ pub enum Listener {
     /// posted to it, `/read` answers the counts (kept in the [`crate::net::Dataplane`]
     /// under `container`), `/status` whether enough peers were seen.
     Nettest { hostname: String, container: String },
+    /// agnhost's `guestbook` (`--http-port`, 80): see [`crate::guestbook`].
+    Guestbook(crate::guestbook::Guestbook),
     /// agnhost's `porter`: on a port named by its `SERVE_PORT_<port>` environment
     /// variable that value as the body of every answer (with `--json-response` a JSON
     /// object of the method and the body); on one named by `SERVE_TLS_PORT_<port>` the
@@ -842,6 +844,7 @@ const AGNHOST_LIVENESS_HEALTHY: std::time::Duration = std::time::Duration::from_
 /// agnhost's `liveness` (8080) and `test-webserver` (80, or `--port`), `netexec`
 /// (`--http-port`, 8080 by default).
 fn image_listener(
+    pod: &Value,
     c: &Value,
     pod_name: &str,
     port: u16,
@@ -903,6 +906,31 @@ fn image_listener(
             .map(|e| e["value"].as_str().unwrap_or("").to_owned())
     };
     match args.first().copied() {
+        Some("guestbook")
+            if port
+                == crate::guestbook::flag(&args, "--http-port")
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(80) =>
+        {
+            Some(Listener::Guestbook(crate::guestbook::Guestbook {
+                container: container_id.unwrap_or_default(),
+                namespace: pod
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default")
+                    .to_owned(),
+                pod_ip: pod
+                    .pointer("/status/podIP")
+                    .and_then(Value::as_str)
+                    .and_then(|i| i.parse().ok()),
+                replica_of: crate::guestbook::flag(&args, "--replicaof")
+                    .unwrap_or("")
+                    .to_owned(),
+                backend_port: crate::guestbook::flag(&args, "--backend-port")
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(6379),
+            }))
+        }
         Some("nettest") if port == flag("--port").unwrap_or(8080) => Some(Listener::Nettest {
             hostname: pod_name.to_owned(),
             container: container_id.unwrap_or_default(),
@@ -990,17 +1018,7 @@ pub(crate) fn udp_answer(
         {
             args.remove(0);
         }
-        // Flags as `--name=value` or `--name value`.
-        let flag = |name: &str| -> Option<&str> {
-            args.iter().enumerate().find_map(|(i, a)| {
-                let rest = a.strip_prefix(name)?;
-                match rest.strip_prefix('=') {
-                    Some(v) => Some(v),
-                    None if rest.is_empty() => args.get(i + 1).copied(),
-                    None => None,
-                }
-            })
-        };
+        let flag = |name: &str| crate::guestbook::flag(&args, name);
         let text = request.trim();
         let lower = text.to_ascii_lowercase();
         match args.first().copied() {
@@ -1125,6 +1143,7 @@ fn listener_of(pod: &Value, port: u16, running_only: bool) -> Option<Listener> {
             .and_then(Value::as_str)
             .unwrap_or("");
         if let Some(l) = image_listener(
+            pod,
             c,
             pod_name,
             port,
@@ -1604,8 +1623,14 @@ pub(crate) fn answer_request(
             false,
         );
     }
-    if let Listener::Netexec { pod, container } = l {
-        let a = crate::netexec::answer(dp, pod, container, path);
+    let handled = match l {
+        Listener::Guestbook(g) => Some(g.answer(dp, path)),
+        Listener::Netexec { pod, container } => {
+            Some(crate::netexec::answer(dp, pod, container, path))
+        }
+        _ => None,
+    };
+    if let Some(a) = handled {
         return http_message(
             a.code,
             a.reason,
@@ -1746,6 +1771,8 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
             _,
         ) => (404, "Not Found"),
         (Listener::FileServer { .. }, _, _) => (200, "OK"),
+        (Listener::Guestbook(_), _, "/register" | "/get" | "/set" | "/guestbook") => (200, "OK"),
+        (Listener::Guestbook(_), _, _) => (404, "Not Found"),
         (Listener::AgnhostLiveness { started }, _, "/healthz") => {
             let up = started.and_then(|s| s.elapsed().ok()).unwrap_or_default();
             if up < AGNHOST_LIVENESS_HEALTHY {
@@ -1800,6 +1827,11 @@ pub(crate) fn response(
             format!("{}\n", serde_json::json!({"Hostname": hostname})),
         ),
         Listener::Hostname(host) => (None, "text/plain; charset=utf-8", host.clone()),
+        Listener::Guestbook(_) => (
+            None,
+            "text/plain; charset=utf-8",
+            "404 page not found\n".to_owned(),
+        ),
         Listener::FileServer { pod, .. } if code == 200 => {
             (None, "text/plain; charset=utf-8", format!("{pod}\n"))
         }

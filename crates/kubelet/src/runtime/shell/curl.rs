@@ -477,7 +477,11 @@ impl Sh<'_> {
             return 2;
         }
         // A source address the pod does not have cannot be bound.
-        if let Some(ip) = o.interface.as_deref().and_then(|i| i.parse::<IpAddr>().ok()) {
+        if let Some(ip) = o
+            .interface
+            .as_deref()
+            .and_then(|i| i.parse::<IpAddr>().ok())
+        {
             if self.ctx.pod_ip.parse::<IpAddr>().ok() != Some(ip) {
                 if !o.silent || o.show_error {
                     self.err(
