@@ -32,4 +32,10 @@ pub mod time {
         let ns = crate::protobuf::gotime::parse_duration(s)?;
         u64::try_from(ns).ok().map(std::time::Duration::from_nanos)
     }
+
+    /// A duration as Go's `time.Duration.String()` prints it (`15.012s`, `1m0s`), as
+    /// metav1.Duration fields hold it.
+    pub fn format_go_duration(d: std::time::Duration) -> String {
+        crate::protobuf::gotime::format_duration(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+    }
 }

@@ -1,6 +1,8 @@
 //! The OpenAPI schemas of the Kubernetes built-in types: facts of the API (types,
-//! formats, properties, defaults, the `x-kubernetes-*` extensions; no descriptions), as
-//! `scripts/gen-openapi` extracts them from k8s.io/kubernetes into `openapi_schemas.txt`.
+//! formats, properties, defaults, the `x-kubernetes-*` extensions), as `scripts/gen-openapi`
+//! extracts them from k8s.io/kubernetes into `openapi_schemas.txt`, with upstream's
+//! descriptions of each definition and property added by the build script from
+//! k8s-openapi's JSON schemas (`build.rs`).
 //! The API server builds its documents and validates fields with them; extension API
 //! servers of the sim refer to the same meta types.
 
@@ -9,8 +11,9 @@ use std::sync::OnceLock;
 
 use serde_json::{json, Map, Value};
 
-/// The schema facts, as `scripts/gen-openapi` wrote them: one definition a line.
-pub const SCHEMAS_TEXT: &str = include_str!("openapi_schemas.txt");
+/// The schema facts, as `scripts/gen-openapi` wrote them, one definition a line, with the
+/// descriptions `build.rs` added.
+pub const SCHEMAS_TEXT: &str = include_str!(concat!(env!("OUT_DIR"), "/openapi_schemas.txt"));
 
 /// Prefix of a reference to a schema in an OpenAPI v3 document.
 pub const V3_REF: &str = "#/components/schemas/";
@@ -151,7 +154,12 @@ pub fn schema_to_v2(v: &Value) -> Value {
                 .filter(|a| a.len() == 1)
                 .and_then(|a| a[0].get("$ref"))
             {
-                return json!({"$ref": r.as_str().unwrap_or("").replace(V3_REF, V2_REF)});
+                // v2 keeps a reference's description beside it (and no default).
+                let mut out = json!({"$ref": r.as_str().unwrap_or("").replace(V3_REF, V2_REF)});
+                if let Some(d) = m.get("description") {
+                    out["description"] = d.clone();
+                }
+                return out;
             }
             // v2 has no oneOf: IntOrString and Quantity are strings there, and kube-apiserver
             // publishes no defaults in v2.

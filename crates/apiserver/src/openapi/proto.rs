@@ -87,6 +87,9 @@ fn schema(s: &Value) -> Writer {
     if let Some(f) = str_of("format") {
         w.string(2, f);
     }
+    if let Some(d) = str_of("description") {
+        w.string(4, d);
+    }
     if let Some(d) = m.get("default") {
         w.message(5, any(d));
     }

@@ -486,14 +486,31 @@ impl Strategy for CustomResource {
 /// upstream's OpenAPI builder adds them (which also makes `kubectl explain` show them).
 fn object_schema(schema: &Value) -> Value {
     fn add_object_fields(s: &mut Value) {
+        // The descriptions upstream gives these three fields are every built-in kind's
+        // (TypeMeta's and "Standard object's metadata"): a ConfigMap's, say.
+        let described = |field: &str, mut v: Value| {
+            let meta = kumo_apimachinery::openapi::schemas().get("io.k8s.api.core.v1.ConfigMap");
+            if let Some(d) =
+                meta.and_then(|m| m.pointer(&format!("/properties/{field}/description")))
+            {
+                v["description"] = d.clone();
+            }
+            v
+        };
         let Some(o) = s.as_object_mut() else { return };
         let props = o.entry("properties").or_insert_with(|| json!({}));
         if let Some(p) = props.as_object_mut() {
-            p.insert("apiVersion".into(), json!({"type": "string"}));
-            p.insert("kind".into(), json!({"type": "string"}));
+            p.insert(
+                "apiVersion".into(),
+                described("apiVersion", json!({"type": "string"})),
+            );
+            p.insert("kind".into(), described("kind", json!({"type": "string"})));
             p.insert(
                 "metadata".into(),
-                json!({"allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}]}),
+                described(
+                    "metadata",
+                    json!({"allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}]}),
+                ),
             );
         }
     }
