@@ -583,20 +583,29 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     resp
 }
 
-async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
-    let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
-    match limited.collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(ApiError::request_entity_too_large(MAX_BODY_BYTES))
+async fn read_body(mut body: Incoming) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt as _;
+    let mut buf = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if buf.len() + data.len() > MAX_BODY_BYTES {
+            // The rest is read and dropped beside the answer: over HTTP/2, a stream whose
+            // body is abandoned is reset, and the client would never see the 413 that
+            // HTTP/1.1 (and kube-apiserver on both) gives. Bounded, so a client cannot
+            // keep a task reading forever.
+            tokio::spawn(async move {
+                let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(60), drain).await;
+            });
+            return Err(ApiError::request_entity_too_large(MAX_BODY_BYTES));
         }
-        Err(e) => Err(ApiError::bad_request(format!(
-            "reading the request body: {e}"
-        ))),
+        buf.extend_from_slice(&data);
     }
+    Ok(buf.freeze())
 }
 
 fn health(state: &State, path: &str, query: &BTreeMap<String, String>) -> Response<Body> {
