@@ -14,25 +14,184 @@ use anyhow::{bail, Context, Result};
 
 /// The pid file in the data directory.
 pub const PID_FILE: &str = "kumo.pid";
-/// The background process's stdout and stderr.
+/// The components' log, and the background process's stdout and stderr.
 pub const LOG_FILE: &str = "kumo.log";
+
+/// The components' log of a foreground `kumo up`, opened for appending (a background one's
+/// stdout and stderr go to the same file).
+pub fn log_file(dir: &Path) -> Result<std::fs::File> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(LOG_FILE);
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))
+}
 /// How long `kumo up -d` waits for the cluster to answer.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long `kumo down` waits after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
-/// The line `kumo up` prints once it is usable (the tests and users rely on it).
-const READY_MARKER: &str = "export KUBECONFIG=";
+/// The line `kumo up` prints last, once it is usable (the tests and users rely on it).
+pub const READY_MARKER: &str = "kumo: ready";
+/// The prefix of the one line a failed `kumo up` prints (on stderr) before it exits.
+pub const ERROR_PREFIX: &str = "kumo: error: ";
+/// The API server's port when nothing else is asked for or known, as kubeadm's.
+const DEFAULT_PORT: u16 = 6443;
 
-/// `--data-dir` when given, else `$HOME/.kumo/default` (as `kumo up` picks it).
-pub fn data_dir(given: Option<PathBuf>) -> Result<PathBuf> {
-    match given {
-        Some(d) => Ok(d),
-        None => {
+/// `--data-dir` when given, else `$HOME/.kumo/<name>` (`$HOME/.kumo/default` for the
+/// default name `kumo`), as `kumo up` picks it.
+pub fn data_dir(given: Option<PathBuf>, name: Option<&str>) -> Result<PathBuf> {
+    match (given, name) {
+        (Some(d), _) => Ok(d),
+        (None, Some(n)) if n != "kumo" => {
+            if n.is_empty() || n.contains('/') || n.starts_with('.') {
+                bail!("--name {n:?}: not a name (letters, digits and '-')");
+            }
             let home = std::env::var_os("HOME")
                 .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass --data-dir"))?;
-            Ok(PathBuf::from(home).join(".kumo").join("default"))
+            Ok(PathBuf::from(home).join(".kumo").join(n))
+        }
+        (None, _) => kumo::kubeconfig::default_data_dir()
+            .map_err(|_| anyhow::anyhow!("HOME is not set; pass --data-dir")),
+    }
+}
+
+/// The API server's port and, when it is not the one asked for or had before, why.
+pub struct PortChoice {
+    pub port: u16,
+    pub note: Option<String>,
+}
+
+fn free(port: u16) -> bool {
+    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
+/// The port the data directory's admin kubeconfig names, if any (a restart keeps it).
+fn previous_port(dir: &Path) -> Option<u16> {
+    let text = std::fs::read_to_string(dir.join("admin.conf")).ok()?;
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))?;
+    server
+        .rsplit(':')
+        .next()?
+        .trim_end_matches('/')
+        .parse()
+        .ok()
+}
+
+/// Who holds `port` on 127.0.0.1: a kumo cluster whose data directory the user's
+/// kubeconfig knows, or another program.
+fn holder(port: u16) -> String {
+    let mut dirs: Vec<PathBuf> = kumo::kubeconfig::default_data_dir().into_iter().collect();
+    if let Ok(Some(kc)) = kube::config::Kubeconfig::from_env().map(|k| {
+        k.or_else(|| {
+            let home = std::env::var_os("HOME")?;
+            kube::config::Kubeconfig::read_from(PathBuf::from(home).join(".kube/config")).ok()
+        })
+    }) {
+        for c in kc.clusters.iter().filter_map(|c| c.cluster.as_ref()) {
+            for e in c.extensions.iter().flatten() {
+                if e.name == kumo::kubeconfig::EXTENSION {
+                    if let Some(d) = e.extension.get("dataDir").and_then(|d| d.as_str()) {
+                        dirs.push(PathBuf::from(d));
+                    }
+                }
+            }
         }
     }
+    for d in dirs {
+        if previous_port(&d) == Some(port) {
+            if let Some(pid) = running(&d) {
+                return format!("the kumo cluster on {} (pid {pid})", d.display());
+            }
+        }
+    }
+    "another program".into()
+}
+
+/// The API server's port: `--port` (refused in one line when taken; 0 picks a free
+/// one), else the one the data directory had, else 6443, else a free one, as kind picks a
+/// port for a second cluster.
+pub fn api_port(dir: &Path, asked: Option<u16>) -> Result<PortChoice> {
+    if let Some(p) = asked {
+        if p != 0 && !free(p) {
+            bail!(
+                "port {p} on 127.0.0.1 is held by {}; pick another with --port, or leave \
+                 --port out to take a free one",
+                holder(p)
+            );
+        }
+        return Ok(PortChoice {
+            port: p,
+            note: None,
+        });
+    }
+    let wanted = previous_port(dir).unwrap_or(DEFAULT_PORT);
+    if free(wanted) {
+        return Ok(PortChoice {
+            port: wanted,
+            note: None,
+        });
+    }
+    let port = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .context("finding a free port for the API server")?
+        .port();
+    Ok(PortChoice {
+        port,
+        note: Some(format!(
+            "port {wanted} is held by {}; the API server takes {port}",
+            holder(wanted)
+        )),
+    })
+}
+
+/// Merges the cluster's context into the user's kubeconfig (not when that is the data
+/// directory's own admin kubeconfig); Some(file) when done, a line saying why not
+/// otherwise.
+pub fn merge_kubeconfig(admin: &Path, name: &str, dir: &Path) -> Option<PathBuf> {
+    let target = match kumo::kubeconfig::user_kubeconfig() {
+        Ok(t) => t,
+        Err(e) => {
+            println!("kumo: kubeconfig not updated: {e:#}");
+            return None;
+        }
+    };
+    let inside = |p: &Path| std::path::absolute(p).ok();
+    if let (Some(t), Some(d)) = (inside(&target), inside(dir)) {
+        if t.starts_with(&d) {
+            // $KUBECONFIG is this cluster's own admin.conf: nothing to merge.
+            return None;
+        }
+    }
+    match kumo::kubeconfig::merge(admin, name, dir, &target) {
+        Ok(()) => Some(target),
+        Err(e) => {
+            println!("kumo: kubeconfig not updated: {e:#}");
+            None
+        }
+    }
+}
+
+/// Takes the cluster's context out of the kubeconfig `kumo up` merged it into.
+fn unmerge(dir: &Path) {
+    match kumo::kubeconfig::remove(dir) {
+        Ok(Some((file, ctx))) => println!("kumo: context {ctx} removed from {}", file.display()),
+        Ok(None) => {}
+        Err(e) => println!("kumo: kubeconfig not cleaned up: {e:#}"),
+    }
+}
+
+/// What `kumo up` merged for `dir` (file, context), as recorded.
+fn merged(dir: &Path) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(dir.join(kumo::kubeconfig::RECORD)).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some((
+        v.get("kubeconfig")?.as_str()?.to_owned(),
+        v.get("context")?.as_str()?.to_owned(),
+    ))
 }
 
 /// Whether `pid` is a live process (a zombie is not).
@@ -93,9 +252,9 @@ fn already_running(dir: &Path, pid: u32) -> anyhow::Error {
 /// At the start of a foreground `kumo up`: refuses when another kumo runs on the data
 /// directory, writes this process's pid, and exits with 0 on SIGTERM or SIGINT (the
 /// components are in-process, so ending the process stops them all).
-pub fn foreground(given: Option<PathBuf>) -> Result<()> {
+pub fn foreground(dir: &Path) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let dir = data_dir(given)?;
+    let dir = dir.to_owned();
     let me = std::process::id();
     if let Some(pid) = running(&dir).filter(|p| *p != me) {
         return Err(already_running(&dir, pid));
@@ -110,6 +269,7 @@ pub fn foreground(given: Option<PathBuf>) -> Result<()> {
             _ = int.recv() => "SIGINT",
         };
         println!("kumo: {name} received, stopping");
+        unmerge(&dir);
         release(&dir, me);
         std::process::exit(0);
     });
@@ -153,15 +313,19 @@ fn is_tracing_line(line: &str) -> bool {
 
 /// `kumo up -d`: starts `kumo up` with the same flags (without `-d`) in the background and
 /// returns once the cluster answers, after printing what the foreground one printed.
-pub async fn up_detached(given: Option<PathBuf>) -> Result<()> {
-    let dir = data_dir(given)?;
+pub async fn up_detached(dir: &Path) -> Result<()> {
+    let dir = dir.to_owned();
     if let Some(pid) = running(&dir) {
         return Err(already_running(&dir, pid));
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let log_path = dir.join(LOG_FILE);
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("creating {}", log_path.display()))?;
+    std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    // Appending: the child's logger appends to the same file (see `log_file`).
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
     let args: Vec<OsString> = std::env::args_os()
         .skip(1)
         .filter(|a| a != "-d" && a != "--detach")
@@ -183,6 +347,15 @@ pub async fn up_detached(given: Option<PathBuf>) -> Result<()> {
     loop {
         if let Some(status) = child.try_wait()? {
             release(&dir, pid);
+            // Its own one-line error when it printed one, else the end of the log.
+            let printed = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if let Some(e) = printed
+                .lines()
+                .rev()
+                .find_map(|l| l.strip_prefix(ERROR_PREFIX))
+            {
+                bail!("{e} (log: {})", log_path.display());
+            }
             bail!(
                 "kumo up exited ({status}) before the cluster was ready; the end of {}:\n{}",
                 log_path.display(),
@@ -227,13 +400,15 @@ pub async fn up_detached(given: Option<PathBuf>) -> Result<()> {
 
 /// `kumo down`: SIGTERM to the `kumo up` of the data directory, SIGKILL if it is still
 /// there after a while; removes the pid file.
-pub fn down(given: Option<PathBuf>) -> Result<()> {
-    let dir = data_dir(given)?;
+pub fn down(dir: &Path) -> Result<()> {
+    let dir = dir.to_owned();
     let Some(pid) = read_pid(&dir) else {
         println!("kumo is not running on {} (no {PID_FILE})", dir.display());
+        unmerge(&dir);
         return Ok(());
     };
     if !alive(pid) || !is_kumo_up(pid) {
+        unmerge(&dir);
         let _ = std::fs::remove_file(dir.join(PID_FILE));
         println!(
             "kumo is not running on {} (removed the stale {PID_FILE} of pid {pid})",
@@ -241,6 +416,8 @@ pub fn down(given: Option<PathBuf>) -> Result<()> {
         );
         return Ok(());
     }
+    // The process takes its context out itself as it stops; say so here too.
+    let was_merged = merged(&dir);
     signal(pid, "TERM")?;
     let mut deadline = Instant::now() + STOP_TIMEOUT;
     let mut killed = false;
@@ -260,6 +437,11 @@ pub fn down(given: Option<PathBuf>) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     release(&dir, pid);
+    if merged(&dir).is_some() {
+        unmerge(&dir);
+    } else if let Some((file, ctx)) = was_merged {
+        println!("kumo: context {ctx} removed from {file}");
+    }
     println!("kumo: stopped (pid {pid}) on {}", dir.display());
     Ok(())
 }
@@ -291,6 +473,40 @@ mod tests {
             "kumo: API server ready at https://127.0.0.1:6443"
         ));
         assert!(!is_tracing_line("  export KUBECONFIG=/tmp/x/admin.conf"));
+        assert!(!is_tracing_line(READY_MARKER));
+    }
+
+    #[test]
+    fn a_held_port_gives_way_to_a_free_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = held.local_addr().unwrap().port();
+        // The port this data directory had before is taken by someone else now.
+        std::fs::write(
+            dir.path().join("admin.conf"),
+            format!("clusters:\n- cluster:\n    server: https://127.0.0.1:{port}\n"),
+        )
+        .unwrap();
+        let got = api_port(dir.path(), None).unwrap();
+        assert_ne!(got.port, port);
+        assert_eq!(
+            got.note.unwrap(),
+            format!(
+                "port {port} is held by another program; the API server takes {}",
+                got.port
+            )
+        );
+        // Asked for by name, it is refused in one line.
+        let e = api_port(dir.path(), Some(port)).err().unwrap().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "port {port} on 127.0.0.1 is held by another program"
+            )),
+            "{e}"
+        );
+        // Free again: kept.
+        drop(held);
+        assert_eq!(api_port(dir.path(), None).unwrap().port, port);
     }
 
     #[test]

@@ -4,7 +4,6 @@
 //! cloud-controller-manager's Lease, the nodes) and from the cloud (the load balancer or
 //! instance, deny policies, faults). The verdict is printed first, then the evidence.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -18,6 +17,7 @@ use kumo_cloud_provider::ccm::service::{
 };
 
 use crate::status::{self, LeaseState};
+use kumo::kubeconfig::{ClusterArgs, Target};
 
 /// What to examine.
 #[derive(clap::Subcommand)]
@@ -29,17 +29,15 @@ pub enum Doctor {
         /// Its namespace.
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
-        /// The data directory of `kumo up` (default: $HOME/.kumo/default).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Why a node is (not) initialized by the cloud, (not) Ready, or gone.
     Node {
         /// The node's name.
         name: String,
-        /// The data directory of `kumo up` (default: $HOME/.kumo/default).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
 }
 
@@ -89,60 +87,61 @@ impl Report {
 
 /// Runs the doctor and prints its report; Ok(true) when no problem was found.
 pub async fn run(what: Doctor) -> Result<bool> {
-    let dir = match &what {
-        Doctor::Service { data_dir, .. } | Doctor::Node { data_dir, .. } => {
-            crate::daemon::data_dir(data_dir.clone())?
+    let args = match &what {
+        Doctor::Service { cluster, .. } | Doctor::Node { cluster, .. } => cluster.clone(),
+    };
+    let target = match kumo::kubeconfig::target(&args).await {
+        Ok(t) => t,
+        Err(e) => {
+            Report {
+                healthy: false,
+                verdict: format!("there is no cluster to ask: {e:#}"),
+                evidence: Vec::new(),
+            }
+            .print();
+            return Ok(false);
         }
     };
-    if let Some(report) = unreachable(&dir).await {
+    if let Some(report) = unreachable(&target).await {
         report.print();
         return Ok(false);
     }
     let report = match what {
         Doctor::Service {
-            name,
-            namespace,
-            data_dir,
-        } => {
-            let dir = crate::daemon::data_dir(data_dir)?;
-            service(&dir, &namespace, &name).await?
-        }
-        Doctor::Node { name, data_dir } => {
-            let dir = crate::daemon::data_dir(data_dir)?;
-            node(&dir, &name).await?
-        }
+            name, namespace, ..
+        } => service(&target, &namespace, &name).await?,
+        Doctor::Node { name, .. } => node(&target, &name).await?,
     };
     report.print();
     Ok(report.healthy)
 }
 
 /// A report when the API server cannot be asked at all.
-async fn unreachable(dir: &Path) -> Option<Report> {
-    let running = crate::daemon::running(dir)
-        .map(|pid| format!("kumo runs on {} (pid {pid})", dir.display()))
-        .unwrap_or_else(|| format!("no kumo runs on {}", dir.display()));
-    let (client, url) = match status::admin_client(dir).await {
-        Ok(c) => c,
-        Err(e) => {
-            return Some(Report {
-                healthy: false,
-                verdict: format!("there is no cluster to ask: {e:#}"),
-                evidence: vec![running],
-            })
-        }
+async fn unreachable(target: &Target) -> Option<Report> {
+    let running = match &target.data_dir {
+        Some(dir) => crate::daemon::running(dir)
+            .map(|pid| format!("kumo runs on {} (pid {pid})", dir.display()))
+            .unwrap_or_else(|| format!("no kumo runs on {}", dir.display())),
+        None => format!("credentials: {}", target.source),
     };
-    match status::readyz(&client).await {
+    match status::readyz(&target.client).await {
         Ok(_) => None,
         Err(e) => Some(Report {
             healthy: false,
-            verdict: format!("the API server at {url} does not answer: {e:#}"),
+            verdict: format!("the API server at {} does not answer: {e:#}", target.url),
             evidence: vec![running],
         }),
     }
 }
 
-/// The cloud of the data directory, or why there is none to ask.
-fn cloud(dir: &Path) -> Result<kumo_cloud::Client, String> {
+/// The cloud of the cluster's data directory, or why there is none to ask.
+fn cloud(target: &Target) -> Result<kumo_cloud::Client, String> {
+    let Some(dir) = &target.data_dir else {
+        return Err(format!(
+            "no kumo data directory known for {} (pass --data-dir)",
+            target.source
+        ));
+    };
     let cloud_dir = dir.join("cloud");
     if !cloud_dir.exists() {
         return Err(format!(
@@ -378,8 +377,9 @@ async fn ccm_pod_controllers(client: &kube::Client) -> Result<Option<(String, St
 }
 
 /// The Service doctor.
-async fn service(dir: &Path, namespace: &str, name: &str) -> Result<Report> {
-    let (client, _) = status::admin_client(dir).await?;
+async fn service(target: &Target, namespace: &str, name: &str) -> Result<Report> {
+    let client = target.client.clone();
+    let dir = target;
     let now = Timestamp::now();
     let mut ev = Vec::new();
     let Some(svc) = Api::<Service>::namespaced(client.clone(), namespace)
@@ -686,8 +686,9 @@ async fn service(dir: &Path, namespace: &str, name: &str) -> Result<Report> {
 }
 
 /// The Node doctor.
-async fn node(dir: &Path, name: &str) -> Result<Report> {
-    let (client, _) = status::admin_client(dir).await?;
+async fn node(target: &Target, name: &str) -> Result<Report> {
+    let client = target.client.clone();
+    let dir = target;
     let now = Timestamp::now();
     let mut ev = Vec::new();
     let lease = status::lease(&client, "cloud-controller-manager").await?;

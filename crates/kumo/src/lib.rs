@@ -6,3 +6,4 @@ pub mod addons;
 pub mod cluster;
 pub mod controlplane;
 pub mod hypervisor;
+pub mod kubeconfig;

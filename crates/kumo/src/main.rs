@@ -50,6 +50,9 @@ enum Command {
     /// The cloud-controller-manager: the cloud node, node-lifecycle, service and route
     /// controllers on the kumo cloud (--kubeconfig, --cloud-provider=kumo).
     CloudControllerManager(Box<ccm::Args>),
+    /// The resource metrics API (metrics.k8s.io) as an extension API server: scrapes the
+    /// kubelets and serves NodeMetrics and PodMetrics (`kubectl top`, the HPA).
+    MetricsServer(MetricsServerArgs),
     /// Certificates of a data directory, as kubeadm's `certs`: check-expiration, renew.
     Certs {
         #[command(subcommand)]
@@ -60,17 +63,26 @@ enum Command {
         #[command(subcommand)]
         what: bench::Bench,
     },
-    /// Stop the `kumo up` running in the background on a data directory.
+    /// Stop the `kumo up` running on a data directory, and take its context out of your
+    /// kubeconfig.
     Down {
-        /// The data directory (default: $HOME/.kumo/default).
+        /// The data directory (default: that of --name).
         #[arg(long)]
         data_dir: Option<std::path::PathBuf>,
+        /// The cluster's name, as given to `kumo up --name` (data directory
+        /// $HOME/.kumo/<name>; `kumo`: $HOME/.kumo/default).
+        #[arg(long)]
+        name: Option<String>,
     },
     /// Whether kumo runs, the API server's health, the components' leases and the nodes.
     Status {
-        /// The data directory (default: $HOME/.kumo/default).
-        #[arg(long)]
-        data_dir: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        cluster: kumo::kubeconfig::ClusterArgs,
+    },
+    /// What kumo knows of a cluster, as `kind get`: `kumo get kubeconfig`.
+    Get {
+        #[command(subcommand)]
+        what: Get,
     },
     /// Find out why a Service has no external address, or a node is not initialized.
     Doctor {
@@ -91,6 +103,57 @@ enum Command {
         /// Only the scenarios whose name contains this.
         #[arg(long)]
         only: Option<String>,
+    },
+}
+
+/// Flags of `kumo metrics-server`, named as metrics-server's.
+#[derive(clap::Args)]
+struct MetricsServerArgs {
+    /// A kubeconfig with metrics-server's credentials (its ServiceAccount's token, say).
+    #[arg(long)]
+    kubeconfig: std::path::PathBuf,
+    /// The address to serve HTTPS on.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind_address: std::net::IpAddr,
+    /// The port to serve HTTPS on.
+    #[arg(long, default_value_t = 10250)]
+    secure_port: u16,
+    /// How often the kubelets are scraped.
+    #[arg(long, default_value = "1m0s", value_parser = ccm::go_duration)]
+    metric_resolution: std::time::Duration,
+}
+
+async fn metrics_server(args: MetricsServerArgs) -> Result<()> {
+    let kc = kube::config::Kubeconfig::read_from(&args.kubeconfig)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    let client = kube::Client::try_from(cfg)?;
+    let server = kumo_metrics_server::MetricsServer::start(kumo_metrics_server::Config {
+        client: std::sync::Arc::new(move || client.clone()),
+        resolution: args.metric_resolution,
+    })
+    .await?;
+    let addr = server
+        .listen(std::net::SocketAddr::new(
+            args.bind_address,
+            args.secure_port,
+        ))
+        .await?;
+    println!("kumo metrics-server: serving metrics.k8s.io/v1beta1 on https://{addr}");
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// `kumo get ...`.
+#[derive(Subcommand)]
+enum Get {
+    /// Print the cluster's admin kubeconfig, with cluster, user and context `kumo-<name>`.
+    Kubeconfig {
+        /// The data directory (default: that of --name).
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        /// The cluster's name, as given to `kumo up --name`.
+        #[arg(long)]
+        name: Option<String>,
     },
 }
 
@@ -201,32 +264,37 @@ struct UpArgs {
     /// Run in the background (log in <data-dir>/kumo.log); `kumo down` stops it.
     #[arg(short = 'd', long)]
     detach: bool,
-    /// Where the cluster's state lives (default: $HOME/.kumo/default).
+    /// Where the cluster's state lives (default: $HOME/.kumo/<name>, and
+    /// $HOME/.kumo/default for the default name).
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
-    /// The API server's port on 127.0.0.1.
-    #[arg(long, default_value_t = 6443)]
-    port: u16,
+    /// The API server's port on 127.0.0.1 (default: the one it had, else 6443, else a
+    /// free one when another program holds 6443).
+    #[arg(long)]
+    port: Option<u16>,
     /// The node's name with --no-cloud (default: the host name).
     #[arg(long, requires = "no_cloud")]
     node_name: Option<String>,
-    /// The cluster's name: nodes are <name>-control-plane, <name>-worker, <name>-worker2, ...
-    #[arg(long, default_value = "kumo")]
-    name: String,
+    /// The cluster's name: the kubeconfig context is kumo-<name>, and with the cloud the
+    /// nodes are <name>-control-plane, <name>-worker, <name>-worker2, ... (default: kumo,
+    /// or the data directory's name when only --data-dir is given).
+    #[arg(long)]
+    name: Option<String>,
     /// How many worker nodes (cloud instances) besides the control-plane one.
     #[arg(long, default_value_t = 1)]
     nodes: usize,
     /// No cloud: one kubelet named after the host, as plain on-premises kubeadm.
-    #[arg(long, conflicts_with_all = ["nodes", "cloud_controllers", "name"])]
+    #[arg(long, conflicts_with_all = ["nodes", "cloud_controllers"])]
     no_cloud: bool,
     /// The cloud-controller-manager's controllers ('*' all, 'name' or '-name'; e.g.
     /// cloud-node,cloud-node-lifecycle runs it without the service controller; empty: no
     /// cloud-controller-manager, so nodes stay uninitialized).
     #[arg(long, value_delimiter = ',', default_value = "*")]
     cloud_controllers: Vec<String>,
-    /// Also merge a kumo-<name> context into your kubeconfig ($KUBECONFIG or
-    /// ~/.kube/config) and make it the current one.
-    #[arg(long)]
+    /// Merge a kumo-<name> context into your kubeconfig ($KUBECONFIG or ~/.kube/config)
+    /// and make it the current one, as kind does (`kumo down` takes it out again).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
     kubeconfig_update: bool,
     /// The API server's store: `embedded` (in --data-dir) or `etcd` (at --etcd-servers).
     #[arg(long, default_value = "embedded", value_parser = ["embedded", "etcd"])]
@@ -234,27 +302,46 @@ struct UpArgs {
     /// etcd endpoints, comma-separated, for --store etcd.
     #[arg(long, value_delimiter = ',')]
     etcd_servers: Vec<String>,
+    /// Also show the components' logs on the terminal (-v info, -vv debug); they always
+    /// go to <data-dir>/kumo.log. RUST_LOG sets the filter.
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+impl UpArgs {
+    /// The data directory: --data-dir, else that of --name.
+    fn data_dir(&self) -> Result<std::path::PathBuf> {
+        daemon::data_dir(self.data_dir.clone(), self.name.as_deref())
+    }
+
+    /// The cluster's name: --name, else the data directory's name when only --data-dir
+    /// is given (a second cluster gets a context of its own), else `kumo`.
+    fn cluster_name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        self.data_dir
+            .as_deref()
+            .and_then(|d| std::path::absolute(d).ok())
+            .and_then(|d| d.file_name().map(|f| f.to_string_lossy().into_owned()))
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "kumo".into())
+    }
 }
 
 async fn up(args: UpArgs) -> Result<()> {
+    let data_dir = args.data_dir()?;
     if args.detach {
-        return daemon::up_detached(args.data_dir.clone()).await;
+        return daemon::up_detached(&data_dir).await;
     }
-    daemon::foreground(args.data_dir.clone())?;
-    let data_dir = match args.data_dir {
-        Some(d) => d,
-        None => {
-            let home = std::env::var_os("HOME")
-                .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass --data-dir"))?;
-            std::path::PathBuf::from(home).join(".kumo").join("default")
-        }
-    };
+    daemon::foreground(&data_dir)?;
+    let port = daemon::api_port(&data_dir, args.port)?;
     let mut cfg = if args.no_cloud {
         kumo::cluster::ClusterConfig::new(&data_dir)
     } else {
         let mut c = kumo::cluster::ClusterConfig::with_cloud(&data_dir);
         c.cloud = Some(kumo::cluster::CloudSettings {
-            name: args.name.clone(),
+            name: args.name.clone().unwrap_or_else(|| "kumo".into()),
             workers: args.nodes,
             // `--cloud-controllers=` (nothing): no cloud-controller-manager at all.
             controllers: args
@@ -266,7 +353,10 @@ async fn up(args: UpArgs) -> Result<()> {
         });
         c
     };
-    cfg.port = args.port;
+    cfg.port = port.port;
+    if let Some(note) = &port.note {
+        println!("kumo: {note}");
+    }
     cfg.store = match args.store.as_str() {
         "etcd" if args.etcd_servers.is_empty() => {
             anyhow::bail!("--store etcd needs --etcd-servers")
@@ -274,8 +364,8 @@ async fn up(args: UpArgs) -> Result<()> {
         "etcd" => kumo_apiserver::server::StoreConfig::Etcd(args.etcd_servers.clone()),
         _ => kumo_apiserver::server::StoreConfig::Embedded,
     };
-    if let Some(n) = args.node_name {
-        cfg.node_name = n;
+    if let Some(n) = &args.node_name {
+        cfg.node_name = n.clone();
     }
     let cluster = kumo::cluster::start(cfg).await?;
     let server = &cluster.api;
@@ -285,7 +375,62 @@ async fn up(args: UpArgs) -> Result<()> {
         server.startup.as_millis(),
         data_dir.display()
     );
-    let Some(cloud) = &cluster.cloud else {
+    if let Some(cloud) = &cluster.cloud {
+        println!("kumo: controller-manager and scheduler started, each with its own identity");
+        println!(
+            "kumo: cloud {} serving at {} (state in {})",
+            kumo_cloud::REGION,
+            cloud.server.url,
+            cluster.config.cloud_dir().display()
+        );
+        for i in &cloud.instances {
+            let what = if i.created {
+                "launched".to_owned()
+            } else {
+                format!("found ({})", i.instance.state)
+            };
+            let i = &i.instance;
+            println!(
+                "kumo: instance {} {} {what}: {}, {}, {}",
+                i.id, i.name, i.instance_type, i.zone, i.private_ip
+            );
+        }
+        match &cloud.ccm_access_key_id {
+            Some(key) => println!(
+                "kumo: cloud-controller-manager started (controllers: {}), cloud access key {key} ({})",
+                args.cloud_controllers.join(","),
+                cluster.config.ccm_cloud_config().display()
+            ),
+            None => println!("kumo: no cloud-controller-manager"),
+        }
+        let nodes = cluster.node_names();
+        let waited = cluster
+            .wait_nodes_ready(&nodes, std::time::Duration::from_secs(60), |n| {
+                println!("kumo: node {n} Ready")
+            })
+            .await;
+        if let Err(e) = waited {
+            println!("kumo: {e}");
+        }
+        let control_plane = cluster
+            .config
+            .cloud
+            .as_ref()
+            .map(|s| s.control_plane_name())
+            .unwrap_or_default();
+        for i in &cloud.instances {
+            let dir = if i.instance.name == control_plane {
+                cluster.config.static_pod_path()
+            } else {
+                cloud.hypervisor.node_static_pod_path(&i.instance.name)
+            };
+            println!(
+                "kumo: static pods of {}: put manifests in {}",
+                i.instance.name,
+                dir.display()
+            );
+        }
+    } else {
         println!(
             "kumo: controller-manager, scheduler and kubelet started, each with its own identity"
         );
@@ -295,91 +440,27 @@ async fn up(args: UpArgs) -> Result<()> {
             cluster.config.static_pod_path().display()
         );
         println!("kumo: no cloud (--no-cloud)");
-        println!(
+    }
+    let name = args.cluster_name();
+    let merged = if args.kubeconfig_update {
+        daemon::merge_kubeconfig(&server.admin_kubeconfig, &name, &data_dir)
+    } else {
+        None
+    };
+    match merged {
+        Some(path) => println!(
+            "kumo: context kumo-{name} set in {} (now current)\nTo use it:\n  kubectl get nodes",
+            path.display()
+        ),
+        None => println!(
             "To use it:\n  export KUBECONFIG={}\n  kubectl get nodes",
             server.admin_kubeconfig.display()
-        );
-        return cluster.api.wait().await;
-    };
-    println!("kumo: controller-manager and scheduler started, each with its own identity");
-    println!(
-        "kumo: cloud {} serving at {} (state in {})",
-        kumo_cloud::REGION,
-        cloud.server.url,
-        cluster.config.cloud_dir().display()
-    );
-    for i in &cloud.instances {
-        let what = if i.created {
-            "launched".to_owned()
-        } else {
-            format!("found ({})", i.instance.state)
-        };
-        let i = &i.instance;
-        println!(
-            "kumo: instance {} {} {what}: {}, {}, {}",
-            i.id, i.name, i.instance_type, i.zone, i.private_ip
-        );
-    }
-    match &cloud.ccm_access_key_id {
-        Some(key) => println!(
-            "kumo: cloud-controller-manager started (controllers: {}), cloud access key {key} ({})",
-            args.cloud_controllers.join(","),
-            cluster.config.ccm_cloud_config().display()
         ),
-        None => println!("kumo: no cloud-controller-manager"),
     }
-    let nodes = cluster.node_names();
-    let waited = cluster
-        .wait_nodes_ready(&nodes, std::time::Duration::from_secs(60), |n| {
-            println!("kumo: node {n} Ready")
-        })
-        .await;
-    if let Err(e) = waited {
-        println!("kumo: {e}");
+    if cluster.cloud.is_some() {
+        println!("The cloud:\n  kumo cloud instances list");
     }
-    if let Some(c) = &cluster.cloud {
-        for i in &c.instances {
-            let dir = if i.instance.name
-                == cluster
-                    .config
-                    .cloud
-                    .as_ref()
-                    .map(|s| s.control_plane_name())
-                    .unwrap_or_default()
-            {
-                cluster.config.static_pod_path()
-            } else {
-                c.hypervisor.node_static_pod_path(&i.instance.name)
-            };
-            println!(
-                "kumo: static pods of {}: put manifests in {}",
-                i.instance.name,
-                dir.display()
-            );
-        }
-    }
-    if args.kubeconfig_update {
-        let merged = kumo::cluster::user_kubeconfig().and_then(|path| {
-            kumo::cluster::merge_kubeconfig(&server.admin_kubeconfig, &args.name, &path)
-                .map(|()| path)
-        });
-        match merged {
-            Ok(path) => println!(
-                "kumo: context kumo-{} set in {} (now current)",
-                args.name,
-                path.display()
-            ),
-            Err(e) => println!("kumo: kubeconfig not updated: {e:#}"),
-        }
-    }
-    println!(
-        "To use it:\n  export KUBECONFIG={}\n  kubectl get nodes",
-        server.admin_kubeconfig.display()
-    );
-    println!(
-        "The cloud:\n  export KUMO_CLOUD_DATA_DIR={}\n  kumo cloud instances list",
-        cluster.config.cloud_dir().display()
-    );
+    println!("{}", daemon::READY_MARKER);
     cluster.api.wait().await
 }
 
@@ -444,7 +525,9 @@ async fn apiserver(args: ApiserverArgs) -> Result<()> {
     server.wait().await
 }
 
-fn main() -> Result<()> {
+/// Logs to stderr for the single components (as upstream's do), filtered by RUST_LOG
+/// (default: warnings).
+fn log_to_stderr() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -452,14 +535,117 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// `kumo up`'s logs: the components' lines go to `<data-dir>/kumo.log` (info, or RUST_LOG),
+/// so that the terminal shows only `kumo up`'s own progress; `-v` adds them on stderr
+/// (info; `-vv` debug).
+fn log_for_up(args: &UpArgs) -> Result<()> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(match args.verbose {
+                0 | 1 => "info",
+                _ => "debug",
+            })
+        })
+    };
+    if args.detach {
+        // The parent only waits; the child it starts logs.
+        log_to_stderr();
+        return Ok(());
+    }
+    let file = daemon::log_file(&args.data_dir()?)?;
+    let to_file = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(file))
+        .with_filter(filter());
+    let to_terminal = (args.verbose > 0).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+    });
+    tracing_subscriber::registry()
+        .with(to_file)
+        .with(to_terminal)
+        .init();
+    Ok(())
+}
+
+/// A closed stdout (`kumo status | head`) ends the process quietly, as it ends a C
+/// program by SIGPIPE, rather than with a panic and its backtrace.
+fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
+fn main() -> Result<()> {
+    quiet_broken_pipe();
     let cli = Cli::parse();
     match cli.command {
         Command::Up(args) => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(up(args))
+            let run = || -> Result<()> {
+                log_for_up(&args)?;
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(up(args))
+            };
+            if let Err(e) = run() {
+                // One line a user can act on (`kumo up -d` shows the same line).
+                eprintln!("{}{e:#}", daemon::ERROR_PREFIX);
+                std::process::exit(1);
+            }
+            Ok(())
         }
+        command => {
+            log_to_stderr();
+            other(command)
+        }
+    }
+}
+
+/// `kumo cloud` without a say of its own (no --data-dir, --cloud-config, --endpoint or
+/// `KUMO_CLOUD_*` variable) talks to the cloud of the cluster the kubeconfig's current
+/// context points at (the data directory `kumo up` recorded there), else to the default
+/// cluster's, else to `kumo cloud serve`'s default ($HOME/.kumo/cloud).
+fn cloud_of_current_cluster(args: &mut kumo_cloud::cli::Args) {
+    let c = &args.conn;
+    let told = c.data_dir.is_some()
+        || c.cloud_config.is_some()
+        || c.endpoint.is_some()
+        || ["KUMO_CLOUD_DATA_DIR", "KUMO_CLOUD_ENDPOINT"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
+    if told || matches!(args.command, kumo_cloud::cli::Command::Serve { .. }) {
+        return;
+    }
+    let cluster = kumo::kubeconfig::current_data_dir(&Default::default())
+        .or_else(|| kumo::kubeconfig::default_data_dir().ok())
+        .map(|d| d.join("cloud"))
+        .filter(|d| d.join(kumo_cloud::pki::ENDPOINT_FILE).exists());
+    if let Some(dir) = cluster {
+        args.conn.data_dir = Some(dir);
+    }
+}
+
+/// Every command but `kumo up`.
+fn other(command: Command) -> Result<()> {
+    match command {
+        Command::Up(_) => unreachable!("kumo up is run by main"),
         Command::Apiserver(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -484,10 +670,11 @@ fn main() -> Result<()> {
                 .build()?;
             rt.block_on(controller_manager(args))
         }
-        Command::Cloud(args) => {
+        Command::Cloud(mut args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
+            cloud_of_current_cluster(&mut args);
             if let Err(e) = rt.block_on(kumo_cloud::cli::run(*args)) {
                 // The cloud's code and message are the whole story; no backtrace.
                 eprintln!("error: {e}");
@@ -501,14 +688,41 @@ fn main() -> Result<()> {
                 .build()?;
             rt.block_on(ccm::run(*args))
         }
-        Command::Certs { what } => certs::run(what),
-        Command::Down { data_dir } => daemon::down(data_dir),
-        Command::Status { data_dir } => {
+        Command::MetricsServer(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            let ok = rt.block_on(status::run(data_dir))?;
+            rt.block_on(metrics_server(args))
+        }
+        Command::Certs { what } => certs::run(what),
+        Command::Down { data_dir, name } => {
+            daemon::down(&daemon::data_dir(data_dir, name.as_deref())?)
+        }
+        Command::Status { cluster } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let ok = rt.block_on(status::run(cluster))?;
             std::process::exit(if ok { 0 } else { 1 });
+        }
+        Command::Get {
+            what: Get::Kubeconfig { data_dir, name },
+        } => {
+            let dir = daemon::data_dir(data_dir.clone(), name.as_deref())?;
+            let admin = dir.join("admin.conf");
+            if !admin.exists() {
+                anyhow::bail!("no cluster on {} (no admin.conf)", dir.display());
+            }
+            let cluster = name.unwrap_or_else(|| {
+                data_dir
+                    .as_deref()
+                    .and_then(|d| std::path::absolute(d).ok())
+                    .and_then(|d| d.file_name().map(|f| f.to_string_lossy().into_owned()))
+                    .unwrap_or_else(|| "kumo".into())
+            });
+            let doc = kumo::kubeconfig::named(&admin, &cluster, &dir)?;
+            print!("{}", serde_yaml::to_string(&doc)?);
+            Ok(())
         }
         Command::Doctor { what } => {
             let rt = tokio::runtime::Builder::new_multi_thread()

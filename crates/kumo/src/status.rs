@@ -1,7 +1,6 @@
 //! `kumo status`: whether kumo runs on a data directory, the API server's health, the
 //! control-plane components with their Leases in kube-system, and the nodes.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -19,18 +18,7 @@ pub const COMPONENTS: &[&str] = &[
     "cloud-controller-manager",
 ];
 
-/// A client of the cluster with the data directory's admin kubeconfig, and the server URL.
-pub async fn admin_client(data_dir: &Path) -> Result<(kube::Client, String)> {
-    let path = data_dir.join("admin.conf");
-    let kc = kube::config::Kubeconfig::read_from(&path)
-        .with_context(|| format!("reading {}", path.display()))?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .with_context(|| format!("loading {}", path.display()))?;
-    let url = cfg.cluster_url.to_string();
-    let url = url.trim_end_matches('/').to_owned();
-    Ok((kube::Client::try_from(cfg)?, url))
-}
+pub use kumo::kubeconfig::admin_client;
 
 /// `GET /readyz` within 5 s: Ok(body) when it answered 200.
 pub async fn readyz(client: &kube::Client) -> Result<String> {
@@ -99,26 +87,36 @@ pub fn node_ready(node: &Node) -> String {
         .unwrap_or_else(|| "Unknown".into())
 }
 
-/// Prints the table; Ok(true) when kumo runs and the API server is ready.
-pub async fn run(data_dir: Option<PathBuf>) -> Result<bool> {
-    let dir = daemon::data_dir(data_dir)?;
-    println!("kumo on {}", dir.display());
-    let pid = daemon::running(&dir);
-    match pid {
-        Some(pid) => println!(
-            "  process:    running (pid {pid}), log {}",
-            dir.join(daemon::LOG_FILE).display()
-        ),
-        None => println!(
-            "  process:    not running (no live pid in {})",
-            daemon::PID_FILE
-        ),
+/// Prints the table; Ok(true) when the API server is ready (and, for a cluster whose data
+/// directory is known, kumo runs on it).
+pub async fn run(args: kumo::kubeconfig::ClusterArgs) -> Result<bool> {
+    if let Some(dir) = &args.data_dir {
+        if !dir.join("admin.conf").exists() {
+            println!("kumo on {}", dir.display());
+            println!("  API server: no admin.conf (kumo has never run here)");
+            return Ok(false);
+        }
     }
-    if !dir.join("admin.conf").exists() {
-        println!("  API server: no admin.conf (kumo has never run here)");
-        return Ok(false);
+    let target = kumo::kubeconfig::target(&args).await?;
+    let mut pid = None;
+    match &target.data_dir {
+        Some(dir) => {
+            println!("kumo on {}", dir.display());
+            pid = daemon::running(dir);
+            match pid {
+                Some(pid) => println!(
+                    "  process:    running (pid {pid}), log {}",
+                    dir.join(daemon::LOG_FILE).display()
+                ),
+                None => println!(
+                    "  process:    not running (no live pid in {})",
+                    daemon::PID_FILE
+                ),
+            }
+        }
+        None => println!("cluster of {}", target.source),
     }
-    let (client, url) = admin_client(&dir).await?;
+    let (client, url) = (target.client.clone(), target.url.clone());
     match readyz(&client).await {
         Ok(_) => println!("  API server: {url} ready (/readyz ok)"),
         Err(e) => {
@@ -126,22 +124,24 @@ pub async fn run(data_dir: Option<PathBuf>) -> Result<bool> {
             return Ok(false);
         }
     }
-    let cloud_dir = dir.join("cloud");
-    if cloud_dir.exists() {
-        let answer = match kumo_cloud::Client::from_data_dir(&cloud_dir) {
-            Ok(c) => {
-                let asked = tokio::time::timeout(Duration::from_secs(5), c.regions()).await;
-                match asked {
-                    Ok(Ok(_)) => format!("{} answering", c.endpoint()),
-                    Ok(Err(e)) => format!("{} not answering: {e}", c.endpoint()),
-                    Err(_) => format!("{} not answering in 5 s", c.endpoint()),
+    let cloud_dir = target.data_dir.as_ref().map(|d| d.join("cloud"));
+    match cloud_dir.filter(|d| d.exists()) {
+        Some(cloud_dir) => {
+            let answer = match kumo_cloud::Client::from_data_dir(&cloud_dir) {
+                Ok(c) => {
+                    let asked = tokio::time::timeout(Duration::from_secs(5), c.regions()).await;
+                    match asked {
+                        Ok(Ok(_)) => format!("{} answering", c.endpoint()),
+                        Ok(Err(e)) => format!("{} not answering: {e}", c.endpoint()),
+                        Err(_) => format!("{} not answering in 5 s", c.endpoint()),
+                    }
                 }
-            }
-            Err(e) => format!("unusable: {e}"),
-        };
-        println!("  cloud:      {answer}");
-    } else {
-        println!("  cloud:      none (--no-cloud)");
+                Err(e) => format!("unusable: {e}"),
+            };
+            println!("  cloud:      {answer}");
+        }
+        None if target.data_dir.is_some() => println!("  cloud:      none (--no-cloud)"),
+        None => println!("  cloud:      unknown (no kumo data directory for this context)"),
     }
     println!();
     println!("{:<26}{:<8}{:<52}RENEWED", "COMPONENT", "LEASE", "HOLDER");
@@ -180,5 +180,5 @@ pub async fn run(data_dir: Option<PathBuf>) -> Result<bool> {
             println!("{name:<32}{:<8}{pid}", node_ready(n));
         }
     }
-    Ok(pid.is_some())
+    Ok(pid.is_some() || target.data_dir.is_none())
 }

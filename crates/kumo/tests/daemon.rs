@@ -1,16 +1,32 @@
 //! `kumo up -d`, `kumo status` and `kumo down` as a user runs them: the real binary in the
-//! background, the real kubectl against the kubeconfig it prints.
+//! background, its context merged into the user's kubeconfig (`$KUBECONFIG`, a file of the
+//! test's), the real kubectl with no export.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+/// The user's kubeconfig of a test: beside the data directory, never the developer's.
+fn user_kubeconfig(dir: &Path) -> PathBuf {
+    dir.with_file_name("user.conf")
+}
+
 fn kumo(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kumo"))
         .args(args)
         .arg("--data-dir")
         .arg(dir)
+        .env("KUBECONFIG", user_kubeconfig(dir))
+        .output()
+        .expect("kumo runs")
+}
+
+/// `kumo ARGS` with no --data-dir: the cluster of the kubeconfig's current context.
+fn kumo_plain(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kumo"))
+        .args(args)
+        .env("KUBECONFIG", user_kubeconfig(dir))
         .output()
         .expect("kumo runs")
 }
@@ -62,11 +78,14 @@ fn up_detached_status_and_down() {
         stdout.starts_with("kumo: API server ready at https://127.0.0.1:"),
         "{stdout}"
     );
-    let kubeconfig = stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("export KUBECONFIG="))
-        .unwrap_or_else(|| panic!("no KUBECONFIG line in {stdout}"))
-        .to_owned();
+    assert!(
+        stdout.contains(&format!(
+            "kumo: context kumo-kumo set in {} (now current)",
+            user_kubeconfig(&dir).display()
+        )),
+        "{stdout}"
+    );
+    let kubeconfig = user_kubeconfig(&dir);
     let pid: u32 = stdout
         .split("running in the background (pid ")
         .nth(1)
@@ -91,10 +110,11 @@ fn up_detached_status_and_down() {
     assert!(k.status.success(), "{}", text(&k.stderr));
     assert!(text(&k.stdout).contains("namespace/default"));
 
-    // `kumo status` shows the process, the API server and the components' leases.
+    // `kumo status` (no --data-dir: the current context's cluster) shows the process, the
+    // API server and the components' leases.
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
-        let out = kumo(&["status"], &dir);
+        let out = kumo_plain(&["status"], &dir);
         let s = text(&out.stdout);
         let fresh = |name: &str| {
             s.lines()
@@ -150,6 +170,14 @@ fn up_detached_status_and_down() {
     );
     assert!(!alive(pid), "pid {pid} still runs after kumo down");
     assert!(!dir.join("kumo.pid").exists());
+    // ... and takes its context out of the user's kubeconfig, as `kind delete cluster`.
+    assert!(
+        text(&down.stdout).contains("context kumo-kumo removed from"),
+        "{}",
+        text(&down.stdout)
+    );
+    let user = std::fs::read_to_string(user_kubeconfig(&dir)).unwrap();
+    assert!(!user.contains("kumo-kumo"), "{user}");
     // It went on SIGTERM, saying so, not on SIGKILL.
     let log = std::fs::read_to_string(dir.join("kumo.log")).unwrap();
     assert!(log.contains("kumo: SIGTERM received, stopping"), "{log}");
@@ -180,8 +208,9 @@ fn up_detached_status_and_down() {
     assert!(out.contains("no kumo runs on"), "{out}");
 }
 
+/// A failed start is told in one line, naming what holds the port.
 #[test]
-fn up_detached_reports_a_failed_start_with_the_log() {
+fn up_detached_reports_a_failed_start_in_one_line() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("kumo");
     // The port is taken, so the API server cannot listen and `kumo up` exits.
@@ -196,9 +225,69 @@ fn up_detached_reports_a_failed_start_with_the_log() {
         !out.status.success(),
         "kumo up -d on a taken port succeeded"
     );
+    assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.contains("before the cluster was ready") && err.contains("kumo.log"),
+        err.contains(&format!(
+            "port {port} on 127.0.0.1 is held by another program"
+        )) && err.contains("kumo.log"),
         "{err}"
     );
     assert!(!dir.join("kumo.pid").exists());
+}
+
+/// Two clusters side by side, as kind runs them: the second gets a context of its own,
+/// and asking for the first one's port names the cluster that holds it.
+#[test]
+fn a_second_cluster_runs_beside_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("one");
+    let two = tmp.path().join("two");
+    let out = kumo(&up_args(), &one);
+    let _down_one = Down(one.clone());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let port = std::fs::read_to_string(one.join("admin.conf"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("server: https://127.0.0.1:")
+                .map(str::to_owned)
+        })
+        .unwrap();
+    // Same user kubeconfig for both (they sit in the same directory).
+    let taken = kumo(&["up", "-d", "--no-cloud", "--port", &port], &two);
+    assert!(!taken.status.success());
+    let err = text(&taken.stderr);
+    assert!(
+        err.contains(&format!(
+            "port {port} on 127.0.0.1 is held by the kumo cluster on {}",
+            one.display()
+        )),
+        "{err}"
+    );
+    let out = kumo(&up_args(), &two);
+    let _down_two = Down(two.clone());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let contexts = Command::new("kubectl")
+        .args(["config", "get-contexts", "-o", "name"])
+        .env("KUBECONFIG", user_kubeconfig(&one))
+        .output()
+        .unwrap();
+    assert_eq!(text(&contexts.stdout), "kumo-one\nkumo-two\n");
+    for ctx in ["kumo-one", "kumo-two"] {
+        let k = Command::new("kubectl")
+            .args(["--context", ctx, "get", "ns", "default", "-o", "name"])
+            .env("KUBECONFIG", user_kubeconfig(&one))
+            .output()
+            .unwrap();
+        assert!(k.status.success(), "{ctx}: {}", text(&k.stderr));
+    }
+    // `kumo get kubeconfig` prints the cluster's own, named as in the merged one.
+    let got = kumo(&["get", "kubeconfig"], &two);
+    assert!(got.status.success(), "{}", text(&got.stderr));
+    assert!(
+        text(&got.stdout).contains("current-context: kumo-two"),
+        "{}",
+        text(&got.stdout)
+    );
 }

@@ -1,6 +1,7 @@
 //! The hands-on of seeds 000, 001 and 003, command for command, as a user types them: the real
-//! `kumo up -d` in the background, the real kubectl against the kubeconfig it prints, and
-//! `kumo cloud` against the same data directory.
+//! `kumo up -d` in the background, which merges its context into the user's kubeconfig (here
+//! `$KUBECONFIG`, a file of the test's), then the real kubectl and `kumo cloud`,
+//! `kumo doctor` with no flag telling them which cluster: they follow the current context.
 //!
 //! With the whole cloud-controller-manager, a LoadBalancer Service gets its EXTERNAL-IP
 //! within 2 s, with EnsuringLoadBalancer then EnsuredLoadBalancer; with
@@ -17,11 +18,27 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// The user's kubeconfig of a test: beside the data directory, never the developer's.
+fn user_kubeconfig(dir: &Path) -> PathBuf {
+    dir.with_file_name("user.conf")
+}
+
 fn kumo(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kumo"))
         .args(args)
         .arg("--data-dir")
         .arg(dir)
+        .env("KUBECONFIG", user_kubeconfig(dir))
+        .output()
+        .expect("kumo runs")
+}
+
+/// `kumo ARGS` as the user types it after `kumo up`: no --data-dir.
+fn kumo_plain(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kumo"))
+        .args(args)
+        .env("KUBECONFIG", user_kubeconfig(dir))
+        .env_remove("KUMO_CLOUD_DATA_DIR")
         .output()
         .expect("kumo runs")
 }
@@ -58,11 +75,12 @@ fn up(extra: &[&str]) -> Up {
         text(&out.stderr)
     );
     eprintln!("kumo up -d {extra:?} returned in {:?}", t.elapsed());
-    let kubeconfig = stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("export KUBECONFIG="))
-        .unwrap_or_else(|| panic!("no KUBECONFIG line in {stdout}"))
-        .to_owned();
+    // No export to type: the context is merged and current.
+    assert!(
+        stdout.contains("kumo: context kumo-kumo set in "),
+        "{stdout}"
+    );
+    let kubeconfig = user_kubeconfig(&dir).display().to_string();
     Up {
         dir,
         kubeconfig,
@@ -94,14 +112,9 @@ impl Up {
         serde_json::from_str(&self.ok(&a)).unwrap()
     }
 
-    /// `kumo cloud ...` against this data directory's cloud.
+    /// `kumo cloud ...`: the current context's cluster's cloud, found with no flag.
     fn cloud(&self, args: &[&str]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_kumo"))
-            .arg("cloud")
-            .args(args)
-            .env("KUMO_CLOUD_DATA_DIR", self.dir.join("cloud"))
-            .output()
-            .unwrap();
+        let out = kumo_plain(&[&["cloud"], args].concat(), &self.dir);
         assert!(
             out.status.success(),
             "kumo cloud {args:?}: {}",
@@ -355,8 +368,9 @@ fn seed_000_without_the_service_controller_the_service_stays_pending() {
     });
     assert!(slices.contains("IPv4"), "{slices}");
 
-    // kumo doctor names the missing service controller.
-    let out = kumo(&["doctor", "service", "hello"], &u.dir);
+    // kumo doctor names the missing service controller (the cluster and its cloud found
+    // through the current context).
+    let out = kumo_plain(&["doctor", "service", "hello"], &u.dir);
     let report = text(&out.stdout);
     assert!(!out.status.success(), "{report}");
     assert!(report.contains("service controller"), "{report}");

@@ -4,32 +4,60 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
+/// `kumo up` merges a `kumo-<name>` context into the user's kubeconfig (here
+/// `$KUBECONFIG`) and makes it current, as kind does: kubectl works with no export. Its
+/// terminal shows only its own lines, the components' logs go to the log file.
 #[test]
-fn kumo_up_prints_a_working_kubeconfig() {
+fn kumo_up_sets_a_working_context() {
     let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("first");
+    let kubeconfig = dir.path().join("user.conf");
     let mut child = Command::new(env!("CARGO_BIN_EXE_kumo"))
         .args(["up", "--port", "0", "--data-dir"])
-        .arg(dir.path())
+        .arg(&data)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut kubeconfig = None;
     let mut printed = Vec::new();
     for line in lines.by_ref() {
         let line = line.unwrap();
         printed.push(line.clone());
-        if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
-            kubeconfig = Some(path.to_owned());
+        if line == "kumo: ready" {
             break;
         }
     }
-    let kubeconfig = kubeconfig.unwrap_or_else(|| panic!("no KUBECONFIG line in {printed:?}"));
+    assert_eq!(
+        printed.last().map(String::as_str),
+        Some("kumo: ready"),
+        "{printed:?}"
+    );
     assert!(
         printed[0].starts_with("kumo: API server ready at https://127.0.0.1:"),
         "{printed:?}"
     );
+    assert!(
+        printed
+            .iter()
+            .any(|l| l.starts_with("kumo: context kumo-first set in ")),
+        "{printed:?}"
+    );
+    // Every line on the terminal is kumo up's own: no component's log line (WARN ...).
+    assert!(
+        printed
+            .iter()
+            .all(|l| l.starts_with("kumo: ") || l.starts_with("  ") || l.ends_with(':')),
+        "{printed:?}"
+    );
+    let ctx = Command::new("kubectl")
+        .args(["config", "current-context"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&ctx.stdout), "kumo-first\n");
     let out = Command::new("kubectl")
         .args(["get", "namespaces", "-o", "name"])
         .env("KUBECONFIG", &kubeconfig)
@@ -43,6 +71,12 @@ fn kumo_up_prints_a_working_kubeconfig() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("namespace/default"));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!stderr.contains("WARN"), "{stderr}");
+    // The components logged to the log file instead.
+    let log = std::fs::read_to_string(data.join("kumo.log")).unwrap();
+    assert!(log.contains(" INFO "), "{log}");
 }
 
 /// kubectl against `kubeconfig`: (ok, stdout, stderr).
@@ -89,6 +123,7 @@ fn kumo_up_runs_pods_on_its_node() {
             "--no-cloud",
             "--node-name",
             "cka-w1",
+            "--kubeconfig-update=false",
             "--data-dir",
         ])
         .arg(dir.path())
@@ -103,8 +138,11 @@ fn kumo_up_runs_pods_on_its_node() {
         if let Some(p) = line.split("static pods: put manifests in ").nth(1) {
             manifests = Some(p.trim().to_owned());
         }
+        // Without the merge, it says which file to export.
         if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
             kubeconfig = Some(path.to_owned());
+        }
+        if line == "kumo: ready" {
             break;
         }
     }

@@ -315,8 +315,8 @@ async fn cloud_nodes_join_initialized_and_serve_pods() {
     // (twice: replaced, not duplicated), the rest kept.
     let user = dir.path().join("user.conf");
     std::fs::write(&user, "apiVersion: v1\nkind: Config\nclusters:\n- name: other\n  cluster:\n    server: https://192.0.2.1:6443\ncontexts:\n- name: other\n  context:\n    cluster: other\n    user: other\nusers:\n- name: other\n  user:\n    token: abc\ncurrent-context: other\n").unwrap();
-    kumo::cluster::merge_kubeconfig(kc, "ta", &user).unwrap();
-    kumo::cluster::merge_kubeconfig(kc, "ta", &user).unwrap();
+    kumo::kubeconfig::merge(kc, "ta", dir.path(), &user).unwrap();
+    kumo::kubeconfig::merge(kc, "ta", dir.path(), &user).unwrap();
     let o = k(&user, &["config", "get-contexts", "-o", "name"]).await;
     assert_eq!(o.stdout, "kumo-ta\nother\n");
     let o = k(&user, &["config", "current-context"]).await;
@@ -559,7 +559,7 @@ impl Drop for Up {
     }
 }
 
-/// Runs `kumo up` and returns it with what it printed up to the KUBECONFIG line.
+/// Runs `kumo up` and returns it with what it printed up to its ready line.
 fn kumo_up(dir: &Path, extra: &[&str]) -> (Up, Vec<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kumo"))
         .args(["up", "--port", "0", "--data-dir"])
@@ -577,7 +577,7 @@ fn kumo_up(dir: &Path, extra: &[&str]) -> (Up, Vec<String>) {
     let mut printed = Vec::new();
     for line in lines.by_ref() {
         let line = line.unwrap();
-        let done = line.trim().starts_with("export KUBECONFIG=");
+        let done = line == "kumo: ready";
         printed.push(line);
         if done {
             break;
