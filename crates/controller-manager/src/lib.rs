@@ -99,7 +99,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "horizontal-pod-autoscaler-controller",
         Some("horizontalpodautoscaling"),
         true,
-        false,
+        true,
     ),
     ("job-controller", Some("job"), true, true),
     (
@@ -322,6 +322,8 @@ pub struct Config {
     pub node_lifecycle: controllers::nodelifecycle::Settings,
     /// The CA csrsigning issues from (`--cluster-signing-cert-file`, ...).
     pub csr_signing: controllers::certificates::signer::Settings,
+    /// The HPA controller's periods and tolerance (`--horizontal-pod-autoscaler-*`).
+    pub hpa: controllers::podautoscaler::Settings,
 }
 
 impl Config {
@@ -339,6 +341,7 @@ impl Config {
             node_ipam: controllers::nodeipam::Settings::default(),
             node_lifecycle: controllers::nodelifecycle::Settings::default(),
             csr_signing: controllers::certificates::signer::Settings::default(),
+            hpa: controllers::podautoscaler::Settings::default(),
         }
     }
 }
@@ -352,6 +355,7 @@ struct Settings {
     node_ipam: Option<controllers::nodeipam::Params>,
     node_lifecycle: controllers::nodelifecycle::Settings,
     csr_signing: controllers::certificates::signer::Settings,
+    hpa: controllers::podautoscaler::Settings,
 }
 
 /// The kubeconfig's cluster CA, PEM (certificate-authority-data or certificate-authority).
@@ -467,6 +471,7 @@ impl ControllerManager {
                 node_ipam,
                 node_lifecycle: cfg.node_lifecycle.clone(),
                 csr_signing: cfg.csr_signing.clone(),
+                hpa: cfg.hpa,
             },
             elector,
             stop_rx,
@@ -698,6 +703,14 @@ fn start_controllers(
         tasks.push(controllers::pvcprotection::start(
             clients.clone(),
             &factory,
+            stop.clone(),
+        ));
+    }
+    if on("horizontal-pod-autoscaler-controller") {
+        tasks.push(controllers::podautoscaler::start(
+            clients.clone(),
+            &factory,
+            settings.hpa,
             stop.clone(),
         ));
     }

@@ -670,8 +670,15 @@ pub fn container_config(
         (None, Some(g)) => Some((0, Some(g))),
         (None, None) => None,
     };
+    let limit = |r: &str| {
+        spec.pointer(&format!("/resources/limits/{r}"))
+            .and_then(Value::as_str)
+            .and_then(kumo_apimachinery::quantity::Quantity::parse)
+    };
     Ok(ContainerConfig {
         user,
+        cpu_limit_millis: limit("cpu").map(|q| q.milli_value().max(0) as u64),
+        memory_limit_bytes: limit("memory").map(|q| q.value().max(0) as u64),
         privileged: spec.pointer("/securityContext/privileged") == Some(&Value::Bool(true)),
         no_new_privs: spec.pointer("/securityContext/allowPrivilegeEscalation")
             == Some(&Value::Bool(false)),

@@ -29,6 +29,7 @@ mod sample_apiserver;
 mod sample_openapi;
 pub mod server;
 pub mod static_pods;
+pub mod stats;
 pub mod trustbundle;
 
 use std::collections::BTreeMap;

@@ -158,6 +158,26 @@ pub struct Dataplane {
     /// The in-memory state of simulated servers that keep one (agnhost nettest's
     /// counts), by container id.
     server_state: std::sync::Mutex<HashMap<String, Value>>,
+    /// How many TCP connections each pod address has accepted (the simulated runtime's
+    /// CPU model charges its servers per request).
+    served: std::sync::Mutex<HashMap<IpAddr, u64>>,
+    /// Servers the process owner runs for the pods of an image, by (image repository,
+    /// port): `kumo up`'s add-ons whose pods stand for work its process does.
+    hosted: RwLock<HashMap<(String, u16), HostedServer>>,
+}
+
+/// A server run in-process for the pods of an image: it takes the server's end of each
+/// connection made to such a pod.
+pub type HostedServer = Arc<dyn Fn(tokio::io::DuplexStream) + Send + Sync>;
+
+/// An image reference's repository (`registry.k8s.io/metrics-server/metrics-server` of
+/// `...:v0.8.0`).
+fn repository(image: &str) -> &str {
+    let image = image.split('@').next().unwrap_or(image);
+    match image.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => repo,
+        _ => image,
+    }
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -171,6 +191,48 @@ impl std::fmt::Debug for Dataplane {
 }
 
 impl Dataplane {
+    /// Serves connections to port `port` of the pods running `repository`'s image with
+    /// `serve`, in place of the simulated container (see [`HostedServer`]).
+    pub fn host(&self, repository: &str, port: u16, serve: HostedServer) {
+        let mut h = self.hosted.write().unwrap_or_else(|e| e.into_inner());
+        h.insert((repository.to_owned(), port), serve);
+    }
+
+    /// The hosted server behind `to` (a Service frontend or a pod), if any.
+    fn hosted_at(&self, to: SocketAddr) -> Option<HostedServer> {
+        let hosted = self.hosted.read().unwrap_or_else(|e| e.into_inner());
+        if hosted.is_empty() {
+            return None;
+        }
+        let t = self.read();
+        let target = self.route(&t, None, to, Protocol::Tcp)?;
+        let pods = t.pods.get(&target.ip())?;
+        pods.values().find_map(|p| {
+            let running = p
+                .pointer("/status/containerStatuses")
+                .and_then(Value::as_array)
+                .is_some_and(|cs| cs.iter().any(|c| c.pointer("/state/running").is_some()));
+            if !running {
+                return None;
+            }
+            p.pointer("/spec/containers")
+                .and_then(Value::as_array)?
+                .iter()
+                .find_map(|c| {
+                    let image = c.get("image").and_then(Value::as_str)?;
+                    hosted
+                        .get(&(repository(image).to_owned(), target.port()))
+                        .cloned()
+                })
+        })
+    }
+
+    /// How many TCP connections the pod at `ip` has accepted so far.
+    pub fn served(&self, ip: IpAddr) -> u64 {
+        let served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.get(&ip).copied().unwrap_or(0)
+    }
+
     fn read(&self) -> RwLockReadGuard<'_, Tables> {
         self.tables.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -387,11 +449,16 @@ impl Dataplane {
             return Err(ConnectError::Refused);
         };
         if let Some(pods) = t.pods.get(&target.ip()) {
-            return pods
+            let found = pods
                 .values()
                 .find_map(|p| crate::portforward::listener(p, target.port()))
                 .map(|l| (target, l))
                 .ok_or(ConnectError::Refused);
+            if found.is_ok() {
+                let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+                *served.entry(target.ip()).or_default() += 1;
+            }
+            return found;
         }
         let is_node = t.nodes.values().any(|ips| ips.contains(&target.ip()));
         let is_frontend_ip = t.rules.keys().any(|(f, _)| f.ip() == target.ip());
@@ -440,6 +507,11 @@ impl Dataplane {
     /// listener answers. Refused and unreachable addresses fail with the I/O error a
     /// socket would give.
     pub fn dial(self: &Arc<Self>, to: SocketAddr) -> std::io::Result<tokio::io::DuplexStream> {
+        if let Some(serve) = self.hosted_at(to) {
+            let (client, server) = tokio::io::duplex(64 << 10);
+            serve(server);
+            return Ok(client);
+        }
         let (_, listener) = self.connect(to).map_err(|e| match e {
             ConnectError::Refused => std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
             ConnectError::Unreachable => {
@@ -839,6 +911,21 @@ pub async fn sync_pods(client: kube::Client, node: String, dataplane: Arc<Datapl
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod hosted_tests {
+    use super::repository;
+
+    #[test]
+    fn repositories_of_images() {
+        assert_eq!(
+            repository("registry.k8s.io/metrics-server/metrics-server:v0.8.0"),
+            "registry.k8s.io/metrics-server/metrics-server"
+        );
+        assert_eq!(repository("localhost:5000/x"), "localhost:5000/x");
+        assert_eq!(repository("nginx@sha256:abc"), "nginx");
     }
 }
 

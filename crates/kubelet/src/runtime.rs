@@ -11,7 +11,10 @@
 //! * `sim.kumo.io/pull[/<c>]: fail`: pulling the image fails (ErrImagePull);
 //! * `sim.kumo.io/probe-fail[/<c>]: readiness,liveness,startup`: those probes fail (the
 //!   kubelet reads this one: probes are the kubelet's);
-//! * `sim.kumo.io/logs[/<c>]`: text the container writes to stdout when it starts.
+//! * `sim.kumo.io/logs[/<c>]`: text the container writes to stdout when it starts;
+//! * `sim.kumo.io/cpu[/<c>]`, `sim.kumo.io/memory[/<c>]`: the CPU (a quantity of cores,
+//!   `250m`) and memory working set (`64Mi`) the container uses while it runs, instead of
+//!   the model's (see [`Sim::container_stats`]).
 //!
 //! Without `exit-after-seconds`, what a container does comes from its command line
 //! (command + args after the kubelet's `$(VAR)` expansion), run by [`shell`], a
@@ -26,6 +29,7 @@
 //! attempt's logs). `exec` runs a command line the same way.
 
 pub mod fs;
+pub mod registry;
 pub mod shell;
 
 pub use shell::{Step, Stream};
@@ -67,6 +71,21 @@ pub struct ContainerConfig {
     pub privileged: bool,
     /// `securityContext.allowPrivilegeEscalation: false` (the no_new_privs bit).
     pub no_new_privs: bool,
+    /// `resources.limits.cpu` in millicores (a cgroup's CPU quota caps its usage).
+    pub cpu_limit_millis: Option<u64>,
+    /// `resources.limits.memory` in bytes.
+    pub memory_limit_bytes: Option<u64>,
+}
+
+/// A running container's resource usage, as the CRI's ContainerStats gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContainerStats {
+    /// When the figures were taken.
+    pub timestamp: SystemTime,
+    /// CPU time used since the container started, in nanoseconds of one core.
+    pub cpu_usage_core_nano_seconds: u64,
+    /// The memory working set, in bytes.
+    pub memory_working_set_bytes: u64,
 }
 
 /// A container's state, as the CRI reports it.
@@ -130,6 +149,10 @@ pub trait Runtime: Send + Sync {
     /// Stops a container (SIGTERM, then SIGKILL after `grace`).
     fn stop_container(&self, id: &str, grace: Duration) -> Result<(), RuntimeError>;
     fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError>;
+    /// A running container's resource usage (None: not running, or no figures).
+    fn container_stats(&self, _id: &str) -> Option<ContainerStats> {
+        None
+    }
     /// Only the state of a container: what a pass asks of every pod each second, so a
     /// runtime may answer it without building the whole status.
     fn container_state(&self, id: &str) -> Result<State, RuntimeError> {
@@ -200,6 +223,35 @@ struct SimContainer {
     program_start: SystemTime,
     /// Where its program's simulation stopped, to go on when the clock gets there.
     suspended: Option<(Duration, shell::Resume)>,
+    /// Its modelled CPU time so far.
+    cpu: CpuMeter,
+}
+
+/// The simulated runtime's CPU accounting of one container: time is charged at its rate
+/// as the clock passes, plus a cost per connection its pod's servers accepted.
+#[derive(Clone, Copy, Debug, Default)]
+struct CpuMeter {
+    /// Up to when it was charged.
+    at: Option<SystemTime>,
+    nanos: u64,
+    /// The pod's accepted connections already charged.
+    requests: u64,
+}
+
+/// The modelled CPU of a container doing nothing (1m) and its memory working set (8 MiB).
+const IDLE_NANOCORES: u64 = 1_000_000;
+const IDLE_MEMORY: u64 = 8 << 20;
+
+/// CPU time a server of `image` spends per request: registry.k8s.io/hpa-example (the
+/// HorizontalPodAutoscaler walkthrough's php-apache, a loop of square roots per request)
+/// about 100 ms, anything else 1 ms.
+fn cpu_per_request(image: &str) -> Duration {
+    let repo = image.split([':', '@']).next().unwrap_or(image);
+    if repo.ends_with("/hpa-example") || repo == "hpa-example" {
+        Duration::from_millis(100)
+    } else {
+        Duration::from_millis(1)
+    }
 }
 
 impl SimContainer {
@@ -583,6 +635,12 @@ impl Runtime for Sim {
                 reason: "not found".into(),
             });
         }
+        if let Some(reason) = registry::missing(image) {
+            return Err(RuntimeError::Pull {
+                image: registry::normalize(image),
+                reason,
+            });
+        }
         Ok(digest(image))
     }
 
@@ -668,6 +726,7 @@ impl Runtime for Sim {
                 created,
                 program_start,
                 suspended,
+                cpu: CpuMeter::default(),
             },
         );
         id
@@ -738,6 +797,62 @@ impl Runtime for Sim {
             };
         }
         Ok(())
+    }
+
+    /// The modelled usage of a running container (the simulator has no processes to
+    /// measure; `kubectl top` and the HorizontalPodAutoscaler see this model):
+    /// * CPU: `sim.kumo.io/cpu` when set, else 1m at rest plus, per connection its pod
+    ///   accepted, the image's cost per request ([`cpu_per_request`]); capped by the CPU
+    ///   limit, as a cgroup quota throttles;
+    /// * memory: `sim.kumo.io/memory` when set, else 8 MiB; capped by the memory limit.
+    fn container_stats(&self, id: &str) -> Option<ContainerStats> {
+        let now = SystemTime::now();
+        let mut all = self.lock();
+        let c = all.get_mut(id)?;
+        Self::advance(c);
+        let State::Running { started_at } = c.status.state else {
+            return None;
+        };
+        let name = c.config.name.clone();
+        let quantity = |key: &str| {
+            annotation(&c.config.annotations, key, &name)
+                .and_then(kumo_apimachinery::quantity::Quantity::parse)
+        };
+        let rate = quantity("sim.kumo.io/cpu").map(|q| q.milli_value().max(0) as u64 * 1_000_000);
+        let memory = quantity("sim.kumo.io/memory")
+            .map(|q| q.value().max(0) as u64)
+            .unwrap_or(IDLE_MEMORY);
+        let requests = match (&self.net, c.config.pod_ip.parse()) {
+            (Some(net), Ok(ip)) => net.served(ip),
+            _ => 0,
+        };
+        let since = c.cpu.at.unwrap_or(started_at);
+        let elapsed = now.duration_since(since).unwrap_or_default();
+        let mut charge = match rate {
+            Some(r) => (r as u128 * elapsed.as_nanos() / 1_000_000_000) as u64,
+            None => {
+                let idle = (IDLE_NANOCORES as u128 * elapsed.as_nanos() / 1_000_000_000) as u64;
+                let served = requests.saturating_sub(c.cpu.requests);
+                idle + served * cpu_per_request(&c.config.image).as_nanos() as u64
+            }
+        };
+        if let Some(limit) = c.config.cpu_limit_millis {
+            let most = (limit as u128 * 1_000_000 * elapsed.as_nanos() / 1_000_000_000) as u64;
+            charge = charge.min(most);
+        }
+        c.cpu = CpuMeter {
+            at: Some(now),
+            nanos: c.cpu.nanos + charge,
+            requests,
+        };
+        Some(ContainerStats {
+            timestamp: now,
+            cpu_usage_core_nano_seconds: c.cpu.nanos,
+            memory_working_set_bytes: c
+                .config
+                .memory_limit_bytes
+                .map_or(memory, |l| memory.min(l)),
+        })
     }
 
     fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {

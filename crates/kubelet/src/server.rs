@@ -228,6 +228,8 @@ pub struct State {
     tokens: Mutex<HashMap<String, (Instant, Option<User>)>>,
     /// SubjectAccessReview answers (5 minutes allowed, 30 s denied, as upstream).
     decisions: Mutex<HashMap<DecisionKey, (Instant, bool)>>,
+    /// The node's CPU counter of `/metrics/resource`.
+    meter: crate::stats::NodeMeter,
 }
 
 /// Serves the kubelet API on `listener` until the process ends.
@@ -247,6 +249,7 @@ pub fn serve(
         webhook: cfg.authorization_webhook,
         tokens: Mutex::default(),
         decisions: Mutex::default(),
+        meter: Default::default(),
     });
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     tokio::spawn(async move {
@@ -542,6 +545,7 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     match segs.as_slice() {
         ["healthz", ..] if get => text(StatusCode::OK, "ok"),
         ["pods"] if get => pods(&state).await,
+        ["metrics", "resource"] if get => resource_metrics(&state).await,
         ["metrics", ..] if get => metrics(),
         ["containerLogs", ns, pod, container] if get => {
             let q = query(&req);
@@ -591,6 +595,29 @@ fn metrics() -> Response<Body> {
             crate::KUBELET_VERSION
         ),
     );
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// `/metrics/resource`: the running containers' CPU and memory (see [`crate::stats`]).
+async fn resource_metrics(state: &State) -> Response<Body> {
+    let path = format!(
+        "/api/v1/pods?fieldSelector=spec.nodeName%3D{}",
+        state.node_name
+    );
+    let Ok(req) = http::Request::get(path).body(Vec::new()) else {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, "request");
+    };
+    let list = match state.client.request::<Value>(req).await {
+        Ok(l) => l,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let pods = list["items"].as_array().cloned().unwrap_or_default();
+    let body = crate::stats::resource_metrics(&pods, state.runtime.as_ref(), &state.meter);
+    let mut r = text(StatusCode::OK, body);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -4,12 +4,16 @@
 //! ServiceAccount bound to `system:node-proxier`). Their pods run on the simulated
 //! runtime and stand for the work done in the `kumo up` process: name resolution and
 //! Service routing are the shared simulated network's, programmed by the one kube-proxy
-//! the process runs. Objects that exist are left as they are (a user's changes stay).
+//! the process runs. Also metrics-server (as k3s ships it, and as kubeadm clusters add it:
+//! its ServiceAccount, RBAC, Deployment, Service and the `v1beta1.metrics.k8s.io`
+//! APIService), whose pod's connections are served by the `kumo-metrics-server` the process
+//! runs. Objects that exist are left as they are (a user's changes stay).
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::api::{Api, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
@@ -74,6 +78,149 @@ where
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         Err(e) => Err(e).with_context(|| format!("creating {name}")),
     }
+}
+
+/// metrics-server's objects, after its upstream manifest (components.yaml of v0.8.0). Its
+/// ClusterRole also grants `nodes/proxy`: kumo's metrics-server reaches the kubelets through
+/// the API server's node proxy (see `kumo_metrics_server::scrape`).
+async fn metrics_server(client: &Client) -> Result<()> {
+    let ns = "kube-system";
+    let labels = json!({"k8s-app": "metrics-server"});
+    create(
+        Api::<ServiceAccount>::namespaced(client.clone(), ns),
+        json!({"metadata": {"name": "metrics-server", "namespace": ns, "labels": labels}}),
+    )
+    .await?;
+    let cr: Api<ClusterRole> = Api::all(client.clone());
+    let crb: Api<ClusterRoleBinding> = Api::all(client.clone());
+    create(
+        cr.clone(),
+        json!({
+            "metadata": {"name": "system:aggregated-metrics-reader", "labels": {
+                "k8s-app": "metrics-server",
+                "rbac.authorization.k8s.io/aggregate-to-admin": "true",
+                "rbac.authorization.k8s.io/aggregate-to-edit": "true",
+                "rbac.authorization.k8s.io/aggregate-to-view": "true",
+            }},
+            "rules": [{"apiGroups": ["metrics.k8s.io"], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}],
+        }),
+    )
+    .await?;
+    create(
+        cr,
+        json!({
+            "metadata": {"name": "system:metrics-server", "labels": labels},
+            "rules": [
+                {"apiGroups": [""], "resources": ["nodes/metrics", "nodes/proxy"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},
+            ],
+        }),
+    )
+    .await?;
+    create(
+        Api::<RoleBinding>::namespaced(client.clone(), ns),
+        json!({
+            "metadata": {"name": "metrics-server-auth-reader", "namespace": ns, "labels": labels},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "extension-apiserver-authentication-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "metrics-server", "namespace": ns}],
+        }),
+    )
+    .await?;
+    for (name, role) in [
+        (
+            "metrics-server:system:auth-delegator",
+            "system:auth-delegator",
+        ),
+        ("system:metrics-server", "system:metrics-server"),
+    ] {
+        create(
+            crb.clone(),
+            json!({
+                "metadata": {"name": name, "labels": labels},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": "metrics-server", "namespace": ns}],
+            }),
+        )
+        .await?;
+    }
+    create(
+        Api::<Service>::namespaced(client.clone(), ns),
+        json!({
+            "metadata": {"name": "metrics-server", "namespace": ns, "labels": labels},
+            "spec": {
+                "selector": labels,
+                "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": "https"}],
+            },
+        }),
+    )
+    .await?;
+    create(
+        Api::<Deployment>::namespaced(client.clone(), ns),
+        json!({
+            "metadata": {"name": "metrics-server", "namespace": ns, "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "strategy": {"rollingUpdate": {"maxUnavailable": 0}},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "priorityClassName": "system-cluster-critical",
+                        "serviceAccountName": "metrics-server",
+                        "nodeSelector": {"kubernetes.io/os": "linux"},
+                        "containers": [{
+                            "name": "metrics-server",
+                            "image": kumo_metrics_server::IMAGE,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": [
+                                "--cert-dir=/tmp",
+                                format!("--secure-port={}", kumo_metrics_server::PORT),
+                                "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
+                                "--kubelet-use-node-status-port",
+                                "--metric-resolution=15s",
+                            ],
+                            "ports": [{"name": "https", "containerPort": kumo_metrics_server::PORT, "protocol": "TCP"}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/readyz", "port": "https", "scheme": "HTTPS"},
+                                "initialDelaySeconds": 20, "periodSeconds": 10, "failureThreshold": 3,
+                            },
+                            "livenessProbe": {
+                                "httpGet": {"path": "/livez", "port": "https", "scheme": "HTTPS"},
+                                "periodSeconds": 10, "failureThreshold": 3,
+                            },
+                            "resources": {"requests": {"cpu": "100m", "memory": "200Mi"}},
+                            "securityContext": {
+                                "allowPrivilegeEscalation": false,
+                                "capabilities": {"drop": ["ALL"]},
+                                "readOnlyRootFilesystem": true,
+                                "runAsNonRoot": true,
+                                "runAsUser": 1000,
+                                "seccompProfile": {"type": "RuntimeDefault"},
+                            },
+                            "volumeMounts": [{"name": "tmp-dir", "mountPath": "/tmp"}],
+                        }],
+                        "volumes": [{"name": "tmp-dir", "emptyDir": {}}],
+                    },
+                },
+            },
+        }),
+    )
+    .await?;
+    create(
+        Api::<APIService>::all(client.clone()),
+        json!({
+            "metadata": {"name": "v1beta1.metrics.k8s.io", "labels": labels},
+            "spec": {
+                "group": "metrics.k8s.io",
+                "version": "v1beta1",
+                "service": {"name": "metrics-server", "namespace": ns},
+                "insecureSkipTLSVerify": true,
+                "groupPriorityMinimum": 100,
+                "versionPriority": 100,
+            },
+        }),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Creates the addons that do not exist yet.
@@ -257,5 +404,5 @@ pub async fn ensure(client: &Client) -> Result<()> {
         }),
     )
     .await?;
-    Ok(())
+    metrics_server(client).await
 }

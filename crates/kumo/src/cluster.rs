@@ -222,6 +222,10 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
         crate::addons::ensure(&admin)
             .await
             .context("creating kubeadm's addons")?;
+        tokio::spawn(run_metrics_server(
+            api.admin_kubeconfig.clone(),
+            dataplane.clone(),
+        ));
     }
     let (cm_addr, mut cm_rx) = watch::channel(None);
     if cfg.controller_manager {
@@ -614,6 +618,48 @@ async fn ccm_credentials(
 }
 /// The port a component reports it serves on, once it does (10 s at most); `None` when
 /// it does not run (`on` false).
+/// The metrics-server add-on's work: `kumo_metrics_server` as ServiceAccount
+/// kube-system/metrics-server (its token rotated as the controllers' are), serving the
+/// connections the simulated pod network makes to the metrics-server pod. Retried until it
+/// starts (the API server's front-proxy ConfigMap may not be there at once).
+async fn run_metrics_server(admin: PathBuf, dataplane: Arc<kumo_kubelet::net::Dataplane>) {
+    let start = || async {
+        let kc = kube::config::Kubeconfig::read_from(&admin)?;
+        let base = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        let root = kube::Client::try_from(base.clone())?;
+        let (stop_tx, stop) = watch::channel(false);
+        // The token renewal runs as long as the process.
+        std::mem::forget(stop_tx);
+        let clients = kumo_controller_manager::clients::ClientBuilder::new(root, base, true, stop);
+        let source = clients.client("metrics-server").await?;
+        let server = kumo_metrics_server::MetricsServer::start(kumo_metrics_server::Config {
+            client: Arc::new(move || source.get()),
+            resolution: kumo_metrics_server::RESOLUTION,
+        })
+        .await?;
+        Ok::<_, anyhow::Error>(server)
+    };
+    let mut delay = Duration::from_secs(1);
+    let server = loop {
+        match start().await {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "metrics-server did not start; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    };
+    let repository = kumo_metrics_server::IMAGE
+        .rsplit_once(':')
+        .map_or(kumo_metrics_server::IMAGE, |(r, _)| r);
+    dataplane.host(
+        repository,
+        kumo_metrics_server::PORT,
+        Arc::new(move |stream| server.serve(stream)),
+    );
+}
+
 async fn serving_port(on: bool, rx: &mut watch::Receiver<Option<SocketAddr>>) -> Option<u16> {
     if !on {
         return None;
@@ -759,87 +805,4 @@ async fn run_kubelet(cfg: kumo_kubelet::KubeletConfig) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-}
-
-/// The user's kubeconfig: the first file of `$KUBECONFIG`, else `~/.kube/config`.
-pub fn user_kubeconfig() -> Result<PathBuf> {
-    match std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
-        Some(v) => std::env::split_paths(&v)
-            .next()
-            .context("$KUBECONFIG names no file"),
-        None => Ok(
-            PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-                .join(".kube")
-                .join("config"),
-        ),
-    }
-}
-
-/// Merges the admin kubeconfig into `target` (created if missing) as cluster, user and
-/// context `kumo-<name>`, and makes that context the current one, as kind does. Entries
-/// of the same name are replaced; everything else is kept.
-pub fn merge_kubeconfig(admin: &Path, name: &str, target: &Path) -> Result<()> {
-    use serde_yaml::{Mapping, Value};
-    let read = |p: &Path| -> Result<Value> {
-        let text =
-            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-        serde_yaml::from_str(&text).with_context(|| format!("parsing {}", p.display()))
-    };
-    let src = read(admin)?;
-    let first = |list: &str, field: &str| -> Result<Value> {
-        src.get(list)
-            .and_then(|l| l.get(0))
-            .and_then(|e| e.get(field))
-            .cloned()
-            .with_context(|| format!("{}: no {list}", admin.display()))
-    };
-    let ctx = format!("kumo-{name}");
-    let entry = |field: &str, value: Value| {
-        let mut m = Mapping::new();
-        m.insert("name".into(), Value::String(ctx.clone()));
-        m.insert(field.into(), value);
-        Value::Mapping(m)
-    };
-    let mut context = Mapping::new();
-    context.insert("cluster".into(), Value::String(ctx.clone()));
-    context.insert("user".into(), Value::String(ctx.clone()));
-    let new = [
-        ("clusters", entry("cluster", first("clusters", "cluster")?)),
-        ("users", entry("user", first("users", "user")?)),
-        ("contexts", entry("context", Value::Mapping(context))),
-    ];
-    let mut doc = if target.exists() {
-        read(target)?
-    } else {
-        Value::Null
-    };
-    if !doc.is_mapping() {
-        let mut m = Mapping::new();
-        m.insert("apiVersion".into(), "v1".into());
-        m.insert("kind".into(), "Config".into());
-        m.insert("preferences".into(), Value::Mapping(Mapping::new()));
-        doc = Value::Mapping(m);
-    }
-    let Value::Mapping(m) = &mut doc else {
-        anyhow::bail!("{}: not a kubeconfig", target.display());
-    };
-    for (list, value) in new {
-        let entries = m
-            .entry(list.into())
-            .or_insert_with(|| Value::Sequence(Vec::new()));
-        if !entries.is_sequence() {
-            *entries = Value::Sequence(Vec::new());
-        }
-        if let Value::Sequence(seq) = entries {
-            seq.retain(|e| e.get("name").and_then(Value::as_str) != Some(ctx.as_str()));
-            seq.push(value);
-        }
-    }
-    m.insert("current-context".into(), Value::String(ctx.clone()));
-    let text = serde_yaml::to_string(&doc)?;
-    if let Some(dir) = target.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    kumo_apiserver::pki::write_file(target, text.as_bytes(), 0o600)?;
-    Ok(())
 }

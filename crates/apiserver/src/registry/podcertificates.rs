@@ -61,6 +61,65 @@ fn is_kubernetes_signer(signer: &str) -> bool {
     host == "kubernetes.io" || host.ends_with(".kubernetes.io")
 }
 
+/// A pod's projected `podCertificate` source, as upstream's validateProjectionSources
+/// checks it: the signer name, the key type, the lifetime bounds (24 h at most for the
+/// kubernetes.io signers, 91 days for others), and at least one path.
+pub(super) fn validate_projection(source: &Value, path: &Path, errs: &mut Vec<FieldError>) {
+    validate_signer_name(
+        &path.child("signerName"),
+        str_at(source, "/signerName"),
+        errs,
+    );
+    let key_type = str_at(source, "/keyType");
+    const KEY_TYPES: [&str; 6] = [
+        "RSA3072",
+        "RSA4096",
+        "ECDSAP256",
+        "ECDSAP384",
+        "ECDSAP521",
+        "ED25519",
+    ];
+    if !KEY_TYPES.contains(&key_type) {
+        errs.push(FieldError::not_supported(
+            &path.child("keyType"),
+            key_type,
+            &KEY_TYPES,
+        ));
+    }
+    if let Some(secs) = source.get("maxExpirationSeconds").and_then(Value::as_i64) {
+        let p = path.child("maxExpirationSeconds");
+        if secs < MIN_MAX_EXPIRATION_SECONDS {
+            errs.push(FieldError::invalid(
+                &p,
+                secs,
+                "if provided, maxExpirationSeconds must be >= 3600",
+            ));
+        }
+        let most = if is_kubernetes_signer(str_at(source, "/signerName")) {
+            KUBERNETES_MAX_MAX_EXPIRATION_SECONDS
+        } else {
+            MAX_MAX_EXPIRATION_SECONDS
+        };
+        if secs > most {
+            errs.push(FieldError::invalid(
+                &p,
+                secs,
+                format!("if provided, maxExpirationSeconds must be <= {most}"),
+            ));
+        }
+    }
+    let paths = ["credentialBundlePath", "keyPath", "certificateChainPath"];
+    if paths
+        .iter()
+        .all(|k| str_at(source, &format!("/{k}")).is_empty())
+    {
+        errs.push(FieldError::required(
+            path,
+            "specify at least one of credentialBundlePath, keyPath, and certificateChainPath",
+        ));
+    }
+}
+
 /// Upstream's ValidateSignerName: `<domain>/<path>`, each made of DNS names.
 fn validate_signer_name(path: &Path, signer: &str, errs: &mut Vec<FieldError>) {
     if signer.is_empty() {

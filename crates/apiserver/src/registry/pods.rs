@@ -1184,6 +1184,19 @@ pub(crate) fn validate_pod_spec(spec: &Value, spec_path: &Path) -> Vec<FieldErro
     let mut names = std::collections::BTreeSet::new();
     let mut volumes = std::collections::BTreeSet::new();
     for (i, v) in list_at(spec, "volumes").iter().enumerate() {
+        let sources = v.pointer("/projected/sources").and_then(Value::as_array);
+        for (j, source) in sources.into_iter().flatten().enumerate() {
+            if let Some(pc) = source.get("podCertificate") {
+                let p = spec_path
+                    .child("volumes")
+                    .index(i)
+                    .child("projected")
+                    .child("sources")
+                    .index(j)
+                    .child("podCertificate");
+                super::podcertificates::validate_projection(pc, &p, &mut errs);
+            }
+        }
         let path = spec_path.child("volumes").index(i).child("name");
         let name = str_at(v, "/name");
         if name.is_empty() {

@@ -391,7 +391,7 @@ impl Ctl {
         };
         match self.try_sync(&pdb).await {
             Ok(()) => Ok(()),
-            Err(TryError::Conflict(m)) => Err(SyncError::Failed(m)),
+            Err(TryError::Conflict(m)) => Err(SyncError::Conflict(m)),
             Err(TryError::Other(m)) => {
                 tracing::warn!(pdb = key, error = %m, "failed to sync PDB");
                 self.fail_safe(&pdb, m).await
@@ -754,7 +754,8 @@ impl Ctl {
         status.conditions = Some(conds);
         match self.write_status(pdb, status).await {
             Ok(()) => Ok(()),
-            Err(TryError::Conflict(m) | TryError::Other(m)) => Err(SyncError::Failed(m)),
+            Err(TryError::Conflict(m)) => Err(SyncError::Conflict(m)),
+            Err(TryError::Other(m)) => Err(SyncError::Failed(m)),
         }
     }
 

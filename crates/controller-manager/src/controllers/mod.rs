@@ -14,6 +14,7 @@ pub mod job;
 pub mod namespace;
 pub mod nodeipam;
 pub mod nodelifecycle;
+pub mod podautoscaler;
 pub mod podgc;
 pub mod pvcprotection;
 pub mod pvprotection;
@@ -74,13 +75,20 @@ pub async fn client_for(
 pub enum SyncError {
     /// A failure: retried after the queue's rate-limited delay.
     Failed(String),
+    /// A write lost an optimistic-concurrency race (409 Conflict): routine, retried like a
+    /// failure but logged at debug level, as upstream logs it only verbosely.
+    Conflict(String),
     /// Not done yet: look again after this long (no failure counted).
     After(Duration),
 }
 
 impl From<kube::Error> for SyncError {
     fn from(e: kube::Error) -> Self {
-        SyncError::Failed(crate::error::message(&e))
+        if crate::error::is_conflict(&e) {
+            SyncError::Conflict(crate::error::message(&e))
+        } else {
+            SyncError::Failed(crate::error::message(&e))
+        }
     }
 }
 
@@ -130,6 +138,10 @@ where
                     Err(SyncError::After(d)) => queue.add_after(key.clone(), d),
                     Err(SyncError::Failed(e)) => {
                         tracing::warn!(controller = name, item = %key, error = %e, "sync failed; requeued");
+                        queue.add_rate_limited(key.clone());
+                    }
+                    Err(SyncError::Conflict(e)) => {
+                        tracing::debug!(controller = name, item = %key, error = %e, "conflict; requeued");
                         queue.add_rate_limited(key.clone());
                     }
                 }
