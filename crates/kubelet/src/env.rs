@@ -227,6 +227,7 @@ pub async fn sources(
     sources["serviceEnv"] = json!(service_env(&services));
     sources["tokens"] = Value::Object(tokens(client, pod, previous).await);
     sources["trustBundles"] = Value::Object(crate::trustbundle::fetch(client, pod).await);
+    sources["podCertificates"] = Value::Object(crate::podcertificate::fetch(client, pod).await);
     for (kind, names) in [("configmaps", cms), ("secrets", secrets)] {
         for name in names {
             let req = http::Request::get(format!("/api/v1/namespaces/{ns}/{kind}/{name}"))
@@ -350,6 +351,26 @@ fn mount_failures_with(pod: &Value, sources: Option<&Value>) -> Vec<(String, Str
     {
         let vname = str_at(vol, "/name");
         let mut why = Vec::new();
+        // A podCertificate projection waits for its certificate (or was refused one).
+        for (i, src) in vol
+            .pointer("/projected/sources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if src.get("podCertificate").is_none() {
+                continue;
+            }
+            let entry = sources
+                .and_then(|s| s.get("podCertificates"))
+                .and_then(|m| m.get(crate::podcertificate::key(&vname, i)));
+            match entry {
+                Some(e) if e.get("key").is_some() => {}
+                Some(e) => why.push(str_at(e, "/error")),
+                None => why.push("credential bundle is not issued yet".to_owned()),
+            }
+        }
         why.extend(missing(
             vol.get("configMap"),
             "configmap",
@@ -910,12 +931,36 @@ fn volume_source(
         downward(d, mode_of(d, "defaultMode", 0o644), &mut files);
     } else if let Some(p) = vol.get("projected") {
         let mode = mode_of(p, "defaultMode", 0o644);
-        for src in p
+        for (index, src) in p
             .get("sources")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
+            .enumerate()
         {
+            if let Some(pc) = src.get("podCertificate") {
+                let cred = pod
+                    .get(SOURCES)
+                    .and_then(|s| s.get("podCertificates"))
+                    .and_then(|m| m.get(crate::podcertificate::key(&name, index)));
+                let (key, chain) = (
+                    cred.map(|c| str_at(c, "/key")).unwrap_or_default(),
+                    cred.map(|c| str_at(c, "/chain")).unwrap_or_default(),
+                );
+                // Private keys are the owner's only, as upstream's projection writes them
+                // (0600 with a user or fsGroup; the default mode otherwise).
+                for (k, content) in [
+                    ("credentialBundlePath", format!("{key}{chain}")),
+                    ("keyPath", key.clone()),
+                    ("certificateChainPath", chain.clone()),
+                ] {
+                    let path = str_at(pc, &format!("/{k}"));
+                    if !path.is_empty() {
+                        files.insert(path, (content, mode));
+                    }
+                }
+                continue;
+            }
             if let Some(c) = src.get("configMap") {
                 let n = str_at(c, "/name");
                 if n == "kube-root-ca.crt" && data("configmaps", &n).is_none() {

@@ -21,6 +21,7 @@ mod lifecycle;
 pub mod net;
 mod netexec;
 pub mod node;
+pub mod podcertificate;
 pub mod pods;
 pub mod portforward;
 pub mod prober;

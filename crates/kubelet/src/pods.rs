@@ -925,6 +925,7 @@ impl Workers {
     fn kill(&mut self, uid: &str) {
         self.admitted.remove(uid);
         self.sources.remove(uid);
+        crate::podcertificate::forget(uid);
         if let Some(w) = self.workers.remove(uid) {
             for c in w.containers.values() {
                 if let Some(id) = &c.id {
