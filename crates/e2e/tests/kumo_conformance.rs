@@ -7,14 +7,64 @@ use std::process::Command;
 
 use kumo_e2e::{repo_root, require_reference_binaries, run};
 
-/// Names listed in the passing list (comments and blank lines skipped).
-fn listed() -> Vec<String> {
-    let text = std::fs::read_to_string(repo_root().join("conformance/kumo-passing.txt")).unwrap();
+/// Names listed in a passing list (comments and blank lines skipped).
+fn listed_in(file: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(str::to_owned)
         .collect()
+}
+
+fn listed() -> Vec<String> {
+    listed_in("conformance/kumo-passing.txt")
+}
+
+/// The tests that need two schedulable nodes (conformance/kumo-passing-multinode.txt) pass
+/// on `kumo up --nodes 2`: the cloud's control-plane instance (tainted) and two workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recorded_multinode_conformance_tests_still_pass_on_kumo() {
+    require_reference_binaries(&["e2e.test"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = kumo::cluster::ClusterConfig::with_cloud(dir.path().join("kumo"));
+    cfg.port = 0;
+    if let Some(c) = cfg.cloud.as_mut() {
+        c.workers = 2;
+    }
+    let cluster = kumo::cluster::start(cfg).await.unwrap();
+    let nodes = cluster.node_names();
+    cluster
+        .wait_nodes_ready(&nodes, std::time::Duration::from_secs(60), |_| {})
+        .await
+        .unwrap();
+    let kubeconfig = cluster.api.admin_kubeconfig.clone();
+    let out_dir = dir.path().join("conformance");
+    let list = repo_root().join("conformance/kumo-passing-multinode.txt");
+    let out = tokio::task::spawn_blocking(move || {
+        run(Command::new(repo_root().join("scripts/conformance"))
+            .arg("--list")
+            .arg(&list)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--out")
+            .arg(&out_dir))
+        .unwrap()
+    })
+    .await
+    .unwrap();
+    let names = listed_in("conformance/kumo-passing-multinode.txt");
+    let last = out.stdout.lines().last().unwrap_or("").to_owned();
+    assert!(
+        out.status.success(),
+        "a recorded test regressed:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        last.starts_with(&format!("{} passed, 0 failed", names.len())),
+        "{last}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
