@@ -159,12 +159,10 @@ pub fn merge_kubeconfig(admin: &Path, name: &str, dir: &Path) -> Option<PathBuf>
             return None;
         }
     };
-    let inside = |p: &Path| std::path::absolute(p).ok();
-    if let (Some(t), Some(d)) = (inside(&target), inside(dir)) {
-        if t.starts_with(&d) {
-            // $KUBECONFIG is this cluster's own admin.conf: nothing to merge.
-            return None;
-        }
+    let abs = |p: &Path| std::path::absolute(p).ok();
+    if abs(&target).is_some() && abs(&target) == abs(admin) {
+        // $KUBECONFIG is this cluster's own admin.conf: nothing to merge.
+        return None;
     }
     match kumo::kubeconfig::merge(admin, name, dir, &target) {
         Ok(()) => Some(target),
