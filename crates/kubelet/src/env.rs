@@ -655,6 +655,21 @@ pub fn container_config(
             etc_hosts(pod, pod_ip, &hostname)
         },
     );
+    // The process's status, for the CPUs it may run on (every CPU of the node: the sim
+    // has no CPU manager).
+    let cpus = pod
+        .pointer(&format!("/{SOURCES}/allocatable/cpu"))
+        .and_then(Value::as_str)
+        .and_then(kumo_apimachinery::quantity::Quantity::parse)
+        .map(|q| (q.milli_value().max(1000) as u64).div_ceil(1000))
+        .unwrap_or(1);
+    files.insert(
+        "/proc/self/status".to_owned(),
+        format!(
+            "Name:\tsh\nState:\tS (sleeping)\nPid:\t1\nPPid:\t0\nCpus_allowed_list:\t0-{}\n",
+            cpus - 1
+        ),
+    );
     // The pod's sysctls, where `sysctl` reads them; a few namespaced defaults besides.
     for (k, v) in [
         ("kernel.shm_rmid_forced", "0"),
@@ -698,6 +713,11 @@ pub fn container_config(
     };
     Ok(ContainerConfig {
         user,
+        cpu_request_millis: spec
+            .pointer("/resources/requests/cpu")
+            .and_then(Value::as_str)
+            .and_then(kumo_apimachinery::quantity::Quantity::parse)
+            .map(|q| q.milli_value().max(0) as u64),
         cpu_limit_millis: limit("cpu").map(|q| q.milli_value().max(0) as u64),
         memory_limit_bytes: limit("memory").map(|q| q.value().max(0) as u64),
         privileged: spec.pointer("/securityContext/privileged") == Some(&Value::Bool(true)),

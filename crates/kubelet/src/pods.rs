@@ -58,6 +58,34 @@ struct Container {
     backoff_until: Option<Instant>,
     backoff: Duration,
     waiting: Option<(String, String)>,
+    /// The resources the runtime applied to the running container (see [`resources_of`]).
+    applied: Option<[Option<u64>; 4]>,
+}
+
+/// A container spec's CPU request and limit (millicores) and memory request and limit
+/// (bytes): what an in-place resize changes.
+fn resources_of(spec: &Value) -> [Option<u64>; 4] {
+    let q = |p: &str, milli: bool| {
+        spec.pointer(p)
+            .and_then(Value::as_str)
+            .and_then(kumo_apimachinery::quantity::Quantity::parse)
+            .map(|q| if milli { q.milli_value() } else { q.value() }.max(0) as u64)
+    };
+    [
+        q("/resources/requests/cpu", true),
+        q("/resources/limits/cpu", true),
+        q("/resources/requests/memory", false),
+        q("/resources/limits/memory", false),
+    ]
+}
+
+/// Whether the container's resizePolicy restarts it when `resource` changes.
+fn resize_restarts(spec: &Value, resource: &str) -> bool {
+    spec.get("resizePolicy")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|p| s(p, "/resourceName") == resource && s(p, "/restartPolicy") == "RestartContainer")
 }
 
 /// A pod bound to this node as the watch last delivered it: passes read its uid and
@@ -1203,6 +1231,37 @@ fn step(
                 finished_at,
             } => (exit_code, started_at, finished_at),
             State::Running { started_at } => {
+                // In-place resize: the spec's new requests and limits are applied to the
+                // running container (the CRI's UpdateContainerResources), or the container
+                // is restarted when its resizePolicy says so for a resource that changed.
+                let want = resources_of(spec);
+                match c.applied {
+                    None => c.applied = Some(want),
+                    Some(had) if had != want => {
+                        let cpu = had[0] != want[0] || had[1] != want[1];
+                        let memory = had[2] != want[2] || had[3] != want[3];
+                        if (cpu && resize_restarts(spec, "cpu"))
+                            || (memory && resize_restarts(spec, "memory"))
+                        {
+                            c.applied = None;
+                            let _ = runtime.kill_container(&id);
+                            return false;
+                        }
+                        let config = crate::env::container_config(
+                            pod,
+                            spec,
+                            annotations,
+                            &pod_ip,
+                            c.restart_count,
+                        );
+                        if let Ok(config) = config {
+                            if runtime.update_container_resources(&id, &config).is_ok() {
+                                c.applied = Some(want);
+                            }
+                        }
+                    }
+                    Some(_) => {}
+                }
                 if crate::env::has_projected_volumes(pod) {
                     let config = crate::env::container_config(
                         pod,
@@ -1387,6 +1446,7 @@ fn step(
         c.id = Some(id);
         c.waiting = None;
         c.backoff_until = None;
+        c.applied = Some(resources_of(spec));
     }
     false
 }

@@ -71,6 +71,8 @@ pub struct ContainerConfig {
     pub privileged: bool,
     /// `securityContext.allowPrivilegeEscalation: false` (the no_new_privs bit).
     pub no_new_privs: bool,
+    /// `resources.requests.cpu` in millicores (the cgroup's CPU weight).
+    pub cpu_request_millis: Option<u64>,
     /// `resources.limits.cpu` in millicores (a cgroup's CPU quota caps its usage).
     pub cpu_limit_millis: Option<u64>,
     /// `resources.limits.memory` in bytes.
@@ -152,6 +154,15 @@ pub trait Runtime: Send + Sync {
     /// A running container's resource usage (None: not running, or no figures).
     fn container_stats(&self, _id: &str) -> Option<ContainerStats> {
         None
+    }
+    /// Applies new CPU and memory requests and limits to a running container (the CRI's
+    /// UpdateContainerResources, for an in-place resize); `config` carries them.
+    fn update_container_resources(
+        &self,
+        _id: &str,
+        _config: &ContainerConfig,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
     }
     /// Only the state of a container: what a pass asks of every pod each second, so a
     /// runtime may answer it without building the whole status.
@@ -414,6 +425,32 @@ fn annotation<'a>(a: &'a BTreeMap<String, String>, key: &str, container: &str) -
     a.get(&format!("{key}/{container}"))
         .or_else(|| a.get(key))
         .map(String::as_str)
+}
+
+/// The cgroup (v2) files of a container, as the kubelet's resource settings make them:
+/// `cpu.weight` from the CPU request (shares as upstream converts them, then runc's
+/// shares-to-weight conversion), `cpu.max` from the CPU limit (quota over a 100 ms period,
+/// 1 ms at least), `memory.max` from the memory limit.
+pub fn cgroup_files(config: &ContainerConfig) -> [(String, String); 3] {
+    const PERIOD: u64 = 100_000;
+    let shares = match config.cpu_request_millis.or(config.cpu_limit_millis) {
+        Some(m) => (m * 1024 / 1000).clamp(2, 262_144),
+        None => 2,
+    };
+    let weight = 1 + ((shares - 2) * 9999) / 262_142;
+    let max = match config.cpu_limit_millis.filter(|m| *m > 0) {
+        Some(m) => format!("{} {PERIOD}", (m * PERIOD / 1000).max(1000)),
+        None => format!("max {PERIOD}"),
+    };
+    let memory = config
+        .memory_limit_bytes
+        .filter(|b| *b > 0)
+        .map_or_else(|| "max".to_owned(), |b| b.to_string());
+    [
+        ("/sys/fs/cgroup/cpu.weight".into(), format!("{weight}\n")),
+        ("/sys/fs/cgroup/cpu.max".into(), format!("{max}\n")),
+        ("/sys/fs/cgroup/memory.max".into(), format!("{memory}\n")),
+    ]
 }
 
 fn digest(image: &str) -> String {
@@ -719,7 +756,11 @@ impl Runtime for Sim {
                     message: None,
                 },
                 sandbox: sandbox.to_owned(),
-                config: config.clone(),
+                config: {
+                    let mut config = config.clone();
+                    config.files.extend(cgroup_files(&config));
+                    config
+                },
                 exit,
                 output,
                 writes,
@@ -796,6 +837,23 @@ impl Runtime for Sim {
                 finished_at: now,
             };
         }
+        Ok(())
+    }
+
+    fn update_container_resources(
+        &self,
+        id: &str,
+        config: &ContainerConfig,
+    ) -> Result<(), RuntimeError> {
+        let mut all = self.lock();
+        let c = all
+            .get_mut(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        c.config.cpu_request_millis = config.cpu_request_millis;
+        c.config.cpu_limit_millis = config.cpu_limit_millis;
+        c.config.memory_limit_bytes = config.memory_limit_bytes;
+        let files = cgroup_files(&c.config);
+        c.config.files.extend(files);
         Ok(())
     }
 

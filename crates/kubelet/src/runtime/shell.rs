@@ -2629,7 +2629,17 @@ impl Sh<'_> {
                 0
             }
             "mount" => {
+                // `mount -t TYPE` lists the mounts of that type only.
+                let only = args
+                    .iter()
+                    .position(|a| a == "-t")
+                    .and_then(|i| args.get(i + 1))
+                    .cloned();
                 let mut text = String::new();
+                // The container's cgroup (v2) tree, as runc mounts it.
+                text.push_str(
+                    "cgroup2 on /sys/fs/cgroup type cgroup2 (rw,nosuid,nodev,noexec,relatime)\n",
+                );
                 for m in self.view.mounts.clone() {
                     let kind = match &m.source {
                         fs::Source::EmptyDir(_) if m.tmpfs => "tmpfs",
@@ -2641,6 +2651,17 @@ impl Sh<'_> {
                         "{kind} on {} type {kind} ({mode},relatime)\n",
                         m.path
                     ));
+                }
+                if let Some(t) = only {
+                    let wanted = format!(" type {t} ");
+                    text = text
+                        .lines()
+                        .filter(|l| l.contains(&wanted))
+                        .map(|l| format!("{l}\n"))
+                        .collect();
+                    if text.is_empty() {
+                        return Ok(1);
+                    }
                 }
                 self.out(io, &text);
                 0
