@@ -1016,6 +1016,11 @@ fn volume_source(
                 files.insert(str_at(t, "/path"), (token, mode));
             }
         }
+    } else if let Some(img) = vol.get("image") {
+        // An image volume: the image's files, read-only (the sim's image catalogue).
+        for (path, content) in crate::runtime::image_files(&str_at(img, "/reference")) {
+            files.insert(path.trim_start_matches('/').to_owned(), (content, 0o644));
+        }
     } else {
         return (Source::EmptyDir(name), false);
     }

@@ -593,8 +593,9 @@ impl Sim {
 /// `/localhost.key` (a self-signed pair for `localhost`, made once per process: its
 /// `porter` and `grpc-health-checking` serve TLS with them; the StatefulSet e2e tests
 /// probe the first through `test-webserver`), and the update-demo images' `/data.json`
-/// (nautilus and kitten are agnhost with a picture and that file).
-fn image_files(image: &str) -> Vec<(String, String)> {
+/// (nautilus and kitten are agnhost with a picture and that file), and the
+/// `/etc/os-release` of these Alpine-based images. Image volumes show the same files.
+pub fn image_files(image: &str) -> Vec<(String, String)> {
     let repo = image.split('@').next().unwrap_or(image);
     let repo = repo
         .rsplit_once(':')
@@ -606,6 +607,10 @@ fn image_files(image: &str) -> Vec<(String, String)> {
         let (cert, key) = localhost_pair();
         files.push(("/localhost.crt".to_owned(), cert.clone()));
         files.push(("/localhost.key".to_owned(), key.clone()));
+        files.push((
+            "/etc/os-release".to_owned(),
+            "NAME=\"Alpine Linux\"\nID=alpine\nVERSION_ID=3.21.3\nPRETTY_NAME=\"Alpine Linux v3.21\"\nHOME_URL=\"https://alpinelinux.org/\"\nBUG_REPORT_URL=\"https://gitlab.alpinelinux.org/alpine/aports/-/issues\"\n".to_owned(),
+        ));
     }
     if matches!(name, "nautilus" | "kitten") {
         files.push((
