@@ -1054,7 +1054,7 @@ mod tests {
             node_name
                 .as_str()
                 .unwrap_or("")
-                .contains("schedule this pod onto"),
+                .starts_with("NodeName indicates in which node this pod is scheduled."),
             "{node_name}"
         );
         let names: Vec<&str> = kumo_apimachinery::openapi::refs_in(
