@@ -1144,33 +1144,34 @@ impl Ctl {
                 .map(|e| e.value)
                 .sum()
         };
-        let (result, reason, msg) = if rec > current {
-            let select = up.select_policy.as_deref().unwrap_or("Max");
-            let mut limit = if select == "Disabled" {
-                current
+        // The policies' limit on this change: each policy proposes a count from the count
+        // at the start of its period; Max takes the largest change, Min the smallest.
+        let rate_limit = |rules: &HPAScalingRules, up: bool| -> i32 {
+            let select = rules.select_policy.as_deref().unwrap_or("Max");
+            if select == "Disabled" {
+                return current;
+            }
+            let proposals = rules.policies.iter().flatten().map(|p| {
+                let period = i64::from(p.period_seconds);
+                let start = current - changed_in(&scale_up_events, period)
+                    + changed_in(&scale_down_events, period);
+                let percent = f64::from(p.value) / 100.0;
+                match (p.type_.as_str(), up) {
+                    ("Pods", true) => start + p.value,
+                    ("Pods", false) => start - p.value,
+                    (_, true) => (f64::from(start) * (1.0 + percent)).ceil() as i32,
+                    (_, false) => (f64::from(start) * (1.0 - percent)) as i32,
+                }
+            });
+            let pick = if (select == "Min") == up {
+                proposals.min()
             } else {
-                let proposals: Vec<i32> = up
-                    .policies
-                    .iter()
-                    .flatten()
-                    .map(|p| {
-                        let start = current
-                            - changed_in(&scale_up_events, i64::from(p.period_seconds))
-                            + changed_in(&scale_down_events, i64::from(p.period_seconds));
-                        match p.type_.as_str() {
-                            "Pods" => start + p.value,
-                            _ => (f64::from(start) * (1.0 + f64::from(p.value) / 100.0)).ceil()
-                                as i32,
-                        }
-                    })
-                    .collect();
-                let pick = if select == "Min" {
-                    proposals.iter().min()
-                } else {
-                    proposals.iter().max()
-                };
-                pick.copied().unwrap_or(current)
+                proposals.max()
             };
+            pick.unwrap_or(current)
+        };
+        let (result, reason, msg) = if rec > current {
+            let mut limit = rate_limit(&up, true);
             limit = limit.max(current);
             let (upper, r, m) = if max > limit {
                 (
@@ -1195,32 +1196,7 @@ impl Ctl {
                 )
             }
         } else if rec < current {
-            let select = down.select_policy.as_deref().unwrap_or("Max");
-            let mut limit = if select == "Disabled" {
-                current
-            } else {
-                let proposals: Vec<i32> = down
-                    .policies
-                    .iter()
-                    .flatten()
-                    .map(|p| {
-                        let start = current
-                            - changed_in(&scale_up_events, i64::from(p.period_seconds))
-                            + changed_in(&scale_down_events, i64::from(p.period_seconds));
-                        match p.type_.as_str() {
-                            "Pods" => start - p.value,
-                            _ => (f64::from(start) * (1.0 - f64::from(p.value) / 100.0)) as i32,
-                        }
-                    })
-                    .collect();
-                // Max: the largest change (the smallest count).
-                let pick = if select == "Min" {
-                    proposals.iter().max()
-                } else {
-                    proposals.iter().min()
-                };
-                pick.copied().unwrap_or(current)
-            };
+            let mut limit = rate_limit(&down, false);
             limit = limit.min(current);
             let (lower, r, m) = if min < limit {
                 (

@@ -183,18 +183,84 @@ pub fn requests(
     Ok(out)
 }
 
-/// Replicas for a Utilization target (percent of requests).
-#[allow(clippy::too_many_arguments)]
-pub fn utilization_replicas(
-    current: i32,
+/// What a target makes of the pods' usage: the usage ratio against the target, the
+/// utilization and average usage the status shows, and what a pod without a metric is
+/// taken to use when scaling down.
+trait Target {
+    fn ratio(&self, metrics: &HashMap<String, PodMetric>) -> Result<Usage, String>;
+    fn missing_on_scale_down(&self, pod: &str) -> i64;
+}
+
+/// A usage ratio, with the utilization (percent) and average usage (millis) behind it.
+struct Usage {
+    ratio: f64,
+    utilization: Option<i32>,
+    average: i64,
+}
+
+/// Percent of the pods' requests.
+struct Utilization {
     target: i32,
+    requests: HashMap<String, i64>,
+}
+
+impl Target for Utilization {
+    fn ratio(&self, metrics: &HashMap<String, PodMetric>) -> Result<Usage, String> {
+        let (mut used, mut requested, mut n) = (0i64, 0i64, 0i64);
+        for (pod, m) in metrics {
+            if let Some(r) = self.requests.get(pod) {
+                used += m.value;
+                requested += r;
+                n += 1;
+            }
+        }
+        if requested == 0 {
+            return Err("no metrics returned matched known pods".into());
+        }
+        let utilization = (used * 100 / requested) as i32;
+        Ok(Usage {
+            ratio: f64::from(utilization) / f64::from(self.target),
+            utilization: Some(utilization),
+            average: used / n,
+        })
+    }
+
+    fn missing_on_scale_down(&self, pod: &str) -> i64 {
+        self.requests.get(pod).copied().unwrap_or(0) * i64::from(self.target.max(100)) / 100
+    }
+}
+
+/// An average value per pod (millis).
+struct AverageValue(i64);
+
+impl Target for AverageValue {
+    fn ratio(&self, metrics: &HashMap<String, PodMetric>) -> Result<Usage, String> {
+        let average = metrics.values().map(|x| x.value).sum::<i64>() / metrics.len().max(1) as i64;
+        Ok(Usage {
+            ratio: average as f64 / self.0.max(1) as f64,
+            utilization: None,
+            average,
+        })
+    }
+
+    fn missing_on_scale_down(&self, _pod: &str) -> i64 {
+        self.0
+    }
+}
+
+/// The replica calculation both kinds of target share: group the pods, drop the metrics
+/// of unready and ignored pods, then (once `target` is known) scale by the ratio, filling
+/// in missing and unready pods pessimistically for the direction of the change.
+#[allow(clippy::too_many_arguments)]
+fn calculate<T: Target>(
+    current: i32,
     resource: &str,
-    container: Option<&str>,
     mut metrics: HashMap<String, PodMetric>,
     pods: &[&Pod],
     tol: Tolerances,
     readiness: Readiness,
     now: Timestamp,
+    target: impl FnOnce() -> Result<T, String>,
 ) -> Result<Replicas, String> {
     if pods.is_empty() {
         return Err("no pods returned by selector while calculating replica count".into());
@@ -207,32 +273,14 @@ pub fn utilization_replicas(
     if metrics.is_empty() {
         return Err("did not receive metrics for targeted pods (pods might be unready)".into());
     }
-    let requests = requests(pods, resource, container)?;
-    let ratio_of = |metrics: &HashMap<String, PodMetric>| -> Result<(f64, i32, i64), String> {
-        let (mut used, mut requested, mut n) = (0i64, 0i64, 0i64);
-        for (pod, m) in metrics {
-            if let Some(r) = requests.get(pod) {
-                used += m.value;
-                requested += r;
-                n += 1;
-            }
-        }
-        if requested == 0 {
-            return Err("no metrics returned matched known pods".into());
-        }
-        let utilization = (used * 100 / requested) as i32;
-        Ok((
-            f64::from(utilization) / f64::from(target),
-            utilization,
-            used / n,
-        ))
-    };
-    let (ratio, utilization, average) = ratio_of(&metrics)?;
+    let target = target()?;
+    let usage = target.ratio(&metrics)?;
+    let ratio = usage.ratio;
     let rebalance_unready = !unready.is_empty() && ratio > 1.0;
     let result = |replicas| Replicas {
         replicas,
-        utilization: Some(utilization),
-        average_millis: average,
+        utilization: usage.utilization,
+        average_millis: usage.average,
         timestamp,
     };
     if missing.is_empty() && !rebalance_unready {
@@ -241,35 +289,25 @@ pub fn utilization_replicas(
         }
         return Ok(result((ratio * ready as f64).ceil() as i32));
     }
-    // Fill in the unknowns pessimistically for the direction of the change.
+    let filled = |value| PodMetric {
+        timestamp,
+        window_secs: 0.0,
+        value,
+    };
     for pod in &missing {
         let value = if ratio < 1.0 {
-            requests.get(pod).copied().unwrap_or(0) * i64::from(target.max(100)) / 100
+            target.missing_on_scale_down(pod)
         } else {
             0
         };
-        metrics.insert(
-            pod.clone(),
-            PodMetric {
-                timestamp,
-                window_secs: 0.0,
-                value,
-            },
-        );
+        metrics.insert(pod.clone(), filled(value));
     }
     if rebalance_unready {
         for pod in &unready {
-            metrics.insert(
-                pod.clone(),
-                PodMetric {
-                    timestamp,
-                    window_secs: 0.0,
-                    value: 0,
-                },
-            );
+            metrics.insert(pod.clone(), filled(0));
         }
     }
-    let (new_ratio, _, _) = ratio_of(&metrics)?;
+    let new_ratio = target.ratio(&metrics)?.ratio;
     if tol.within(new_ratio) || (ratio < 1.0 && new_ratio > 1.0) || (ratio > 1.0 && new_ratio < 1.0)
     {
         return Ok(result(current));
@@ -281,81 +319,58 @@ pub fn utilization_replicas(
     Ok(result(replicas))
 }
 
+/// Replicas for a Utilization target (percent of requests).
+#[allow(clippy::too_many_arguments)]
+pub fn utilization_replicas(
+    current: i32,
+    target: i32,
+    resource: &str,
+    container: Option<&str>,
+    metrics: HashMap<String, PodMetric>,
+    pods: &[&Pod],
+    tol: Tolerances,
+    readiness: Readiness,
+    now: Timestamp,
+) -> Result<Replicas, String> {
+    calculate(
+        current,
+        resource,
+        metrics,
+        pods,
+        tol,
+        readiness,
+        now,
+        || {
+            Ok(Utilization {
+                target,
+                requests: requests(pods, resource, container)?,
+            })
+        },
+    )
+}
+
 /// Replicas for an AverageValue target (`target_millis` per pod).
 #[allow(clippy::too_many_arguments)]
 pub fn average_value_replicas(
     current: i32,
     target_millis: i64,
     resource: &str,
-    mut metrics: HashMap<String, PodMetric>,
+    metrics: HashMap<String, PodMetric>,
     pods: &[&Pod],
     tol: Tolerances,
     readiness: Readiness,
     now: Timestamp,
 ) -> Result<Replicas, String> {
-    if pods.is_empty() {
-        return Err("no pods returned by selector while calculating replica count".into());
-    }
-    let timestamp = metrics.values().next().map(|m| m.timestamp).unwrap_or(now);
-    let (ready, unready, missing, ignored) = group_pods(pods, &metrics, resource, readiness, now);
-    for n in unready.iter().chain(&ignored) {
-        metrics.remove(n);
-    }
-    if metrics.is_empty() {
-        return Err("did not receive metrics for targeted pods (pods might be unready)".into());
-    }
-    let average = |m: &HashMap<String, PodMetric>| -> i64 {
-        m.values().map(|x| x.value).sum::<i64>() / m.len().max(1) as i64
-    };
-    let usage = average(&metrics);
-    let target = target_millis.max(1) as f64;
-    let ratio = usage as f64 / target;
-    let rebalance_unready = !unready.is_empty() && ratio > 1.0;
-    let result = |replicas| Replicas {
-        replicas,
-        utilization: None,
-        average_millis: usage,
-        timestamp,
-    };
-    if missing.is_empty() && !rebalance_unready {
-        if tol.within(ratio) {
-            return Ok(result(current));
-        }
-        return Ok(result((ratio * ready as f64).ceil() as i32));
-    }
-    for pod in &missing {
-        let value = if ratio < 1.0 { target_millis } else { 0 };
-        metrics.insert(
-            pod.clone(),
-            PodMetric {
-                timestamp,
-                window_secs: 0.0,
-                value,
-            },
-        );
-    }
-    if rebalance_unready {
-        for pod in &unready {
-            metrics.insert(
-                pod.clone(),
-                PodMetric {
-                    timestamp,
-                    window_secs: 0.0,
-                    value: 0,
-                },
-            );
-        }
-    }
-    let new_ratio = average(&metrics) as f64 / target;
-    if tol.within(new_ratio) || (ratio < 1.0 && new_ratio > 1.0) || (ratio > 1.0 && new_ratio < 1.0)
-    {
-        return Ok(result(current));
-    }
-    let replicas = (new_ratio * metrics.len() as f64).ceil() as i32;
-    if (new_ratio < 1.0 && replicas > current) || (new_ratio > 1.0 && replicas < current) {
-        return Ok(result(current));
-    }
-    Ok(result(replicas))
+    calculate(
+        current,
+        resource,
+        metrics,
+        pods,
+        tol,
+        readiness,
+        now,
+        || Ok(AverageValue(target_millis)),
+    )
 }
 
 #[cfg(test)]
@@ -448,6 +463,30 @@ mod tests {
         // average is 55 % against 50 % → within tolerance, no change.
         let m = HashMap::from([("a".into(), metric(now, 10))]);
         let r = utilization_replicas(2, 50, "cpu", None, m, &refs, TOL, Readiness::default(), now)
+            .unwrap();
+        assert_eq!(r.replicas, 2);
+    }
+
+    #[test]
+    fn average_value_targets_scale_by_the_mean() {
+        let now = Timestamp::from_second(1_700_000_000).unwrap();
+        let long_ago = now.as_second() - 3600;
+        let pods = [pod("a", "100m", long_ago), pod("b", "100m", long_ago)];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        // 300m average against 100m per pod: three times the pods.
+        let m = HashMap::from([
+            ("a".into(), metric(now, 200)),
+            ("b".into(), metric(now, 400)),
+        ]);
+        let r = average_value_replicas(2, 100, "cpu", m, &refs, TOL, Readiness::default(), now)
+            .unwrap();
+        assert_eq!(
+            (r.replicas, r.utilization, r.average_millis),
+            (6, None, 300)
+        );
+        // b has no metric: for a scale down it counts as using the target.
+        let m = HashMap::from([("a".into(), metric(now, 10))]);
+        let r = average_value_replicas(2, 100, "cpu", m, &refs, TOL, Readiness::default(), now)
             .unwrap();
         assert_eq!(r.replicas, 2);
     }
