@@ -18,6 +18,7 @@ pub mod events;
 pub mod fleet;
 mod guestbook;
 mod lifecycle;
+mod mtls;
 pub mod net;
 mod netexec;
 pub mod node;

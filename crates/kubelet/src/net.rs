@@ -547,6 +547,17 @@ impl Dataplane {
                 };
                 tokio::spawn(crate::sample_apiserver::serve(server, cfg));
             }
+            Listener::MtlsServer {
+                container,
+                creds_file,
+                trust_file,
+            } => {
+                let party = crate::mtls::Party {
+                    cred_bundle: self.read_file(&container, &creds_file).unwrap_or_default(),
+                    trust_bundle: self.read_file(&container, &trust_file).unwrap_or_default(),
+                };
+                tokio::spawn(crate::mtls::serve(server, party));
+            }
             Listener::Porter {
                 tls: Some(ref container),
                 ..
@@ -637,6 +648,7 @@ impl Dataplane {
                 _,
                 Listener::AgnhostWebhook { .. }
                     | Listener::SampleApiserver { .. }
+                    | Listener::MtlsServer { .. }
                     | Listener::Porter { tls: Some(_), .. }
             ))
         )

@@ -835,6 +835,14 @@ pub enum Listener {
         cert_file: String,
         key_file: String,
     },
+    /// agnhost's `mtlsserver` (`--listen`): `GET /spiffe-echo` over TLS with the
+    /// credential bundle at `creds_file` of `container`, verifying client certificates
+    /// against the bundle at `trust_file` (see [`crate::mtls`]).
+    MtlsServer {
+        container: String,
+        creds_file: String,
+        trust_file: String,
+    },
 }
 
 /// How long agnhost's `liveness` server stays healthy.
@@ -951,6 +959,18 @@ fn image_listener(
             })
         }
         Some("liveness") if port == 8080 => Some(Listener::AgnhostLiveness { started }),
+        Some("mtlsserver")
+            if text_flag("--listen")
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                == Some(port) =>
+        {
+            Some(Listener::MtlsServer {
+                container: container_id.unwrap_or_default(),
+                creds_file: text_flag("--server-creds"),
+                trust_file: text_flag("--spiffe-trust-bundle"),
+            })
+        }
         Some(server @ ("webhook" | "crd-conversion-webhook"))
             if port == flag("--port").unwrap_or(443) =>
         {
@@ -1786,6 +1806,8 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
         (Listener::AgnhostWebhook { .. }, _, _) => (404, "Not Found"),
         (Listener::SampleApiserver { .. }, _, "/readyz" | "/healthz" | "/livez") => (200, "OK"),
         (Listener::SampleApiserver { .. }, _, _) => (403, "Forbidden"),
+        // Go's TLS server to a plain HTTP request.
+        (Listener::MtlsServer { .. }, _, _) => (400, "Bad Request"),
     }
 }
 
@@ -1861,6 +1883,11 @@ pub(crate) fn response(
             let body = if code == 200 { "ok" } else { "forbidden\n" };
             (None, "text/plain; charset=utf-8", body.to_owned())
         }
+        Listener::MtlsServer { .. } => (
+            None,
+            "text/plain; charset=utf-8",
+            "Client sent an HTTP request to an HTTPS server.\n".to_owned(),
+        ),
         Listener::Porter { .. } => {
             let (content_type, body) = porter_body(l, "GET");
             let content_type: &'static str = if content_type.starts_with("application/json") {

@@ -12,6 +12,7 @@
 
 mod curl;
 mod dns;
+mod mtls;
 pub mod parse;
 
 use std::cell::RefCell;
@@ -3071,6 +3072,17 @@ impl Sh<'_> {
                 Ok(0)
             }
             Some("mounttest") => self.mounttest(argv, io),
+            Some("mtlsclient") => {
+                let flags: HashMap<String, String> = [
+                    "--fetch-url",
+                    "--server-trust-bundle",
+                    "--client-cred-bundle",
+                ]
+                .iter()
+                .filter_map(|f| Some(((*f).to_owned(), flag(f, f)?.to_owned())))
+                .collect();
+                self.mtlsclient(|f| flags.get(f).cloned(), io)
+            }
             Some(which @ ("dns-suffix" | "dns-server-list")) => {
                 // agnhost reads the first line that starts with the keyword.
                 let keyword = if which == "dns-suffix" {
