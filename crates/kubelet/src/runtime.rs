@@ -1019,15 +1019,18 @@ impl Runtime for Sim {
         cmd: &[String],
         stdin: Option<Vec<u8>>,
     ) -> Result<Vec<Step>, RuntimeError> {
-        let mut all = self.lock();
-        let c = all
-            .get_mut(id)
-            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
-        Self::advance(c);
-        if !matches!(c.status.state, State::Running { .. }) {
-            return Err(RuntimeError::NotRunning(id.into()));
-        }
-        let mut ctx = c.context(&self.files, id);
+        let mut ctx = {
+            let mut all = self.lock();
+            let c = all
+                .get_mut(id)
+                .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+            Self::advance(c);
+            if !matches!(c.status.state, State::Running { .. }) {
+                return Err(RuntimeError::NotRunning(id.into()));
+            }
+            c.context(&self.files, id)
+        };
+        // Run without the lock: the command may read other containers' files.
         ctx.net = self.net.clone();
         ctx.stdin = stdin;
         shell::exec_program(cmd, &ctx).map_err(RuntimeError::Exec)
@@ -1079,23 +1082,25 @@ impl Runtime for Sim {
             );
             changed = true;
         }
-        if changed {
-            // Its process sees the new files from now on: run it again over them.
-            self.files.forget_writer(id);
-            let (exit, output, writes, suspended) = program(
-                &self.files,
-                &self.net,
-                &c.sandbox,
-                id,
-                &c.config,
-                c.program_start,
-                None,
-            );
-            c.exit = exit;
-            c.output = output;
-            c.writes = writes;
-            c.suspended = suspended;
+        if !changed {
+            return;
         }
+        // Its process sees the new files from now on: run it again over them, without
+        // the lock (the program may read other containers' files).
+        self.files.forget_writer(id);
+        let (sandbox, config, start) = (c.sandbox.clone(), c.config.clone(), c.program_start);
+        drop(all);
+        let (exit, output, writes, suspended) =
+            program(&self.files, &self.net, &sandbox, id, &config, start, None);
+        let mut all = self.lock();
+        let Some(c) = all.get_mut(id) else { return };
+        if c.program_start != start || !matches!(c.status.state, State::Running { .. }) {
+            return;
+        }
+        c.exit = exit;
+        c.output = output;
+        c.writes = writes;
+        c.suspended = suspended;
     }
 
     fn probe_exec(
@@ -1105,13 +1110,15 @@ impl Runtime for Sim {
         at: SystemTime,
         timeout: Duration,
     ) -> Option<bool> {
-        let mut all = self.lock();
-        let c = all.get_mut(id)?;
-        Self::advance(c);
-        if !matches!(c.status.state, State::Running { .. }) {
-            return Some(false);
-        }
-        let mut ctx = c.context(&self.files, id);
+        let mut ctx = {
+            let mut all = self.lock();
+            let c = all.get_mut(id)?;
+            Self::advance(c);
+            if !matches!(c.status.state, State::Running { .. }) {
+                return Some(false);
+            }
+            c.context(&self.files, id)
+        };
         ctx.net = self.net.clone();
         ctx.start = Some(at);
         let Ok(steps) = shell::exec_program(cmd, &ctx) else {
