@@ -143,9 +143,9 @@ pub fn encode(obj: &Value) -> Result<Vec<u8>, ProtobufError> {
 }
 
 /// One event of a protobuf watch stream: `{"type": ..., "object": {...}}` as the
-/// `WatchEvent` kube-apiserver frames (its TypeMeta names the watched group version, the
-/// object travels as raw protobuf), prefixed with its big-endian 32-bit length.
-pub fn encode_watch_frame(api_version: &str, event: &Value) -> Result<Vec<u8>, ProtobufError> {
+/// `WatchEvent` kube-apiserver frames (the object travels as a full protobuf body inside
+/// it), prefixed with its big-endian 32-bit length.
+pub fn encode_watch_frame(event: &Value) -> Result<Vec<u8>, ProtobufError> {
     let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
     let object = event
         .get("object")
@@ -153,18 +153,11 @@ pub fn encode_watch_frame(api_version: &str, event: &Value) -> Result<Vec<u8>, P
     let raw_object = encode(object)?;
     let mut raw_extension = Vec::with_capacity(raw_object.len() + 8);
     put_bytes(&mut raw_extension, 1, &raw_object);
-    let mut watch_event = Vec::with_capacity(raw_extension.len() + 16);
-    put_bytes(&mut watch_event, 1, kind.as_bytes());
-    put_bytes(&mut watch_event, 2, &raw_extension);
-    let mut type_meta = Vec::new();
-    put_bytes(&mut type_meta, 1, api_version.as_bytes());
-    put_bytes(&mut type_meta, 2, b"WatchEvent");
-    let mut body = Vec::with_capacity(watch_event.len() + type_meta.len() + 16);
-    body.extend_from_slice(&MAGIC);
-    put_bytes(&mut body, 1, &type_meta);
-    put_bytes(&mut body, 2, &watch_event);
-    put_bytes(&mut body, 3, b"");
-    put_bytes(&mut body, 4, b"");
+    // The stream's own messages are raw (upstream's protobuf RawSerializer): no magic
+    // and no Unknown envelope around the WatchEvent; only the embedded object has them.
+    let mut body = Vec::with_capacity(raw_extension.len() + 16);
+    put_bytes(&mut body, 1, kind.as_bytes());
+    put_bytes(&mut body, 2, &raw_extension);
     let len =
         u32::try_from(body.len()).map_err(|_| encode_err(&Path::Root, "watch event too large"))?;
     let mut out = Vec::with_capacity(body.len() + 4);

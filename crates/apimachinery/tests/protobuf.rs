@@ -413,6 +413,14 @@ fn meta_kinds_status_list_and_watch_event() {
         decode(&body),
         Ok(json!({"apiVersion": "v1", "kind": "WatchEvent", "type": "ADDED", "object": cm}))
     );
+
+    // The frame of a protobuf watch stream: a length, then the raw WatchEvent (upstream's
+    // stream serializer writes no magic and no envelope around it), which is exactly `ev`.
+    let frame =
+        kumo_apimachinery::protobuf::encode_watch_frame(&json!({"type": "ADDED", "object": cm}))
+            .expect("encode frame");
+    assert_eq!(frame[..4], (ev.len() as u32).to_be_bytes());
+    assert_eq!(frame[4..], ev[..]);
 }
 
 fn push_varint(out: &mut Vec<u8>, mut v: u64) {

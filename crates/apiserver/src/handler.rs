@@ -115,27 +115,14 @@ fn protobuf_response(code: u16, doc: &Value, json_too: bool) -> Response<Body> {
     }
 }
 
-/// The group version a watch path serves (`v1`, `apps/v1`), named in its protobuf frames.
-fn watched_api_version(path: &str) -> String {
-    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    match segs.as_slice() {
-        ["apis", g, v, ..] => format!("{g}/{v}"),
-        ["api", v, ..] => (*v).to_owned(),
-        _ => String::new(),
-    }
-}
-
 /// A watch stream in protobuf frames (`application/vnd.kubernetes.protobuf;stream=watch`).
 /// An event that cannot be encoded ends the stream: the client watches again.
-fn protobuf_stream(rx: tokio::sync::mpsc::Receiver<Bytes>, api_version: String) -> Response<Body> {
-    let stream = futures::stream::unfold((rx, api_version), |(mut rx, gv)| async move {
+fn protobuf_stream(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response<Body> {
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
         let frame = rx.recv().await?;
         let event: Value = serde_json::from_slice(&frame).ok()?;
-        let bytes = kumo_apimachinery::protobuf::encode_watch_frame(&gv, &event).ok()?;
-        Some((
-            Ok::<_, Infallible>(Frame::data(Bytes::from(bytes))),
-            (rx, gv),
-        ))
+        let bytes = kumo_apimachinery::protobuf::encode_watch_frame(&event).ok()?;
+        Some((Ok::<_, Infallible>(Frame::data(Bytes::from(bytes))), rx))
     });
     let mut resp = Response::new(StreamBody::new(stream).boxed());
     resp.headers_mut().insert(
@@ -543,9 +530,7 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             Some(json_too) => protobuf_response(code, &doc, json_too),
             None => json_response(code, &doc, accept.yaml),
         },
-        Ok(Reply::Stream(rx)) if protobuf == Some(false) => {
-            protobuf_stream(rx, watched_api_version(trimmed))
-        }
+        Ok(Reply::Stream(rx)) if protobuf == Some(false) => protobuf_stream(rx),
         Ok(Reply::Raw(code, bytes)) => {
             let mut resp = Response::new(full(bytes));
             *resp.status_mut() =
