@@ -27,6 +27,7 @@ use crate::registry::{Registry, Resource};
 
 pub use types::type_error;
 pub use validate::{check_fields, check_patched, prune, Directive, FieldProblems};
+pub(crate) use validate::{object_meta_unknown, prune_object_meta};
 
 use kumo_apimachinery::openapi::{
     param, path_item_to_v2, query, schema_to_v2, DELETE_COLLECTION_PARAMS, DELETE_PARAMS,

@@ -220,6 +220,63 @@ fn prune_value(s: &Schemas, schema: &Value, v: &mut Value, depth: usize) {
     }
 }
 
+/// The definition of ObjectMeta.
+const OBJECT_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta";
+
+/// The fields of `meta` ObjectMeta does not declare, as paths under `path` (the
+/// `metadata` field's own path), as upstream's strict decoding of a custom resource's
+/// metadata reports them (`metadata.unknownMeta`).
+pub(crate) fn object_meta_unknown(meta: &Value, path: &str) -> Vec<String> {
+    let s = schemas();
+    let mut out = Vec::new();
+    if let Some(schema) = s.get(OBJECT_META) {
+        unknown_value(s, schema, meta, path, &mut out, 0);
+    }
+    out
+}
+
+/// Drops the fields of `meta` ObjectMeta does not declare.
+pub(crate) fn prune_object_meta(meta: &mut Value) {
+    let s = schemas();
+    if let Some(schema) = s.get(OBJECT_META) {
+        prune_value(s, schema, meta, 0);
+    }
+}
+
+fn unknown_value(
+    s: &Schemas,
+    schema: &Value,
+    v: &Value,
+    path: &str,
+    out: &mut Vec<String>,
+    depth: usize,
+) {
+    if depth > crate::negotiate::MAX_DEPTH {
+        return;
+    }
+    match (shape(s, schema), v) {
+        (Shape::Props(props), Value::Object(m)) => {
+            for (k, x) in m {
+                match props.get(k) {
+                    Some(ps) => unknown_value(s, ps, x, &child(path, k), out, depth + 1),
+                    None => out.push(child(path, k)),
+                }
+            }
+        }
+        (Shape::Map(vs), Value::Object(m)) => {
+            for (k, x) in m {
+                unknown_value(s, vs, x, &child(path, k), out, depth + 1);
+            }
+        }
+        (Shape::List(is), Value::Array(a)) => {
+            for (i, x) in a.iter().enumerate() {
+                unknown_value(s, is, x, &format!("{path}[{i}]"), out, depth + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
 fn resource_schema(res: &Resource) -> Option<&'static Value> {
     let s = schemas();
     s.get(s.for_kind(res.group, res.version, res.kind)?)

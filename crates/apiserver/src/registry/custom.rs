@@ -468,15 +468,23 @@ impl Strategy for CustomResource {
         ])
     }
 
+    /// As upstream reports them: the root metadata's unknown fields, then the ones the
+    /// schema's pruning finds, then (sorted) those of embedded resources' metadata.
     fn unknown_fields(&self, obj: &Value) -> Vec<String> {
+        let mut out = obj
+            .get("metadata")
+            .map(|m| crate::openapi::object_meta_unknown(m, "metadata"))
+            .unwrap_or_default();
         let mut body = obj.clone();
         if let Some(o) = body.as_object_mut() {
             for k in ["apiVersion", "kind", "metadata"] {
                 o.remove(k);
             }
         }
-        let mut out = Vec::new();
-        unknown(&self.schema, &body, "", &mut out, 0);
+        let mut embedded_meta = Vec::new();
+        unknown(&self.schema, &body, "", &mut out, &mut embedded_meta, 0);
+        embedded_meta.sort();
+        out.extend(embedded_meta);
         out
     }
 }
@@ -606,7 +614,17 @@ fn unchanged(
 }
 
 /// Collects the paths of the fields `schema` does not declare, as pruning would drop them.
-fn unknown(schema: &Value, v: &Value, path: &str, out: &mut Vec<String>, depth: usize) {
+/// Collects the fields of `v` that `schema` does not declare. An
+/// `x-kubernetes-embedded-resource` object may hold `apiVersion`, `kind` and an ObjectMeta
+/// `metadata` besides its properties; that metadata's unknown fields go to `meta_out`.
+fn unknown(
+    schema: &Value,
+    v: &Value,
+    path: &str,
+    out: &mut Vec<String>,
+    meta_out: &mut Vec<String>,
+    depth: usize,
+) {
     if depth > MAX_DEPTH {
         return;
     }
@@ -620,14 +638,21 @@ fn unknown(schema: &Value, v: &Value, path: &str, out: &mut Vec<String>, depth: 
             {
                 return;
             }
+            let embedded = is_embedded(schema);
             for (k, x) in m {
                 let p = if path.is_empty() {
                     k.clone()
                 } else {
                     format!("{path}.{k}")
                 };
+                if embedded && EMBEDDED_FIELDS.contains(&k.as_str()) {
+                    if k == "metadata" {
+                        meta_out.extend(crate::openapi::object_meta_unknown(x, &p));
+                    }
+                    continue;
+                }
                 match props.and_then(|ps| ps.get(k)).or(additional) {
-                    Some(s) => unknown(s, x, &p, out, depth + 1),
+                    Some(s) => unknown(s, x, &p, out, meta_out, depth + 1),
                     None if !preserves_unknown(schema) => out.push(p),
                     None => {}
                 }
@@ -636,12 +661,19 @@ fn unknown(schema: &Value, v: &Value, path: &str, out: &mut Vec<String>, depth: 
         Value::Array(items) => {
             if let Some(s) = schema.get("items") {
                 for (i, x) in items.iter().enumerate() {
-                    unknown(s, x, &format!("{path}[{i}]"), out, depth + 1);
+                    unknown(s, x, &format!("{path}[{i}]"), out, meta_out, depth + 1);
                 }
             }
         }
         _ => {}
     }
+}
+
+/// The fields every embedded resource may hold whatever its schema says.
+const EMBEDDED_FIELDS: [&str; 3] = ["apiVersion", "kind", "metadata"];
+
+fn is_embedded(schema: &Value) -> bool {
+    schema.get("x-kubernetes-embedded-resource") == Some(&json!(true))
 }
 
 /// Deeper than this the walks stop (the body depth limit refuses such bodies anyway).
@@ -666,10 +698,21 @@ fn prune(schema: &Value, v: &mut Value, depth: usize) {
             {
                 return;
             }
+            let embedded = is_embedded(schema);
             if !preserves_unknown(schema) && additional.is_none() {
-                m.retain(|k, _| props.is_some_and(|p| p.contains_key(k)));
+                m.retain(|k, _| {
+                    (embedded && EMBEDDED_FIELDS.contains(&k.as_str()))
+                        || props.is_some_and(|p| p.contains_key(k))
+                });
             }
             for (k, x) in m.iter_mut() {
+                if embedded && EMBEDDED_FIELDS.contains(&k.as_str()) {
+                    // An embedded object's metadata is an ObjectMeta, pruned as one.
+                    if k == "metadata" {
+                        crate::openapi::prune_object_meta(x);
+                    }
+                    continue;
+                }
                 if let Some(s) = props.and_then(|p| p.get(k)).or(additional) {
                     prune(s, x, depth + 1);
                 }
@@ -941,6 +984,39 @@ mod tests {
                 "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
             }}}}}}),
         )
+    }
+
+    #[test]
+    fn embedded_resources_hold_type_and_object_meta() {
+        let s = CustomResource::new(
+            "e.example.com",
+            "foos",
+            "Foo",
+            "FooList",
+            &json!({"name": "v1", "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "template": {"type": "object", "x-kubernetes-embedded-resource": true,
+                    "properties": {"spec": {"type": "object"}}}}}}}}}),
+        );
+        let mut obj = json!({"apiVersion": "e.example.com/v1", "kind": "Foo",
+            "metadata": {"name": "x", "unknownMeta": 1},
+            "spec": {"template": {"apiVersion": "a/v1", "kind": "Sub",
+                "metadata": {"name": "s", "namespace": "n", "zz": 1, "labels": {"a": "b"}},
+                "spec": {}, "bogus": 1}}});
+        assert_eq!(
+            s.unknown_fields(&obj),
+            [
+                "metadata.unknownMeta",
+                "spec.template.bogus",
+                "spec.template.metadata.zz"
+            ]
+        );
+        s.normalize(&mut obj);
+        assert_eq!(
+            obj["spec"]["template"],
+            json!({"apiVersion": "a/v1", "kind": "Sub", "spec": {},
+                   "metadata": {"name": "s", "namespace": "n", "labels": {"a": "b"}}})
+        );
     }
 
     #[test]
