@@ -356,11 +356,15 @@ fn impersonate(
 /// Answers an authenticated and authorized request.
 async fn handle_authorized(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let started = std::time::Instant::now();
-    if req.method() == Method::GET && req.uri().path() == "/metrics" {
-        let text = state
-            .metrics
-            .render(&state.registry, &*state.rest.store)
-            .await;
+    if req.method() == Method::GET && matches!(req.uri().path(), "/metrics" | "/metrics/slis") {
+        let text = if req.uri().path() == "/metrics" {
+            state
+                .metrics
+                .render(&state.registry, &*state.rest.store)
+                .await
+        } else {
+            state.metrics.render_slis()
+        };
         let mut resp = text_response(StatusCode::OK, text);
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -594,16 +598,62 @@ async fn read_body(mut body: Incoming) -> Result<Bytes, ApiError> {
 }
 
 fn health(state: &State, path: &str, query: &BTreeMap<String, String>) -> Response<Body> {
-    let endpoint = path.trim_start_matches('/').split('/').next().unwrap_or("");
-    let mut lines = vec!["[+]ping ok".to_owned(), "[+]log ok".to_owned()];
-    let mut ok = true;
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    let endpoint = parts.next().unwrap_or("");
+    let single = parts.next();
+    // ping and log always pass; readyz also names the informers' sync after etcd (kumo's
+    // watch cache is synced before it serves).
+    let mut all: Vec<(&str, bool)> = vec![("ping", true), ("log", true)];
     for (name, check) in &state.checks {
-        if check() {
+        all.push((name, check()));
+        if *name == "etcd" && endpoint == "readyz" {
+            all.push(("informer-sync", true));
+        }
+    }
+    // `/<endpoint>/<check>`: that check alone.
+    if let Some(name) = single {
+        return match all.iter().find(|(n, _)| *n == name) {
+            Some((_, true)) => text_response(StatusCode::OK, "ok".into()),
+            Some((n, false)) => text_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("internal server error: {n} check failed\n"),
+            ),
+            None => text_response(StatusCode::NOT_FOUND, "404 page not found\n".into()),
+        };
+    }
+    let excluded: Vec<&str> = query
+        .get("exclude")
+        .map(|e| e.split(',').filter(|x| !x.is_empty()).collect())
+        .unwrap_or_default();
+    let mut lines = Vec::new();
+    let mut ok = true;
+    for (name, passed) in &all {
+        if excluded.contains(name) {
+            lines.push(format!("[+]{name} excluded: ok"));
+            continue;
+        }
+        state.metrics.observe_health(endpoint, name, *passed);
+        if *passed {
             lines.push(format!("[+]{name} ok"));
         } else {
             ok = false;
             lines.push(format!("[-]{name} failed: reason withheld"));
         }
+    }
+    let unknown: Vec<&str> = excluded
+        .iter()
+        .filter(|e| !all.iter().any(|(n, _)| n == *e))
+        .copied()
+        .collect();
+    if !unknown.is_empty() {
+        lines.push(format!(
+            "warn: some health checks cannot be excluded: no matches for {}",
+            unknown
+                .iter()
+                .map(|u| format!("\"{u}\""))
+                .collect::<Vec<_>>()
+                .join(",")
+        ));
     }
     let code = if ok {
         StatusCode::OK

@@ -190,6 +190,16 @@ struct Series {
     durations: BTreeMap<RequestLabels, Histogram>,
     /// `apiserver_longrunning_requests` (labels without dry_run).
     longrunning: BTreeMap<RequestLabels, i64>,
+    /// The health checks' service-level indicators, by (check, endpoint): the last
+    /// result and how many runs passed and failed.
+    health: BTreeMap<(String, String), HealthSli>,
+}
+
+#[derive(Default)]
+struct HealthSli {
+    last_ok: bool,
+    success: u64,
+    error: u64,
 }
 
 /// The metrics of one API server.
@@ -199,6 +209,49 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Records one run of health check `name` for `endpoint` (`healthz`, `livez`,
+    /// `readyz`).
+    pub fn observe_health(&self, endpoint: &str, name: &str, ok: bool) {
+        let mut s = self.lock();
+        let h = s
+            .health
+            .entry((name.to_owned(), endpoint.to_owned()))
+            .or_default();
+        h.last_ok = ok;
+        if ok {
+            h.success += 1;
+        } else {
+            h.error += 1;
+        }
+    }
+
+    /// `/metrics/slis`: the health checks' indicators, as component-base's SLI registry
+    /// exposes them.
+    pub fn render_slis(&self) -> String {
+        let s = self.lock();
+        let mut out = String::new();
+        out.push_str("# HELP kubernetes_healthcheck [STABLE] The result of the last run of a health check (1 passed, 0 failed).\n");
+        out.push_str("# TYPE kubernetes_healthcheck gauge\n");
+        for ((name, kind), h) in &s.health {
+            out.push_str(&format!(
+                "kubernetes_healthcheck{{name=\"{name}\",type=\"{kind}\"}} {}\n",
+                u8::from(h.last_ok)
+            ));
+        }
+        out.push_str("# HELP kubernetes_healthchecks_total [STABLE] The runs of each health check, by result.\n");
+        out.push_str("# TYPE kubernetes_healthchecks_total counter\n");
+        for ((name, kind), h) in &s.health {
+            for (status, n) in [("error", h.error), ("success", h.success)] {
+                if n > 0 {
+                    out.push_str(&format!(
+                        "kubernetes_healthchecks_total{{name=\"{name}\",status=\"{status}\",type=\"{kind}\"}} {n}\n"
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     fn lock(&self) -> MutexGuard<'_, Series> {
         match self.series.lock() {
             Ok(g) => g,

@@ -191,22 +191,37 @@ impl ApiServer {
             registry,
             rest,
             address: SocketAddr::new(host, local_addr.port()).to_string(),
-            checks: vec![
-                ("etcd", Arc::new(|| true)),
-                ("poststarthook/bootstrap-namespaces", Arc::new(|| true)),
-                (crate::identity::HOOKS[0], Arc::new(|| true)),
-                (crate::identity::HOOKS[1], Arc::new(|| true)),
-                ("poststarthook/rbac/bootstrap-roles", Arc::new(|| true)),
-                (
-                    "poststarthook/scheduling/bootstrap-system-priority-classes",
-                    Arc::new(|| true),
-                ),
-                (
-                    "poststarthook/priority-and-fairness-config-producer",
-                    Arc::new(|| true),
-                ),
-                ("poststarthook/bootstrap-controller", Arc::new(|| true)),
-            ],
+            // The checks under upstream's names. Apart from etcd, each names work kumo has
+            // finished before it serves (its post-start hooks run to completion first),
+            // so they pass from the first request on.
+            checks: [
+                "etcd",
+                "poststarthook/start-apiserver-admission-initializer",
+                "poststarthook/generic-apiserver-start-informers",
+                "poststarthook/storage-readiness",
+                "poststarthook/start-apiextensions-informers",
+                "poststarthook/start-apiextensions-controllers",
+                "poststarthook/crd-informer-synced",
+                "poststarthook/start-system-namespaces-controller",
+                "poststarthook/start-cluster-authentication-info-controller",
+                crate::identity::HOOKS[0],
+                crate::identity::HOOKS[1],
+                "poststarthook/rbac/bootstrap-roles",
+                "poststarthook/scheduling/bootstrap-system-priority-classes",
+                "poststarthook/priority-and-fairness-config-producer",
+                "poststarthook/bootstrap-controller",
+                "poststarthook/start-kube-aggregator-informers",
+                "poststarthook/apiservice-status-local-available-controller",
+                "poststarthook/apiservice-status-remote-available-controller",
+                "poststarthook/apiservice-registration-controller",
+                "poststarthook/kube-apiserver-autoregistration",
+                "autoregister-completion",
+                "poststarthook/apiservice-openapi-controller",
+                "poststarthook/apiservice-openapiv3-controller",
+            ]
+            .into_iter()
+            .map(|name| -> crate::handler::Check { (name, Arc::new(|| true)) })
+            .collect(),
             openapi: Default::default(),
             auth: crate::auth::Auth {
                 // Bearer tokens: service-account JWTs, then bootstrap tokens.

@@ -45,6 +45,33 @@ async fn kubectl_drives_the_api_server() {
         "{}",
         out.stdout
     );
+    assert!(out.stdout.contains("[+]etcd ok\n[+]informer-sync ok\n"));
+    // One check alone, one that does not exist, a check excluded, and the checks' SLIs.
+    let out = k(&kc, &["get", "--raw", "/livez/etcd"]).await;
+    assert_eq!(
+        (out.ok, out.stdout.as_str()),
+        (true, "ok"),
+        "{}",
+        out.stderr
+    );
+    let out = k(&kc, &["get", "--raw", "/livez/no-such-check"]).await;
+    assert!(!out.ok && out.stderr.contains("NotFound"), "{}", out.stderr);
+    let out = k(&kc, &["get", "--raw", "/healthz?verbose&exclude=etcd"]).await;
+    assert!(
+        out.stdout.contains("[+]etcd excluded: ok\n"),
+        "{}",
+        out.stdout
+    );
+    let out = k(&kc, &["get", "--raw", "/metrics/slis"]).await;
+    assert!(
+        out.stdout
+            .contains("kubernetes_healthcheck{name=\"etcd\",type=\"readyz\"} 1\n")
+            && out.stdout.contains(
+                "kubernetes_healthchecks_total{name=\"etcd\",status=\"success\",type=\"readyz\"}"
+            ),
+        "{}",
+        out.stdout
+    );
 
     let out = k(&kc, &["version", "-o", "json"]).await;
     assert!(out.ok, "{}", out.stderr);
