@@ -14,7 +14,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use crate::negotiate::{Accept, Output};
 use crate::registry::Resource;
 use crate::rest::{self, Reply, Rest};
 
@@ -84,16 +83,6 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-/// A MicroTime for now: RFC 3339 with six fractional digits.
-fn now_micro() -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = crate::time::format_rfc3339(i64::try_from(now.as_secs()).unwrap_or(i64::MAX));
-    let base = secs.trim_end_matches('Z');
-    format!("{base}.{:06}Z", now.subsec_micros())
-}
-
 /// Seconds since the epoch of a Time or MicroTime (its fraction ignored).
 fn parse_time(s: &str) -> Option<i64> {
     match s.split_once('.') {
@@ -115,18 +104,6 @@ pub fn expired(lease: &Value, now_secs: i64) -> bool {
     match (renew, duration) {
         (Some(r), Some(d)) => r.saturating_add(d) < now_secs,
         _ => true,
-    }
-}
-
-fn request<'a>(query: &'a BTreeMap<String, String>, body: &'a [u8]) -> rest::Request<'a> {
-    rest::Request {
-        query,
-        accept: Accept {
-            output: Output::Object,
-            yaml: false,
-        },
-        content_type: Some("application/json"),
-        body,
     }
 }
 
@@ -181,7 +158,7 @@ impl LeaseController {
         });
         if let Some(spec) = lease.get_mut("spec").and_then(Value::as_object_mut) {
             spec.insert("leaseDurationSeconds".into(), json!(LEASE_DURATION_SECONDS));
-            spec.insert("renewTime".into(), json!(now_micro()));
+            spec.insert("renewTime".into(), json!(crate::time::now_micro()));
         }
         if let Some(meta) = lease.get_mut("metadata").and_then(Value::as_object_mut) {
             let labels = meta.entry("labels").or_insert_with(|| json!({}));
@@ -213,7 +190,12 @@ impl LeaseController {
                 Some(b) => b,
                 None => match self
                     .rest
-                    .get(&self.leases, ns, &self.name, &request(&query, b""))
+                    .get(
+                        &self.leases,
+                        ns,
+                        &self.name,
+                        &rest::Request::json(&query, b""),
+                    )
                     .await
                 {
                     Ok(r) => reply_object(r).unwrap_or(Value::Null),
@@ -221,7 +203,11 @@ impl LeaseController {
                         let body = self.desired(None).to_string();
                         let created = self
                             .rest
-                            .create(&self.leases, ns, &request(&query, body.as_bytes()))
+                            .create(
+                                &self.leases,
+                                ns,
+                                &rest::Request::json(&query, body.as_bytes()),
+                            )
                             .await?;
                         return Ok(reply_object(created).unwrap_or(Value::Null));
                     }
@@ -236,7 +222,7 @@ impl LeaseController {
                     ns,
                     &self.name,
                     None,
-                    &request(&query, body.as_bytes()),
+                    &rest::Request::json(&query, body.as_bytes()),
                 )
                 .await
             {
@@ -294,7 +280,10 @@ pub async fn collect_once(rest: &Rest, leases: &Resource) -> Vec<String> {
         format!("{IDENTITY_LABEL}={IDENTITY}"),
     );
     let ns = Some(NAMESPACE);
-    let list = match rest.list(leases, ns, &request(&query, b"")).await {
+    let list = match rest
+        .list(leases, ns, &rest::Request::json(&query, b""))
+        .await
+    {
         Ok(r) => reply_object(r).unwrap_or(Value::Null),
         Err(e) => {
             tracing::warn!(error = %e.message, "listing apiserver identity leases");
@@ -313,14 +302,20 @@ pub async fn collect_once(rest: &Rest, leases: &Resource) -> Vec<String> {
             continue;
         };
         // Look again at the stored lease before deleting it: it may have been renewed.
-        let fresh = match rest.get(leases, ns, name, &request(&plain, b"")).await {
+        let fresh = match rest
+            .get(leases, ns, name, &rest::Request::json(&plain, b""))
+            .await
+        {
             Ok(r) => reply_object(r).unwrap_or(Value::Null),
             Err(_) => continue,
         };
         if !expired(&fresh, now) {
             continue;
         }
-        match rest.delete(leases, ns, name, &request(&plain, b"")).await {
+        match rest
+            .delete(leases, ns, name, &rest::Request::json(&plain, b""))
+            .await
+        {
             Ok(_) => deleted.push(name.to_owned()),
             Err(e) if e.code == 404 => {}
             Err(e) => {

@@ -79,7 +79,20 @@ pub struct Request<'a> {
     pub body: &'a [u8],
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
+    /// A JSON body answered with the object, as the server's own controllers send.
+    pub fn json(query: &'a BTreeMap<String, String>, body: &'a [u8]) -> Self {
+        Request {
+            query,
+            accept: Accept {
+                output: Output::Object,
+                yaml: false,
+            },
+            content_type: Some("application/json"),
+            body,
+        }
+    }
+
     fn param(&self, k: &str) -> Option<&str> {
         self.query.get(k).map(String::as_str)
     }

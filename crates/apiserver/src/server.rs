@@ -206,6 +206,7 @@ impl ApiServer {
                 "poststarthook/start-cluster-authentication-info-controller",
                 crate::identity::HOOKS[0],
                 crate::identity::HOOKS[1],
+                crate::registry::services::repair::HOOK,
                 "poststarthook/rbac/bootstrap-roles",
                 "poststarthook/scheduling/bootstrap-system-priority-classes",
                 "poststarthook/priority-and-fairness-config-producer",
@@ -257,6 +258,14 @@ impl ApiServer {
         ));
         // The kube-aggregator's availability checks of APIServices served by Services.
         tokio::spawn(crate::aggregator::run_available_controller(state.clone()));
+        // Cluster IPs and node ports brought back in line with the Services.
+        if let Some(services) = state.registry.find("", "v1", "services") {
+            crate::registry::services::repair::start(
+                state.rest.clone(),
+                &services,
+                state.registry.find("events.k8s.io", "v1", "events"),
+            );
+        }
         // The identity lease of this server and the collector of departed servers' ones.
         if let Some(leases) = state.registry.find("coordination.k8s.io", "v1", "leases") {
             crate::identity::start(state.rest.clone(), leases, state.address.clone());
@@ -410,15 +419,7 @@ async fn bootstrap_namespaces(rest: &Rest, registry: &Registry) -> Result<()> {
     for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
         let body = body.to_string();
-        let req = rest::Request {
-            query: &query,
-            accept: Accept {
-                output: Output::Object,
-                yaml: false,
-            },
-            content_type: Some("application/json"),
-            body: body.as_bytes(),
-        };
+        let req = rest::Request::json(&query, body.as_bytes());
         match rest.create(&ns, None, &req).await {
             Ok(_) => {}
             Err(e) if e.code == 409 => {}

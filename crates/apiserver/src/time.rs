@@ -14,6 +14,16 @@ pub fn now_rfc3339() -> String {
 }
 
 /// Seconds since the epoch.
+/// A MicroTime for now: RFC 3339 with six fractional digits.
+pub fn now_micro() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = format_rfc3339(i64::try_from(now.as_secs()).unwrap_or(i64::MAX));
+    let base = secs.trim_end_matches('Z');
+    format!("{base}.{:06}Z", now.subsec_micros())
+}
+
 pub fn now_secs() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -10,7 +10,6 @@ use serde_json::Value;
 
 use super::{Resource, Strategy};
 use crate::auth::{Review, ReviewContext};
-use crate::negotiate::{Accept, Output};
 use crate::rest::{Reply, Request};
 
 pub(super) fn resources() -> Vec<Resource> {
@@ -62,15 +61,7 @@ impl Review for Bindings {
             .ok_or_else(|| ApiError::internal("pods are not served"))?;
         let body = ctx.body.to_string();
         let query: BTreeMap<String, String> = ctx.query.clone();
-        let req = Request {
-            query: &query,
-            accept: Accept {
-                output: Output::Object,
-                yaml: false,
-            },
-            content_type: Some("application/json"),
-            body: body.as_bytes(),
-        };
+        let req = Request::json(&query, body.as_bytes());
         match ctx
             .rest
             .post_subresource(&pods, ns, &name, "binding", &req)

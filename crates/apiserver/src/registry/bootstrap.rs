@@ -12,7 +12,6 @@ use kumo_apimachinery::status::ApiError;
 use serde_json::Value;
 
 use super::{flowcontrol, name_of, rbac, scheduling, str_at, Registry};
-use crate::negotiate::{Accept, Output};
 use crate::rest::{Reply, Request, Rest};
 
 /// Creates or reconciles every bootstrap object.
@@ -34,7 +33,7 @@ pub async fn bootstrap_policy(rest: &Rest, registry: &Registry) -> Result<()> {
             .pointer("/metadata/namespace")
             .and_then(Value::as_str);
         let name = name_of(&wanted);
-        let req = |body| json_request(&query, body);
+        let req = |body| Request::json(&query, body);
         let existing = match rest.get(&res, ns, name, &req(&[])).await {
             Ok(Reply::Json(_, obj)) => Some(obj),
             Ok(Reply::Stream(_) | Reply::Raw(..)) => None,
@@ -95,18 +94,6 @@ pub async fn bootstrap_policy(rest: &Rest, registry: &Registry) -> Result<()> {
 }
 
 /// A JSON request with a JSON answer.
-fn json_request<'a>(query: &'a BTreeMap<String, String>, body: &'a [u8]) -> Request<'a> {
-    Request {
-        query,
-        accept: Accept {
-            output: Output::Object,
-            yaml: false,
-        },
-        content_type: Some("application/json"),
-        body,
-    }
-}
-
 fn failed(plural: &str, name: &str, e: &ApiError) -> anyhow::Error {
     anyhow!("bootstrapping {plural} {name}: {}", e.message)
 }
@@ -132,7 +119,7 @@ mod tests {
             .unwrap();
         let query = BTreeMap::new();
         let body = body.to_string();
-        let req = json_request(&query, body.as_bytes());
+        let req = Request::json(&query, body.as_bytes());
         let reply = match name {
             None => rest.create(&res, None, &req).await,
             Some(n) if body == "null" => rest.get(&res, None, n, &req).await,
@@ -157,7 +144,7 @@ mod tests {
         let query = BTreeMap::new();
         for name in ["kube-system", "kube-public"] {
             let body = json!({"metadata": {"name": name}}).to_string();
-            rest.create(&ns, None, &json_request(&query, body.as_bytes()))
+            rest.create(&ns, None, &Request::json(&query, body.as_bytes()))
                 .await
                 .unwrap();
         }

@@ -37,7 +37,7 @@ mod printing;
 mod rbac;
 mod resource;
 mod scheduling;
-mod services;
+pub(crate) mod services;
 mod storage;
 mod storagemigration;
 mod workloads_core;

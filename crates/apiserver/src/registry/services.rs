@@ -1,6 +1,7 @@
 //! Services (with cluster IP and node port allocation), Endpoints and EndpointSlices.
 
 mod alloc;
+pub mod repair;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -24,10 +24,10 @@ pub const NODE_PORTS: (u16, u16) = (30000, 32767);
 /// Name of the default ServiceCIDR.
 pub const DEFAULT_SERVICE_CIDR: &str = "kubernetes";
 
-const IP_PREFIX: &str = "/registry/ipaddresses/";
+pub(super) const IP_PREFIX: &str = "/registry/ipaddresses/";
 const CIDR_PREFIX: &str = "/registry/servicecidrs/";
 const NODE_PORT_KEY: &str = "/registry/ranges/servicenodeports";
-const MANAGED_BY: &str = "ipaddress.kubernetes.io/managed-by";
+pub(super) const MANAGED_BY: &str = "ipaddress.kubernetes.io/managed-by";
 const IP_FAMILY: &str = "ipaddress.kubernetes.io/ip-family";
 
 /// `10.96.0.0/12`.
@@ -45,7 +45,7 @@ fn ip_range() -> (u32, u32) {
 
 /// The host ranges of every IPv4 ServiceCIDR (the default one when none is stored): an IP
 /// asked for by name may come from any of them.
-async fn service_ranges(store: &dyn Store) -> Result<Vec<(u32, u32)>, ApiError> {
+pub(super) async fn service_ranges(store: &dyn Store) -> Result<Vec<(u32, u32)>, ApiError> {
     let page = store
         .range(RangeRequest {
             prefix: CIDR_PREFIX.as_bytes().to_vec(),
@@ -125,7 +125,7 @@ pub fn needs_health_check(svc: &Value) -> bool {
 }
 
 /// The node ports a Service holds (its ports' and its health check port).
-fn node_ports_of(svc: &Value) -> BTreeSet<u16> {
+pub(super) fn node_ports_of(svc: &Value) -> BTreeSet<u16> {
     let mut out = BTreeSet::new();
     if uses_node_ports(svc) {
         for p in ports(svc) {
@@ -366,7 +366,11 @@ fn set_ip(svc: &mut Value, ip: &str) {
     }
 }
 
-async fn create_ip(store: &dyn Store, svc: &Value, ip: &str) -> Result<(), StorageError> {
+pub(super) async fn create_ip(
+    store: &dyn Store,
+    svc: &Value,
+    ip: &str,
+) -> Result<(), StorageError> {
     let key = format!("{IP_PREFIX}{ip}");
     let body = serde_json::to_vec(&ip_address_object(svc, ip))
         .map_err(|e| StorageError::Corrupt(e.to_string()))?;
@@ -386,6 +390,18 @@ async fn list_ips(store: &dyn Store) -> Result<BTreeSet<String>, ApiError> {
         .iter()
         .map(|kv| String::from_utf8_lossy(&kv.key[IP_PREFIX.len()..]).into_owned())
         .collect())
+}
+
+/// Deletes the IPAddress of `ip`, whoever holds it; whether it was deleted.
+pub(super) async fn delete_ip(store: &dyn Store, ip: &str) -> bool {
+    let key = format!("{IP_PREFIX}{ip}");
+    match store.delete(key.as_bytes(), None).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(ip, error = %e, "deleting an IPAddress failed");
+            false
+        }
+    }
 }
 
 /// Deletes the IPAddress of `ip` if `svc` is its parent (never another Service's).
@@ -408,22 +424,22 @@ async fn release_ip(store: &dyn Store, svc: &Value, ip: &str) {
 }
 
 /// The node port bitmap: bit `i` stands for port `NODE_PORTS.0 + i`.
-struct Bitmap(Vec<bool>);
+pub(super) struct Bitmap(Vec<bool>);
 
 impl Bitmap {
     fn size() -> usize {
         usize::from(NODE_PORTS.1 - NODE_PORTS.0) + 1
     }
 
-    fn in_range(port: u16) -> bool {
+    pub(super) fn in_range(port: u16) -> bool {
         (NODE_PORTS.0..=NODE_PORTS.1).contains(&port)
     }
 
-    fn get(&self, port: u16) -> bool {
+    pub(super) fn get(&self, port: u16) -> bool {
         Self::in_range(port) && self.0[usize::from(port - NODE_PORTS.0)]
     }
 
-    fn set(&mut self, port: u16, on: bool) {
+    pub(super) fn set(&mut self, port: u16, on: bool) {
         if Self::in_range(port) {
             self.0[usize::from(port - NODE_PORTS.0)] = on;
         }
@@ -467,7 +483,7 @@ impl Bitmap {
 }
 
 /// Reads the bitmap (empty when absent): the bitmap and the revision to swap against.
-async fn read_bitmap(store: &dyn Store) -> Result<(Bitmap, Option<i64>), ApiError> {
+pub(super) async fn read_bitmap(store: &dyn Store) -> Result<(Bitmap, Option<i64>), ApiError> {
     let (kv, _) = store
         .get(NODE_PORT_KEY.as_bytes(), None)
         .await
@@ -484,7 +500,7 @@ async fn read_bitmap(store: &dyn Store) -> Result<(Bitmap, Option<i64>), ApiErro
 
 /// Read-modify-write of the bitmap with compare-and-swap, retried on conflict; nothing
 /// is written when the change leaves the bitmap as it was.
-async fn update_bitmap(
+pub(super) async fn update_bitmap(
     store: &dyn Store,
     mut change: impl FnMut(&mut Bitmap) -> Result<(), ApiError>,
 ) -> Result<(), ApiError> {
