@@ -2243,7 +2243,12 @@ impl Rest {
             chain.admit(&attrs, None).await?;
             chain.validate(&attrs, None).await?;
             let mut new = old.clone();
-            gc_finalizers(&mut new, &opts);
+            gc_finalizers(&mut new, &opts, res.strategy.default_gc_policy());
+            let explicit = opts.get("orphanDependents").is_some_and(|v| !v.is_null())
+                || opts.get("propagationPolicy").is_some_and(|v| !v.is_null());
+            if let Some(w) = res.strategy.default_gc_warning().filter(|_| !explicit) {
+                warn(w.to_owned());
+            }
             let finalizers = meta(&new)
                 .and_then(|m| m.get("finalizers"))
                 .and_then(Value::as_array)
@@ -2466,12 +2471,16 @@ impl Rest {
 
 /// The garbage collector's finalizers a DELETE sets, as upstream's
 /// deletionFinalizersForGarbageCollection: `orphan` when dependents are orphaned
-/// (orphanDependents=true, propagationPolicy=Orphan, or already so), `foregroundDeletion`
-/// when they are deleted first (propagationPolicy=Foreground, or already so); neither for
-/// Background. Every resource's default policy in v1 is to delete dependents.
-fn gc_finalizers(obj: &mut Value, opts: &Value) {
+/// (orphanDependents=true, propagationPolicy=Orphan, or already so, or the resource's
+/// default), `foregroundDeletion` when they are deleted first (propagationPolicy=Foreground,
+/// or already so); neither for Background, nor ever for a resource without garbage
+/// collection.
+fn gc_finalizers(obj: &mut Value, opts: &Value, default: crate::registry::GcPolicy) {
     const ORPHAN: &str = "orphan";
     const FOREGROUND: &str = "foregroundDeletion";
+    if default == crate::registry::GcPolicy::Unsupported {
+        return;
+    }
     let current: Vec<String> = meta(obj)
         .and_then(|m| m.get("finalizers"))
         .and_then(Value::as_array)
@@ -2482,7 +2491,8 @@ fn gc_finalizers(obj: &mut Value, opts: &Value) {
                 .collect()
         })
         .unwrap_or_default();
-    // Without an explicit option, whichever of the two finalizers comes first decides.
+    // Without an explicit option, whichever of the two finalizers comes first decides,
+    // else the resource's default.
     let first = current.iter().find(|f| *f == ORPHAN || *f == FOREGROUND);
     let orphan_opt = opts.get("orphanDependents").and_then(Value::as_bool);
     let policy = opts.get("propagationPolicy").and_then(Value::as_str);
@@ -2491,10 +2501,13 @@ fn gc_finalizers(obj: &mut Value, opts: &Value) {
         (None, Some("Orphan")) => (true, false),
         (None, Some("Background")) => (false, false),
         (None, Some("Foreground")) => (false, true),
-        _ => (
-            first.is_some_and(|f| f == ORPHAN),
-            first.is_some_and(|f| f == FOREGROUND),
-        ),
+        _ => match first {
+            Some(f) => (f == ORPHAN, f == FOREGROUND),
+            None => (
+                default == crate::registry::GcPolicy::OrphanDependents,
+                false,
+            ),
+        },
     };
     let mut next: Vec<String> = current
         .iter()

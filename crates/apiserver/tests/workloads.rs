@@ -902,3 +902,92 @@ spec:
         ])
     );
 }
+
+/// A DELETE without a propagation policy orphans the dependents of core/v1
+/// ReplicationControllers and batch/v1 Jobs (upstream keeps that default for
+/// compatibility, and warns for Jobs); other kinds delete them; events take no
+/// garbage-collection finalizer at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_garbage_collection_policies() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    let manifest = r#"
+apiVersion: v1
+kind: ReplicationController
+metadata: {name: rc, namespace: default}
+spec:
+  replicas: 0
+  selector: {app: rc}
+  template:
+    metadata: {labels: {app: rc}}
+    spec: {containers: [{name: c, image: busybox}]}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: job, namespace: default}
+spec:
+  suspend: true
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: busybox}]
+---
+apiVersion: apps/v1
+kind: ReplicaSet
+metadata: {name: rs, namespace: default}
+spec:
+  replicas: 0
+  selector: {matchLabels: {app: rs}}
+  template:
+    metadata: {labels: {app: rs}}
+    spec: {containers: [{name: c, image: busybox}]}
+"#;
+    let out = k_in(None, &kc, &["create", "-f", "-"], Some(manifest)).await;
+    assert!(out.ok, "{}", out.stderr);
+    let finalizers = |what: &'static str| {
+        let kc = kc.clone();
+        async move {
+            let o = k(&kc, &["get", what, "-o", "jsonpath={.metadata.finalizers}"]).await;
+            o.stdout
+        }
+    };
+    let out = k(
+        &kc,
+        &[
+            "delete",
+            "--raw",
+            "/api/v1/namespaces/default/replicationcontrollers/rc",
+        ],
+    )
+    .await;
+    assert!(out.ok && !out.stderr.contains("Warning"), "{}", out.stderr);
+    assert_eq!(finalizers("rc/rc").await, r#"["orphan"]"#);
+    let out = k(
+        &kc,
+        &[
+            "delete",
+            "--raw",
+            "/apis/batch/v1/namespaces/default/jobs/job",
+        ],
+    )
+    .await;
+    assert!(
+        out.stderr
+            .contains("Warning: child pods are preserved by default when jobs are deleted"),
+        "{}",
+        out.stderr
+    );
+    assert!(finalizers("job/job").await.contains("orphan"));
+    // A ReplicaSet's dependents go: no finalizer, it is deleted at once.
+    let out = k(
+        &kc,
+        &[
+            "delete",
+            "--raw",
+            "/apis/apps/v1/namespaces/default/replicasets/rs",
+        ],
+    )
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(!k(&kc, &["get", "rs/rs"]).await.ok);
+}

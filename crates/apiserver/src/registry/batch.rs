@@ -426,6 +426,12 @@ fn validate_job_spec_and_selector(errs: &mut Vec<FieldError>, obj: &Value) {
 }
 
 impl Strategy for Jobs {
+    fn default_gc_policy(&self) -> super::GcPolicy {
+        super::GcPolicy::OrphanDependents
+    }
+    fn default_gc_warning(&self) -> Option<&'static str> {
+        Some("child pods are preserved by default when jobs are deleted; set propagationPolicy=Background to remove them or set propagationPolicy=Orphan to suppress this warning")
+    }
     fn validate_status_update(&self, new: &Value, _old: &Value) -> Vec<FieldError> {
         // The counts upstream always checks (its other status rules depend on the job's
         // state and the controller's options).

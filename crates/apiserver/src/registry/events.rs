@@ -66,6 +66,9 @@ fn since(obj: &Value, k: &str) -> String {
 }
 
 impl Strategy for Events {
+    fn default_gc_policy(&self) -> super::GcPolicy {
+        super::GcPolicy::Unsupported
+    }
     fn prepare_create(&self, obj: &mut Value) {
         normalise(obj);
     }
@@ -349,6 +352,9 @@ fn from_core(mut obj: Value) -> Value {
 struct EventsV1;
 
 impl Strategy for EventsV1 {
+    fn default_gc_policy(&self) -> super::GcPolicy {
+        super::GcPolicy::Unsupported
+    }
     fn prepare_create(&self, obj: &mut Value) {
         let mut core = to_core(obj.take());
         normalise(&mut core);

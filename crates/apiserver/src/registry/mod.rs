@@ -172,6 +172,15 @@ pub trait Strategy: Send + Sync {
     fn graceful_delete(&self, _obj: &Value, _opts: &Value) -> Option<i64> {
         None
     }
+    /// What a DELETE without a propagation policy does to the dependents (upstream's
+    /// DefaultGarbageCollectionPolicy).
+    fn default_gc_policy(&self) -> GcPolicy {
+        GcPolicy::DeleteDependents
+    }
+    /// A warning for a DELETE that leaves the policy to [`Self::default_gc_policy`].
+    fn default_gc_warning(&self) -> Option<&'static str> {
+        None
+    }
     /// Whether a DELETE only marks the object, which stays until a controller finishes
     /// it (namespaces, until their spec.finalizers are gone). The hook may change `obj`
     /// (e.g. its phase).
@@ -320,6 +329,16 @@ pub trait Strategy: Send + Sync {
     fn apply_schema(&self) -> Option<&Value> {
         None
     }
+}
+
+/// A resource's default garbage collection policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GcPolicy {
+    DeleteDependents,
+    /// Kept for compatibility by core/v1 ReplicationControllers and batch/v1 Jobs.
+    OrphanDependents,
+    /// No garbage collection finalizers at all (events).
+    Unsupported,
 }
 
 /// Reservations an object holds in the store besides itself, e.g. the IPAddress objects

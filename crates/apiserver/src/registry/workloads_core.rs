@@ -116,6 +116,9 @@ const RC_STATUS: StatusRules = StatusRules {
 };
 
 impl Strategy for ReplicationControllers {
+    fn default_gc_policy(&self) -> super::GcPolicy {
+        super::GcPolicy::OrphanDependents
+    }
     fn validate_status_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
         validate_status(new, old, &RC_STATUS)
     }
