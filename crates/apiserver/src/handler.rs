@@ -530,10 +530,13 @@ async fn serve(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         (r, _) => r,
     };
     let mut resp = match result {
-        Ok(Reply::Json(code, doc)) => match protobuf {
-            Some(json_too) => protobuf_response(code, &doc, json_too),
-            None => json_response(code, &doc, accept.yaml),
-        },
+        Ok(Reply::Json(code, mut doc)) => {
+            accept.version_meta(&mut doc);
+            match protobuf {
+                Some(json_too) => protobuf_response(code, &doc, json_too),
+                None => json_response(code, &doc, accept.yaml),
+            }
+        }
         Ok(Reply::Stream(rx)) if protobuf == Some(false) => protobuf_stream(rx),
         Ok(Reply::Raw(code, bytes)) => {
             let mut resp = Response::new(full(bytes));

@@ -26,6 +26,35 @@ pub enum Output {
 pub struct Accept {
     pub output: Output,
     pub yaml: bool,
+    /// The Table or PartialObjectMetadata asked for is meta.k8s.io/v1beta1 (still served
+    /// upstream, the same objects under that version).
+    pub beta: bool,
+}
+
+impl Accept {
+    /// The object itself, as JSON.
+    pub const OBJECT: Accept = Accept {
+        output: Output::Object,
+        yaml: false,
+        beta: false,
+    };
+
+    /// Names `doc` (a Table or PartialObjectMetadata answer) with the meta.k8s.io version
+    /// asked for.
+    pub fn version_meta(&self, doc: &mut serde_json::Value) {
+        if !self.beta || doc.get("apiVersion").and_then(|v| v.as_str()) != Some("meta.k8s.io/v1") {
+            return;
+        }
+        let beta = serde_json::Value::from("meta.k8s.io/v1beta1");
+        if let Some(items) = doc.get_mut("items").and_then(|i| i.as_array_mut()) {
+            for item in items {
+                if item.get("apiVersion").and_then(|v| v.as_str()) == Some("meta.k8s.io/v1") {
+                    item["apiVersion"] = beta.clone();
+                }
+            }
+        }
+        doc["apiVersion"] = beta;
+    }
 }
 
 /// One media range of an Accept header.
@@ -55,18 +84,8 @@ fn parse_ranges(header: &str) -> Vec<MediaRange<'_>> {
 /// `None` when nothing acceptable is served (the caller answers 406).
 pub fn choose(header: Option<&str>) -> Option<Accept> {
     let header = match header {
-        None => {
-            return Some(Accept {
-                output: Output::Object,
-                yaml: false,
-            })
-        }
-        Some(h) if h.trim().is_empty() => {
-            return Some(Accept {
-                output: Output::Object,
-                yaml: false,
-            })
-        }
+        None => return Some(Accept::OBJECT),
+        Some(h) if h.trim().is_empty() => return Some(Accept::OBJECT),
         Some(h) => h,
     };
     for r in parse_ranges(header) {
@@ -79,17 +98,18 @@ pub fn choose(header: Option<&str>) -> Option<Accept> {
         let param = |k: &str| r.params.iter().find(|(pk, _)| *pk == k).map(|(_, v)| *v);
         let output = match (param("as"), param("g"), param("v")) {
             (None, _, _) => Output::Object,
-            (Some("Table"), Some("meta.k8s.io"), Some("v1")) => Output::Table,
+            (Some("Table"), Some("meta.k8s.io"), Some("v1" | "v1beta1")) => Output::Table,
             (
                 Some("PartialObjectMetadata" | "PartialObjectMetadataList"),
                 Some("meta.k8s.io"),
-                Some("v1"),
+                Some("v1" | "v1beta1"),
             ) => Output::Metadata,
-            // v1beta1 tables, aggregated discovery documents and the like are not served
-            // here; a later range of the header may be.
+            // Aggregated discovery documents and the like are not served here; a later
+            // range of the header may be.
             _ => continue,
         };
-        return Some(Accept { output, yaml });
+        let beta = output != Output::Object && param("v") == Some("v1beta1");
+        return Some(Accept { output, yaml, beta });
     }
     None
 }
@@ -323,11 +343,24 @@ mod tests {
             choose(Some(h)),
             Some(Accept {
                 output: Output::Table,
-                yaml: false
+                yaml: false,
+                beta: false,
             })
         );
         let h = "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
-        assert_eq!(choose(Some(h)).map(|a| a.output), Some(Output::Object));
+        assert_eq!(
+            choose(Some(h)),
+            Some(Accept {
+                output: Output::Table,
+                yaml: false,
+                beta: true,
+            })
+        );
+        let mut doc = serde_json::json!({"apiVersion": "meta.k8s.io/v1", "kind": "Table"});
+        choose(Some(h))
+            .unwrap_or(Accept::OBJECT)
+            .version_meta(&mut doc);
+        assert_eq!(doc["apiVersion"], "meta.k8s.io/v1beta1");
         assert_eq!(choose(Some("application/yaml")).map(|a| a.yaml), Some(true));
         assert_eq!(choose(Some("text/html")), None);
         assert_eq!(choose(None).map(|a| a.output), Some(Output::Object));

@@ -84,10 +84,7 @@ impl<'a> Request<'a> {
     pub fn json(query: &'a BTreeMap<String, String>, body: &'a [u8]) -> Self {
         Request {
             query,
-            accept: Accept {
-                output: Output::Object,
-                yaml: false,
-            },
+            accept: Accept::OBJECT,
             content_type: Some("application/json"),
             body,
         }
@@ -2421,10 +2418,7 @@ impl Rest {
                 ns,
                 &Request {
                     query: req.query,
-                    accept: Accept {
-                        output: Output::Object,
-                        yaml: false,
-                    },
+                    accept: Accept::OBJECT,
                     content_type: None,
                     body: &[],
                 },

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::handler::State;
-use crate::negotiate::{Accept, Output};
+use crate::negotiate::Accept;
 use crate::pki;
 use crate::registry::Registry;
 use crate::rest::{self, Rest};
@@ -448,10 +448,7 @@ pub(crate) async fn ensure(
         .and_then(serde_json::Value::as_str)
         .unwrap_or("");
     let query = Default::default();
-    let accept = || Accept {
-        output: Output::Object,
-        yaml: false,
-    };
+    let accept = || Accept::OBJECT;
     let bytes = body.to_string();
     let req = rest::Request {
         query: &query,

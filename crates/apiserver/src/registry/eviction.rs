@@ -11,7 +11,7 @@ use kumo_apimachinery::status::{ApiError, Cause, Details, GroupResource};
 use serde_json::{json, Value};
 
 use crate::auth::{Review, ReviewContext};
-use crate::negotiate::{Accept, Output};
+use crate::negotiate::Accept;
 use crate::registry::{name_of, Registry, Resource};
 use crate::rest::{Reply, Request, Rest};
 
@@ -28,10 +28,7 @@ fn request<'a>(
 ) -> Request<'a> {
     Request {
         query,
-        accept: Accept {
-            output: Output::Object,
-            yaml: false,
-        },
+        accept: Accept::OBJECT,
         content_type: Some(content_type),
         body,
     }
