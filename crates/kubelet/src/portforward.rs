@@ -1204,7 +1204,33 @@ fn split_image(image: &str) -> (&str, &str) {
 async fn forward(data: Half, error: Half, tx: mpsc::Sender<Out>, target: Target, fetch: PodFetch) {
     let port = data.port;
     let pod = fetch().await;
-    let Some(found) = pod.as_ref().and_then(|p| listener(p, port)) else {
+    let found = pod.as_ref().and_then(|p| listener(p, port));
+    if found.is_none() && pod.as_ref().is_some_and(host_network) {
+        let Half { id, mut rx, .. } = data;
+        let send = |bytes: Vec<u8>| {
+            let tx = tx.clone();
+            async move {
+                for chunk in bytes.chunks(CHUNK) {
+                    if tx.send(Out::Frame(data_frame(id, 0, chunk))).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+        };
+        if !pipe_to_loopback(&mut rx, port, send).await {
+            let msg = refused(port, &target);
+            let _ = tx
+                .send(Out::Frame(data_frame(error.id, 0, msg.as_bytes())))
+                .await;
+        }
+        let _ = tx.send(Out::Frame(data_frame(id, FLAG_FIN, &[]))).await;
+        let _ = tx
+            .send(Out::Frame(data_frame(error.id, FLAG_FIN, &[])))
+            .await;
+        return;
+    }
+    let Some(found) = found else {
         let msg = refused(port, &target);
         let _ = tx
             .send(Out::Frame(data_frame(error.id, 0, msg.as_bytes())))
@@ -1231,6 +1257,54 @@ async fn forward(data: Half, error: Half, tx: mpsc::Sender<Out>, target: Target,
     let _ = tx
         .send(Out::Frame(data_frame(error.id, FLAG_FIN, &[])))
         .await;
+}
+
+fn host_network(pod: &Value) -> bool {
+    pod.pointer("/spec/hostNetwork").and_then(Value::as_bool) == Some(true)
+}
+
+/// Forwards a connection to a host-network pod's port that no simulated server holds to
+/// whatever really listens on that port of the node's loopback (the control plane's
+/// components, which the kubeadm static pods stand for): bytes both ways until the
+/// server closes. `false` when nothing listens there.
+async fn pipe_to_loopback<F, Fut>(rx: &mut mpsc::Receiver<Bytes>, port: u16, send: F) -> bool
+where
+    F: Fn(Vec<u8>) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let to = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+    let Ok(sock) = tokio::net::TcpStream::connect(to).await else {
+        return false;
+    };
+    let (mut r, mut w) = sock.into_split();
+    let up = async {
+        while let Some(b) = rx.recv().await {
+            if w.write_all(&b).await.is_err() {
+                break;
+            }
+        }
+        let _ = w.shutdown().await;
+        // The client is done sending; the answer may still be coming.
+        std::future::pending::<()>().await;
+    };
+    let down = async {
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if !send(buf[..n].to_vec()).await {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+    true
 }
 
 /// containerd's answer when nothing listens, as the kubelet's streaming server wraps it
@@ -1337,7 +1411,25 @@ where
         let (out, target, fetch) = (out_tx.clone(), target.clone(), fetch.clone());
         tasks.push(tokio::spawn(async move {
             let pod = fetch().await;
+            let send = |bytes: Vec<u8>| {
+                let out = out.clone();
+                async move {
+                    for chunk in bytes.chunks(CHUNK) {
+                        if out.send(message(data_ch, chunk)).await.is_err() {
+                            return false;
+                        }
+                    }
+                    true
+                }
+            };
             match pod.as_ref().and_then(|p| listener(p, port)) {
+                None if pod.as_ref().is_some_and(host_network) => {
+                    if !pipe_to_loopback(&mut rx, port, send).await {
+                        let _ = out
+                            .send(message(err_ch, refused(port, &target).as_bytes()))
+                            .await;
+                    }
+                }
                 Some(found) => {
                     http_server(&mut rx, &found, None, |bytes| {
                         let out = out.clone();
@@ -1982,6 +2074,36 @@ fn http_date(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host-network pod's port that no simulated server holds reaches what really
+    /// listens on the node's loopback, both ways; nothing listening is a refusal.
+    #[tokio::test]
+    async fn host_network_ports_pipe_to_the_real_loopback_server() {
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = server.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut c, _) = server.accept().await.unwrap();
+            let mut buf = [0u8; 4];
+            c.read_exact(&mut buf).await.unwrap();
+            c.write_all(&[b"echo:".as_slice(), &buf].concat())
+                .await
+                .unwrap();
+        });
+        let (tx, mut rx) = mpsc::channel(4);
+        tx.send(Bytes::from_static(b"ping")).await.unwrap();
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = got.clone();
+        let ok = pipe_to_loopback(&mut rx, port, move |b| {
+            sink.lock().unwrap().extend(b);
+            async { true }
+        })
+        .await;
+        assert!(ok);
+        assert_eq!(got.lock().unwrap().as_slice(), b"echo:ping");
+        // Nothing listens on the port any more.
+        let (_tx, mut rx) = mpsc::channel(1);
+        assert!(!pipe_to_loopback(&mut rx, port, |_| async { true }).await);
+    }
 
     #[test]
     fn dictionary_is_spdy3s() {
