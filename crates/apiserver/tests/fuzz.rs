@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use kumo_apiserver::negotiate::{Accept, Output};
+use kumo_apiserver::negotiate::Accept;
 use kumo_apiserver::registry::{Registry, Resource};
 use kumo_apiserver::rest::{Request, Rest};
 use kumo_storage::embedded::{EmbeddedConfig, EmbeddedStore};
@@ -398,10 +398,7 @@ fn request<'a>(
 ) -> Request<'a> {
     Request {
         query,
-        accept: Accept {
-            output: Output::Object,
-            yaml: false,
-        },
+        accept: Accept::OBJECT,
         content_type,
         body,
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{k, k_in, out_json, start};
-use kumo_apiserver::negotiate::{Accept, Output};
+use kumo_apiserver::negotiate::Accept;
 use kumo_apiserver::registry::Registry;
 use kumo_apiserver::rest::{Request, Rest};
 use kumo_storage::embedded::{EmbeddedConfig, EmbeddedStore};
@@ -134,10 +134,7 @@ async fn garbage_collector_deletes_expired_identity_leases_only() {
     let query = BTreeMap::new();
     let req = |body: &'static str| Request {
         query: &query,
-        accept: Accept {
-            output: Output::Object,
-            yaml: false,
-        },
+        accept: Accept::OBJECT,
         content_type: Some("application/json"),
         body: body.as_bytes(),
     };
