@@ -221,13 +221,29 @@ async fn read_object(
 
 /// Where the kubelet of node `name` listens: (host, port); a dial override comes first.
 async fn kubelet_of(state: &State, node: &str) -> Result<(String, u16), ApiError> {
+    kubelet_port_of(state, node, None).await
+}
+
+/// Where port `port` (the kubelet's, by default) of node `name` is reached: (host, port).
+/// A dial override stands for the node's kubelet port; other ports are the node's own.
+async fn kubelet_port_of(
+    state: &State,
+    node: &str,
+    port: Option<u16>,
+) -> Result<(String, u16), ApiError> {
     let n = read_object(state, "nodes", None, node).await?;
+    let advertised = n
+        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
+        .and_then(Value::as_u64)
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .unwrap_or(10250);
     let dial = state
         .kubelet_dial
         .read()
         .ok()
         .and_then(|m| m.get(node).copied());
-    if let Some(a) = dial {
+    if let Some(a) = dial.filter(|_| port.is_none_or(|p| p == advertised)) {
         return Ok((a.ip().to_string(), a.port()));
     }
     let addresses = n
@@ -251,12 +267,22 @@ async fn kubelet_of(state: &State, node: &str) -> Result<(String, u16), ApiError
             ))
         })?
         .to_owned();
-    let port = n
-        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
-        .and_then(Value::as_u64)
-        .and_then(|p| u16::try_from(p).ok())
-        .filter(|p| *p > 0)
-        .unwrap_or(10250);
+    let port = port.unwrap_or(advertised);
+    // On a simulated network (`kumo up`) node addresses exist only inside it: never
+    // dialed from the host, they answer as the simulated network does.
+    if let (Some(net), Ok(ip)) = (&state.pod_network, host.parse::<std::net::IpAddr>()) {
+        if !ip.is_loopback() {
+            let why = match net.connect(std::net::SocketAddr::new(ip, port)) {
+                Err(e) => e.to_string(),
+                // Something simulated listens there, but it is no kubelet.
+                Ok(_) => "connect: connection refused".to_owned(),
+            };
+            return Err(ApiError::internal(format!(
+                "error dialing backend: dial tcp {}: {why}",
+                join_host_port(&host, port)
+            )));
+        }
+    }
     Ok((host, port))
 }
 
@@ -426,13 +452,14 @@ async fn serve_inner(
                 )))
             }
         };
-        let (host, default_port) = kubelet_of(state, node).await?;
         let port = match port.filter(|p| !p.is_empty()) {
-            Some(p) => p
-                .parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid node request {name:?}")))?,
-            None => default_port,
+            Some(p) => Some(
+                p.parse()
+                    .map_err(|_| ApiError::bad_request(format!("invalid node request {name:?}")))?,
+            ),
+            None => None,
         };
+        let (host, port) = kubelet_port_of(state, node, port).await?;
         let path = match req.uri().query() {
             Some(q) => format!("{rest}?{q}"),
             None => rest,

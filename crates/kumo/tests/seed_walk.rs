@@ -512,6 +512,17 @@ fn seed_003_control_plane_static_pods_and_mirror_pods() {
     // kubectl get --raw='/readyz?verbose'
     let readyz = u.ok(&["get", "--raw", "/readyz?verbose"]);
     assert!(readyz.ends_with("readyz check passed\n"), "{readyz}");
+    // The node proxy reaches the kubelet; a port of the node no kubelet holds is refused
+    // as the simulated network refuses it, never dialed from the host.
+    let path = format!("/api/v1/nodes/{cp}/proxy/healthz");
+    assert_eq!(u.ok(&["get", "--raw", &path]), "ok");
+    let path = format!("/api/v1/nodes/{cp}:10250/proxy/pods");
+    let (ok, _, err) = u.k(&["get", "--raw", &path]);
+    assert!(
+        !ok && err.contains("error dialing backend: dial tcp 10.0.")
+            && err.contains("connection refused"),
+        "{err}"
+    );
 
     // A static pod on the worker: its mirror pod is owned by the Node and comes back
     // when deleted; removing the manifest removes the pod.
