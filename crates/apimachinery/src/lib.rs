@@ -33,6 +33,11 @@ pub mod time {
         u64::try_from(ns).ok().map(std::time::Duration::from_nanos)
     }
 
+    /// Whether Go's `time.ParseDuration` accepts `s` (negative durations included).
+    pub fn is_go_duration(s: &str) -> bool {
+        crate::protobuf::gotime::parse_duration(s).is_some()
+    }
+
     /// A duration as Go's `time.Duration.String()` prints it (`15.012s`, `1m0s`), as
     /// metav1.Duration fields hold it.
     pub fn format_go_duration(d: std::time::Duration) -> String {

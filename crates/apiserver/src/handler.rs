@@ -381,6 +381,20 @@ async fn handle_authorized(state: Arc<State>, req: Request<Incoming>) -> Respons
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok()),
     );
+    // Upstream's WithRequestDeadline: a short request's `timeout` must be a Go duration.
+    let long_running = labels
+        .as_ref()
+        .is_some_and(|l| l.is_watch() || l.verb == "CONNECT");
+    if !long_running {
+        let timeout = parse_query(req.uri().query()).remove("timeout");
+        if let Some(t) =
+            timeout.filter(|t| !t.is_empty() && !kumo_apimachinery::time::is_go_duration(t))
+        {
+            return error_response(&ApiError::bad_request(format!(
+                "invalid timeout specified in the request URL - time: invalid duration {t:?}"
+            )));
+        }
+    }
     let metrics = Arc::clone(&state.metrics);
     let resp = serve(state, req).await;
     let code = resp.status().as_u16();

@@ -62,6 +62,17 @@ async fn kubectl_drives_the_api_server() {
         "{}",
         out.stdout
     );
+    // A short request's timeout must be a Go duration (upstream's request deadline).
+    let out = k(&kc, &["get", "--raw", "/version?timeout=invalid"]).await;
+    assert!(
+        !out.ok
+            && out.stderr.contains(
+                "invalid timeout specified in the request URL - time: invalid duration \"invalid\""
+            ),
+        "{}",
+        out.stderr
+    );
+    assert!(k(&kc, &["get", "--raw", "/version?timeout=90s"]).await.ok);
     let out = k(&kc, &["get", "--raw", "/metrics/slis"]).await;
     assert!(
         out.stdout
