@@ -376,6 +376,7 @@ fn is_shell(s: &str) -> bool {
 /// The utilities the sim has (busybox's, as far as the sim goes).
 const UTILITIES: &[&str] = &[
     "echo",
+    "tar",
     "printf",
     "cat",
     "sleep",
@@ -2406,6 +2407,7 @@ impl Sh<'_> {
                 self.out(io, &text);
                 0
             }
+            "tar" => self.tar(args, io),
             "ls" => {
                 let (set, _, paths) = flags(args, "");
                 let all = set.contains(&'a');
@@ -3112,6 +3114,135 @@ impl Sh<'_> {
             },
             _ => Err(Flow::Forever),
         }
+    }
+
+    /// busybox `tar`, creating an archive on stdout (`tar cf - PATH...`, `-C DIR`), as
+    /// `kubectl cp` runs it to copy out of a container: members named without their
+    /// leading `/`, directories with what they hold.
+    fn tar(&mut self, args: &[String], io: &Io) -> i32 {
+        let mut create = false;
+        let mut file: Option<String> = None;
+        let mut dir: Option<String> = None;
+        let mut paths = Vec::new();
+        let mut i = 0;
+        while i < args.len() {
+            let a = &args[i];
+            i += 1;
+            // The first word's letters are options even without a dash (`tar cf - x`).
+            let letters = match a.strip_prefix('-') {
+                Some(l) if !l.is_empty() && !l.starts_with('-') => Some(l),
+                None if i == 1 => Some(a.as_str()),
+                _ => None,
+            };
+            let Some(letters) = letters else {
+                paths.push(a.clone());
+                continue;
+            };
+            for c in letters.chars() {
+                match c {
+                    'c' => create = true,
+                    'f' => {
+                        file = args.get(i).cloned();
+                        i += 1;
+                    }
+                    'C' => {
+                        dir = args.get(i).cloned();
+                        i += 1;
+                    }
+                    'v' | 'm' | 'o' | 'p' => {}
+                    other => {
+                        let msg = format!("tar: invalid option -- '{other}'\n");
+                        self.err(io, &msg);
+                        return 1;
+                    }
+                }
+            }
+        }
+        if !create || file.as_deref().is_some_and(|f| f != "-") {
+            // Extraction and archives in files are not simulated.
+            self.err(io, "tar: only 'tar c' to stdout is simulated\n");
+            return 1;
+        }
+        if paths.is_empty() {
+            self.err(io, "tar: empty archive\n");
+            return 1;
+        }
+        let base = dir.map_or_else(|| self.cwd.clone(), |d| self.path(&d));
+        let at = self.at();
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut code = 0;
+        let mut warned = false;
+        for p in &paths {
+            let abs = if p.starts_with('/') {
+                p.clone()
+            } else {
+                format!("{}/{p}", base.trim_end_matches('/'))
+            };
+            let name = if p.starts_with('/') {
+                if !warned {
+                    self.err(io, "tar: removing leading '/' from member names\n");
+                    warned = true;
+                }
+                p.trim_start_matches('/').to_owned()
+            } else {
+                p.clone()
+            };
+            let mut stack = vec![(abs, name)];
+            while let Some((abs, name)) = stack.pop() {
+                match self.view.stat(&abs, at) {
+                    None => {
+                        self.err(io, &format!("tar: {name}: No such file or directory\n"));
+                        code = 1;
+                    }
+                    Some(fs::Node::File { content, mode }) => {
+                        let mut h = tar::Header::new_ustar();
+                        h.set_size(content.len() as u64);
+                        h.set_mode(mode);
+                        h.set_mtime(
+                            at.duration_since(std::time::UNIX_EPOCH)
+                                .map_or(0, |d| d.as_secs()),
+                        );
+                        h.set_entry_type(tar::EntryType::Regular);
+                        if builder
+                            .append_data(&mut h, &name, content.as_bytes())
+                            .is_err()
+                        {
+                            code = 1;
+                        }
+                    }
+                    Some(fs::Node::Dir { mode }) => {
+                        let mut h = tar::Header::new_ustar();
+                        h.set_size(0);
+                        h.set_mode(mode);
+                        h.set_entry_type(tar::EntryType::Directory);
+                        let dir_name = format!("{}/", name.trim_end_matches('/'));
+                        if builder
+                            .append_data(&mut h, &dir_name, std::io::empty())
+                            .is_err()
+                        {
+                            code = 1;
+                        }
+                        let mut children = self.view.list(&abs, at).unwrap_or_default();
+                        children.reverse();
+                        for c in children {
+                            stack.push((
+                                format!("{}/{c}", abs.trim_end_matches('/')),
+                                format!("{}/{c}", name.trim_end_matches('/')),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        match builder.into_inner() {
+            Ok(bytes) => {
+                // Headers are ASCII and the sim's files are text: the archive is UTF-8.
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                self.out(io, &text);
+            }
+            Err(_) => code = 1,
+        }
+        code
     }
 
     /// agnhost's `mounttest`, in its order: fs type, new files, mode, perms, owner,
@@ -3837,6 +3968,47 @@ mod tests {
                 Step::Exit(2)
             ]
         );
+    }
+
+    /// `kubectl cp` out of a container runs `tar cf - PATH`: a ustar archive on stdout.
+    #[test]
+    fn tar_creates_the_archive_kubectl_cp_reads() {
+        let c = Context {
+            fs: Some(View {
+                store: Arc::new(fs::Store::default()),
+                mounts: Vec::new(),
+                sandbox: "sb".into(),
+                container: "c".into(),
+                fixed: BTreeMap::new(),
+            }),
+            ..Default::default()
+        };
+        let steps = exec_program(
+            &argv(&[
+                "sh",
+                "-c",
+                "mkdir -p /root/foo/bar && echo hi > /root/foo/bar/a.txt && tar cf - /root/foo",
+            ]),
+            &c,
+        )
+        .expect("runs");
+        let archive = stdout_of(&steps);
+        let mut names = Vec::new();
+        let mut content = String::new();
+        let mut a = tar::Archive::new(archive.as_bytes());
+        for e in a.entries().unwrap() {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().display().to_string();
+            if name.ends_with("a.txt") {
+                std::io::Read::read_to_string(&mut e, &mut content).unwrap();
+            }
+            names.push(name);
+        }
+        assert_eq!(names, ["root/foo/", "root/foo/bar/", "root/foo/bar/a.txt"]);
+        assert_eq!(content, "hi\n");
+        assert!(steps.contains(&Step::Exit(0)), "{steps:?}");
+        let steps = exec_program(&argv(&["tar", "cf", "-", "/nope"]), &c).expect("runs");
+        assert!(steps.contains(&Step::Exit(1)), "{steps:?}");
     }
 
     #[test]
