@@ -1205,32 +1205,8 @@ async fn forward(data: Half, error: Half, tx: mpsc::Sender<Out>, target: Target,
     let port = data.port;
     let pod = fetch().await;
     let found = pod.as_ref().and_then(|p| listener(p, port));
-    if found.is_none() && pod.as_ref().is_some_and(host_network) {
-        let Half { id, mut rx, .. } = data;
-        let send = |bytes: Vec<u8>| {
-            let tx = tx.clone();
-            async move {
-                for chunk in bytes.chunks(CHUNK) {
-                    if tx.send(Out::Frame(data_frame(id, 0, chunk))).await.is_err() {
-                        return false;
-                    }
-                }
-                true
-            }
-        };
-        if !pipe_to_loopback(&mut rx, port, send).await {
-            let msg = refused(port, &target);
-            let _ = tx
-                .send(Out::Frame(data_frame(error.id, 0, msg.as_bytes())))
-                .await;
-        }
-        let _ = tx.send(Out::Frame(data_frame(id, FLAG_FIN, &[]))).await;
-        let _ = tx
-            .send(Out::Frame(data_frame(error.id, FLAG_FIN, &[])))
-            .await;
-        return;
-    }
-    let Some(found) = found else {
+    let host = pod.as_ref().is_some_and(host_network);
+    if found.is_none() && !host {
         let msg = refused(port, &target);
         let _ = tx
             .send(Out::Frame(data_frame(error.id, 0, msg.as_bytes())))
@@ -1238,9 +1214,9 @@ async fn forward(data: Half, error: Half, tx: mpsc::Sender<Out>, target: Target,
         let _ = tx.send(Out::Frame(rst_frame(data.id, RST_CANCEL))).await;
         let _ = tx.send(Out::Frame(rst_frame(error.id, RST_CANCEL))).await;
         return;
-    };
+    }
     let Half { id, mut rx, .. } = data;
-    http_server(&mut rx, &found, None, |bytes| {
+    let send = |bytes: Vec<u8>| {
         let tx = tx.clone();
         async move {
             for chunk in bytes.chunks(CHUNK) {
@@ -1250,8 +1226,19 @@ async fn forward(data: Half, error: Half, tx: mpsc::Sender<Out>, target: Target,
             }
             true
         }
-    })
-    .await;
+    };
+    match found {
+        Some(found) => http_server(&mut rx, &found, None, send).await,
+        // A host-network pod's port that no simulated server holds.
+        None => {
+            if !pipe_to_loopback(&mut rx, port, send).await {
+                let msg = refused(port, &target);
+                let _ = tx
+                    .send(Out::Frame(data_frame(error.id, 0, msg.as_bytes())))
+                    .await;
+            }
+        }
+    }
     // Both streams closed from our side (the deferred Closes of upstream's handler).
     let _ = tx.send(Out::Frame(data_frame(id, FLAG_FIN, &[]))).await;
     let _ = tx
@@ -1430,20 +1417,7 @@ where
                             .await;
                     }
                 }
-                Some(found) => {
-                    http_server(&mut rx, &found, None, |bytes| {
-                        let out = out.clone();
-                        async move {
-                            for chunk in bytes.chunks(CHUNK) {
-                                if out.send(message(data_ch, chunk)).await.is_err() {
-                                    return false;
-                                }
-                            }
-                            true
-                        }
-                    })
-                    .await;
-                }
+                Some(found) => http_server(&mut rx, &found, None, send).await,
                 None => {
                     let _ = out
                         .send(message(err_ch, refused(port, &target).as_bytes()))
