@@ -344,6 +344,9 @@ pub fn exec_program(argv: &[String], ctx: &Context) -> Result<Vec<Step>, String>
 pub fn reads_stdin(argv: &[String]) -> bool {
     match argv.first().map(|a| basename(a)) {
         Some("cat") => argv.len() == 1,
+        Some("tar") => argv
+            .get(1)
+            .is_some_and(|a| a.trim_start_matches('-').contains('x')),
         Some(sh) if is_shell(sh) => !argv.iter().any(|a| a == "-c") && argv.len() == 1,
         _ => false,
     }
@@ -3116,11 +3119,13 @@ impl Sh<'_> {
         }
     }
 
-    /// busybox `tar`, creating an archive on stdout (`tar cf - PATH...`, `-C DIR`), as
-    /// `kubectl cp` runs it to copy out of a container: members named without their
-    /// leading `/`, directories with what they hold.
+    /// busybox `tar` as `kubectl cp` runs it: `tar cf - PATH...` writes an archive of the
+    /// paths to stdout (members named without their leading `/`, directories with what
+    /// they hold) to copy out of a container; `tar xmf - [-C DIR]` unpacks the archive on
+    /// stdin to copy into one.
     fn tar(&mut self, args: &[String], io: &Io) -> i32 {
         let mut create = false;
+        let mut extract = false;
         let mut file: Option<String> = None;
         let mut dir: Option<String> = None;
         let mut paths = Vec::new();
@@ -3129,6 +3134,10 @@ impl Sh<'_> {
             let a = &args[i];
             i += 1;
             // The first word's letters are options even without a dash (`tar cf - x`).
+            // GNU tar's long options kubectl may add (`--no-same-owner`): no owners here.
+            if a.starts_with("--no-same-") {
+                continue;
+            }
             let letters = match a.strip_prefix('-') {
                 Some(l) if !l.is_empty() && !l.starts_with('-') => Some(l),
                 None if i == 1 => Some(a.as_str()),
@@ -3141,6 +3150,7 @@ impl Sh<'_> {
             for c in letters.chars() {
                 match c {
                     'c' => create = true,
+                    'x' => extract = true,
                     'f' => {
                         file = args.get(i).cloned();
                         i += 1;
@@ -3158,10 +3168,17 @@ impl Sh<'_> {
                 }
             }
         }
-        if !create || file.as_deref().is_some_and(|f| f != "-") {
-            // Extraction and archives in files are not simulated.
-            self.err(io, "tar: only 'tar c' to stdout is simulated\n");
+        if create == extract || file.as_deref().is_some_and(|f| f != "-") {
+            // Archives in files are not simulated.
+            self.err(
+                io,
+                "tar: only 'tar c' to stdout and 'tar x' from stdin are simulated\n",
+            );
             return 1;
+        }
+        if extract {
+            let base = dir.map_or_else(|| self.cwd.clone(), |d| self.path(&d));
+            return self.untar(&base, io);
         }
         if paths.is_empty() {
             self.err(io, "tar: empty archive\n");
@@ -3241,6 +3258,53 @@ impl Sh<'_> {
                 self.out(io, &text);
             }
             Err(_) => code = 1,
+        }
+        code
+    }
+
+    /// Unpacks the archive on stdin under `base` (directories made as needed).
+    fn untar(&mut self, base: &str, io: &Io) -> i32 {
+        let input = io.read_all();
+        let mut archive = tar::Archive::new(input.as_bytes());
+        let Ok(entries) = archive.entries() else {
+            self.err(io, "tar: invalid tar magic\n");
+            return 1;
+        };
+        let at = self.at();
+        let mut code = 0;
+        for entry in entries {
+            let Ok(mut entry) = entry else {
+                self.err(io, "tar: short read\n");
+                return 1;
+            };
+            let Ok(name) = entry.path().map(|p| p.display().to_string()) else {
+                continue;
+            };
+            let abs = self.path(&format!("{}/{name}", base.trim_end_matches('/')));
+            let kind = entry.header().entry_type();
+            let result = if kind.is_dir() {
+                self.gated(|v| v.mkdir(&abs, true, at))
+            } else if kind.is_file() {
+                let mut bytes = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut entry, &mut bytes);
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                let parent = abs.rsplit_once('/').map_or("/", |(p, _)| p).to_owned();
+                self.gated(|v| {
+                    if !parent.is_empty() {
+                        v.mkdir(&parent, true, at)?;
+                    }
+                    v.write(&abs, &text, false, at)
+                })
+            } else {
+                Ok(())
+            };
+            if let Err(e) = result {
+                self.err(
+                    io,
+                    &format!("tar: can't create '{name}': {}\n", e.message()),
+                );
+                code = 1;
+            }
         }
         code
     }
@@ -4009,6 +4073,16 @@ mod tests {
         assert!(steps.contains(&Step::Exit(0)), "{steps:?}");
         let steps = exec_program(&argv(&["tar", "cf", "-", "/nope"]), &c).expect("runs");
         assert!(steps.contains(&Step::Exit(1)), "{steps:?}");
+        // `kubectl cp` into the container: the same archive unpacked elsewhere.
+        let into = Context {
+            stdin: Some(archive.into_bytes()),
+            ..c.clone()
+        };
+        let steps = exec_program(&argv(&["tar", "-xmf", "-", "-C", "/copy"]), &into).expect("runs");
+        assert!(steps.contains(&Step::Exit(0)), "{steps:?}");
+        let steps = exec_program(&argv(&["cat", "/copy/root/foo/bar/a.txt"]), &c).expect("runs");
+        assert_eq!(stdout_of(&steps), "hi\n");
+        assert!(reads_stdin(&argv(&["tar", "-xmf", "-"])));
     }
 
     #[test]
