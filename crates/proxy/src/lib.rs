@@ -299,12 +299,23 @@ pub fn service_entry(
             ));
         }
     }
+    // kube-proxy leaves Services another proxy implements (and headless ones) alone; their
+    // DNS records are CoreDNS's and stay.
+    let labels = svc.metadata.labels.as_ref();
+    let other_proxy = labels.is_some_and(|l| {
+        l.contains_key(SERVICE_PROXY_NAME_LABEL) || l.contains_key(HEADLESS_LABEL)
+    });
     Some(ServiceEntry {
-        rules,
+        rules: if other_proxy { Vec::new() } else { rules },
         records,
         affinity,
     })
 }
+
+/// The label naming the proxy that implements a Service in place of kube-proxy.
+const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// The label that marks a Service headless for the proxies.
+const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 
 /// The leftmost label of a headless Service's endpoint: its hostname, else its address
 /// with dashes (`10-244-0-5`).
@@ -418,4 +429,32 @@ pub async fn run(kubeconfig: &Path, dataplane: Arc<Dataplane>) -> Result<(), Err
     let client = kumo_kubelet::client(kubeconfig).await?;
     Proxy::start(client, dataplane).wait().await;
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// A Service another proxy implements gets no rules from kube-proxy's role, but its
+    /// DNS records stay (CoreDNS's role).
+    #[test]
+    fn services_of_another_proxy_get_no_rules() {
+        let svc = |labels: Option<(&str, &str)>| -> Service {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web", "namespace": "default",
+                    "labels": labels.map(|(k, v)| serde_json::json!({k: v})).unwrap_or_default()},
+                "spec": {"clusterIP": "10.96.0.50", "clusterIPs": ["10.96.0.50"],
+                    "ports": [{"port": 80, "protocol": "TCP"}]}
+            }))
+            .unwrap()
+        };
+        let plain = service_entry(&svc(None), &[], &[]).unwrap();
+        assert!(!plain.rules.is_empty());
+        for label in [SERVICE_PROXY_NAME_LABEL, HEADLESS_LABEL] {
+            let other = service_entry(&svc(Some((label, "x"))), &[], &[]).unwrap();
+            assert!(other.rules.is_empty(), "{label}");
+            assert_eq!(other.records, plain.records);
+        }
+    }
 }
