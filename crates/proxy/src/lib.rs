@@ -175,8 +175,10 @@ pub fn service_entry(
     for port in spec.ports.iter().flatten() {
         let protocol = Protocol::parse(port.protocol.as_deref());
         let pname = port.name.clone().unwrap_or_default();
-        // (endpoint, its node) for each ready endpoint of this port.
+        // (endpoint, its node) for each ready endpoint of this port, and for each one
+        // still serving while it terminates (used only where no ready one is).
         let mut eps: Vec<(SocketAddr, Option<String>)> = Vec::new();
+        let mut terminating: Vec<(SocketAddr, Option<String>)> = Vec::new();
         for slice in slices {
             let Some(sp) = slice.ports.iter().flatten().find(|p| {
                 p.name.clone().unwrap_or_default() == pname
@@ -188,8 +190,21 @@ pub fn service_entry(
                 continue;
             };
             for ep in slice.endpoints.iter().flatten() {
-                let ready = ep.conditions.as_ref().and_then(|c| c.ready) != Some(false);
+                let c = ep.conditions.as_ref();
+                let ready = c.and_then(|c| c.ready) != Some(false);
+                let serving_terminating = c.and_then(|c| c.serving) == Some(true)
+                    && c.and_then(|c| c.terminating) == Some(true);
                 if !ready {
+                    if serving_terminating {
+                        for a in &ep.addresses {
+                            if let Ok(ip) = a.parse::<IpAddr>() {
+                                let sa = SocketAddr::new(ip, target);
+                                if !terminating.iter().any(|(e, _)| *e == sa) {
+                                    terminating.push((sa, ep.node_name.clone()));
+                                }
+                            }
+                        }
+                    }
                     continue;
                 }
                 for a in &ep.addresses {
@@ -245,7 +260,10 @@ pub fn service_entry(
                 ));
             }
         }
-        let everywhere: Vec<SocketAddr> = eps.iter().map(|(e, _)| *e).collect();
+        // kube-proxy's fallback: with no ready endpoint, the serving terminating ones
+        // take the traffic (DNS keeps naming the ready ones only).
+        let routed = if eps.is_empty() { &terminating } else { &eps };
+        let everywhere: Vec<SocketAddr> = routed.iter().map(|(e, _)| *e).collect();
         let Ok(svc_port) = u16::try_from(port.port) else {
             continue;
         };
@@ -263,10 +281,16 @@ pub fn service_entry(
             for node in nodes {
                 let node_name = node.metadata.name.clone();
                 let endpoints: Vec<SocketAddr> = if local {
-                    eps.iter()
-                        .filter(|(_, n)| *n == node_name)
-                        .map(|(e, _)| *e)
-                        .collect()
+                    let on_node = |set: &[(SocketAddr, Option<String>)]| -> Vec<SocketAddr> {
+                        set.iter()
+                            .filter(|(_, n)| *n == node_name)
+                            .map(|(e, _)| *e)
+                            .collect()
+                    };
+                    match on_node(&eps) {
+                        ready if ready.is_empty() => on_node(&terminating),
+                        ready => ready,
+                    }
                 } else {
                     everywhere.clone()
                 };
@@ -435,6 +459,47 @@ pub async fn run(kubeconfig: &Path, dataplane: Arc<Dataplane>) -> Result<(), Err
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// With no ready endpoint, the serving terminating ones take the traffic; DNS and the
+    /// ready set are untouched.
+    #[test]
+    fn terminating_endpoints_take_over_when_none_is_ready() {
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.50", "clusterIPs": ["10.96.0.50"],
+                "ports": [{"port": 80, "protocol": "TCP"}]}
+        }))
+        .unwrap();
+        let slice = |conds: serde_json::Value| -> Arc<EndpointSlice> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "web-x", "namespace": "default",
+                        "labels": {SERVICE_NAME_LABEL: "web"}},
+                    "addressType": "IPv4",
+                    "ports": [{"port": 8080, "protocol": "TCP"}],
+                    "endpoints": [
+                        {"addresses": ["10.244.0.5"], "conditions": conds},
+                        {"addresses": ["10.244.0.6"],
+                         "conditions": {"ready": false, "serving": false, "terminating": true}}
+                    ]
+                }))
+                .unwrap(),
+            )
+        };
+        let endpoints = |s: Arc<EndpointSlice>| -> Vec<String> {
+            let e = service_entry(&svc, &[s], &[]).unwrap();
+            e.rules[0].endpoints.iter().map(|a| a.to_string()).collect()
+        };
+        let terminating =
+            slice(serde_json::json!({"ready": false, "serving": true, "terminating": true}));
+        assert_eq!(endpoints(terminating), ["10.244.0.5:8080"]);
+        let ready =
+            slice(serde_json::json!({"ready": true, "serving": true, "terminating": false}));
+        assert_eq!(endpoints(ready), ["10.244.0.5:8080"]);
+        let gone =
+            slice(serde_json::json!({"ready": false, "serving": false, "terminating": true}));
+        assert!(endpoints(gone).is_empty());
+    }
 
     /// A Service another proxy implements gets no rules from kube-proxy's role, but its
     /// DNS records stay (CoreDNS's role).
