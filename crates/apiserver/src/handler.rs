@@ -372,11 +372,12 @@ async fn handle_authorized(state: Arc<State>, req: Request<Incoming>) -> Respons
         );
         return resp;
     }
+    let query = parse_query(req.uri().query());
     let labels = crate::metrics::classify(
         &state.registry,
         req.method().as_str(),
         req.uri().path(),
-        &parse_query(req.uri().query()),
+        &query,
         req.headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok()),
@@ -386,9 +387,9 @@ async fn handle_authorized(state: Arc<State>, req: Request<Incoming>) -> Respons
         .as_ref()
         .is_some_and(|l| l.is_watch() || l.verb == "CONNECT");
     if !long_running {
-        let timeout = parse_query(req.uri().query()).remove("timeout");
-        if let Some(t) =
-            timeout.filter(|t| !t.is_empty() && !kumo_apimachinery::time::is_go_duration(t))
+        if let Some(t) = query
+            .get("timeout")
+            .filter(|t| !t.is_empty() && !kumo_apimachinery::time::is_go_duration(t))
         {
             return error_response(&ApiError::bad_request(format!(
                 "invalid timeout specified in the request URL - time: invalid duration {t:?}"
