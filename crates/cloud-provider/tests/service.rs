@@ -218,6 +218,8 @@ async fn load_balancer_service_gets_a_cloud_balancer_and_follows_the_nodes() {
     assert!(out.ok, "{}", out.stderr);
     assert!(get(&env.admin, &["svc", "web"]).await.is_none());
     assert!(cloud_lb(&env, &uid).await.is_none());
+    // The events are recorded in the background: the last may land after the object goes.
+    event(&env, "web", "DeletedLoadBalancer").await;
     let r = reasons(&events(&env, "web").await);
     let deleting = r.iter().position(|x| x == "DeletingLoadBalancer");
     let deleted = r.iter().position(|x| x == "DeletedLoadBalancer");

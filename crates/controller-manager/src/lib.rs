@@ -1,21 +1,14 @@
 //! kumo's controller-manager: `kumo controller-manager`, an API client like
 //! kube-controller-manager. It talks only to the API server (HTTPS, a kubeconfig), never to
 //! storage. Controllers are informer-driven: one watch and cache per resource
-//! ([`informer`]), shared by every controller, whose handlers put keys on a rate-limited
-//! [`workqueue`]; workers reconcile one key at a time. With leader election ([`leader`])
+//! (`kumo_client::informer`), shared by every controller, whose handlers put keys on a rate-limited
+//! workqueue; workers reconcile one key at a time. With leader election (`kumo_client::leader`)
 //! only the holder of the Lease kube-system/kube-controller-manager runs controllers.
 //!
 //! Which of upstream's controllers kumo has is the last column of [`KNOWN_CONTROLLERS`];
 //! each lives in its own module under [`controllers`].
 
-pub mod clients;
 pub mod controllers;
-pub mod error;
-pub mod events;
-pub mod healthz;
-pub mod informer;
-pub mod leader;
-pub mod workqueue;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,10 +20,11 @@ use kube::Client;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use error::{Error, Result};
+pub use kumo_client::{Error, Result};
 
-use informer::InformerFactory;
-use leader::{LeaderElectionConfig, LeaderElector};
+use kumo_client::informer::InformerFactory;
+use kumo_client::leader::{self, LeaderElectionConfig, LeaderElector};
+use kumo_client::{clients, healthz};
 
 /// Every controller kube-controller-manager v1.37 knows, with its old alias (if any),
 /// whether it is on by default, and whether kumo has it yet.

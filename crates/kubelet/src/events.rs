@@ -2,10 +2,9 @@
 //! writes them: about pods (Pulling, Pulled, Created, Started, Killing, BackOff, Failed)
 //! and about its node (Starting, NodeHasSufficientMemory, ..., NodeReady).
 
-use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// One event to record.
 #[derive(Clone, Debug)]
@@ -85,7 +84,8 @@ impl Record {
     }
 }
 
-/// Writes events in the background; a failure is only logged, as upstream's recorder.
+/// Writes events in the background through the shared recorder (a repeat bumps the
+/// Event's count); a failure is only logged, as upstream's recorder.
 pub fn emit(client: &Client, node: &str, records: Vec<Record>) {
     if records.is_empty() {
         return;
@@ -94,44 +94,27 @@ pub fn emit(client: &Client, node: &str, records: Vec<Record>) {
     let node = node.to_owned();
     tokio::spawn(async move {
         for r in records {
-            let now = k8s_openapi::jiff::Timestamp::now();
-            let stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-            let ns = if r.namespace.is_empty() {
-                "default".to_owned()
-            } else {
-                r.namespace.clone()
+            let object = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some(r.kind.into()),
+                name: Some(r.name.clone()),
+                // A reference without a uid leaves it out (omitempty).
+                uid: Some(r.uid.clone()).filter(|u| !u.is_empty()),
+                namespace: Some(r.namespace.clone()).filter(|_| r.kind == "Pod"),
+                field_path: r.field_path.clone(),
+                ..Default::default()
             };
-            let mut involved = json!({"kind": r.kind, "name": r.name, "apiVersion": "v1"});
-            // A reference without a uid leaves it out (omitempty).
-            if !r.uid.is_empty() {
-                involved["uid"] = json!(r.uid);
-            }
-            if r.kind == "Pod" {
-                involved["namespace"] = json!(ns);
-            }
-            if let Some(f) = &r.field_path {
-                involved["fieldPath"] = json!(f);
-            }
-            let body = json!({
-                "metadata": {"name": format!("{}.{:x}", r.name, now.as_nanosecond()), "namespace": ns},
-                "involvedObject": involved,
-                "reason": &*r.reason,
-                "message": r.message,
-                "source": {"component": "kubelet", "host": node},
-                "firstTimestamp": stamp,
-                "lastTimestamp": stamp,
-                "count": 1,
-                "type": if r.warning { "Warning" } else { "Normal" },
-                "reportingComponent": "kubelet",
-                "reportingInstance": node,
-            });
-            let Ok(ev) = serde_json::from_value::<Event>(body) else {
-                continue;
-            };
-            let api: Api<Event> = Api::namespaced(client.clone(), &ns);
-            if let Err(e) = api.create(&PostParams::default(), &ev).await {
-                tracing::debug!(reason = &*r.reason, error = %e, "recording an event");
-            }
+            let type_ = if r.warning { "Warning" } else { "Normal" };
+            kumo_client::events::record_from(
+                &client,
+                "kubelet",
+                Some(&node),
+                object,
+                type_,
+                &r.reason,
+                r.message,
+            )
+            .await;
         }
     });
 }

@@ -630,7 +630,7 @@ async fn run_metrics_server(admin: PathBuf, dataplane: Arc<kumo_kubelet::net::Da
         let (stop_tx, stop) = watch::channel(false);
         // The token renewal runs as long as the process.
         std::mem::forget(stop_tx);
-        let clients = kumo_controller_manager::clients::ClientBuilder::new(root, base, true, stop);
+        let clients = kumo_client::clients::ClientBuilder::new(root, base, true, stop);
         let source = clients.client("metrics-server").await?;
         let server = kumo_metrics_server::MetricsServer::start(kumo_metrics_server::Config {
             client: Arc::new(move || source.get()),
@@ -728,7 +728,7 @@ async fn run_cloud_controller_manager(
         cfg.cluster_cidr =
             Some(kumo_controller_manager::controllers::nodeipam::DEFAULT_CLUSTER_CIDR.into());
         let mut m = ccm::CloudControllerManager::start(cfg.clone(), provider.clone()).await;
-        if let Err(ccm::Error::Manager(kumo_controller_manager::Error::Listen { .. })) = m {
+        if let Err(ccm::Error::Client(kumo_client::Error::Listen { .. })) = m {
             // 10258 is taken (another cluster on this machine): serve /healthz elsewhere.
             cfg.serve = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
             m = ccm::CloudControllerManager::start(cfg, provider.clone()).await;

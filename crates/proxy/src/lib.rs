@@ -13,7 +13,7 @@
 //!   Service's ready endpoints, a CNAME for an ExternalName Service.
 //!
 //! Everything comes from watches through the shared informers of
-//! [`kumo_controller_manager::informer`]; the proxy never reads storage.
+//! [`kumo_client::informer`]; the proxy never reads storage.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -23,7 +23,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
-use kumo_controller_manager::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 use kumo_kubelet::dns::{RData, Rr};
 use kumo_kubelet::net::{Dataplane, Protocol, Rule, ServiceEntry, CLUSTER_DOMAIN};
 use tokio::sync::watch;

@@ -3,14 +3,9 @@
 /// What can go wrong starting or running the scheduler.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The kubeconfig could not be read or used.
-    #[error("invalid kubeconfig {path}: {message}")]
-    Kubeconfig {
-        /// The file.
-        path: String,
-        /// Why.
-        message: String,
-    },
+    /// The client machinery failed (kubeconfig, serving, lease).
+    #[error(transparent)]
+    Client(#[from] kumo_client::Error),
     /// A call to the API server failed.
     #[error(transparent)]
     Kube(#[from] kube::Error),
@@ -24,16 +19,3 @@ pub enum Error {
 
 /// Shorthand.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The text client-go's errors print: the Status message for API errors.
-pub(crate) fn message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
-        _ => e.to_string(),
-    }
-}
-
-/// `apierrors.IsNotFound`.
-pub(crate) fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.reason == "NotFound" || s.code == 404)
-}

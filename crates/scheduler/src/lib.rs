@@ -23,11 +23,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
-use kumo_controller_manager::healthz;
-use kumo_controller_manager::informer::{key_of, Change, InformerFactory};
-use kumo_controller_manager::leader::{self, LeaderElectionConfig, LeaderElector};
+use kumo_client::informer::{key_of, Change, InformerFactory};
+use kumo_client::leader::{self, LeaderElectionConfig, LeaderElector};
+use kumo_client::{clients, healthz};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -87,14 +86,7 @@ impl Scheduler {
     /// Reads the kubeconfig, serves /healthz, then (after winning the election, when
     /// enabled) starts the informers and the scheduling loop.
     pub async fn start(cfg: Config) -> Result<Scheduler> {
-        let bad = |message: String| Error::Kubeconfig {
-            path: cfg.kubeconfig.display().to_string(),
-            message,
-        };
-        let kc = Kubeconfig::read_from(&cfg.kubeconfig).map_err(|e| bad(e.to_string()))?;
-        let kcfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .map_err(|e| bad(e.to_string()))?;
+        let kcfg = clients::config_from_kubeconfig(&cfg.kubeconfig).await?;
         let client = Client::try_from(kcfg)?;
         let identity = cfg
             .identity

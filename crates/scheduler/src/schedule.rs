@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
-use kumo_controller_manager::informer::Informer;
+use kumo_client::informer::Informer;
 use parking_lot::Mutex;
 use serde_json::json;
 
@@ -515,7 +515,7 @@ async fn update_condition(
         )
         .await
     {
-        if !crate::error::is_not_found(&e) {
+        if !kumo_client::error::is_not_found(&e) {
             tracing::warn!(error = %e, "updating the PodScheduled condition failed");
         }
     }
@@ -552,13 +552,13 @@ async fn evict(s: &Sched, preemptor: &Pod, node: &str, victims: Vec<Arc<PodInfo>
             .patch_status(&name, &pp, &Patch::Strategic(&patch))
             .await
         {
-            if !crate::error::is_not_found(&e) {
+            if !kumo_client::error::is_not_found(&e) {
                 tracing::warn!(error = %e, victim = %v.key, "could not add DisruptionTarget condition due to preemption");
             }
             continue;
         }
         if let Err(e) = api.delete(&name, &Default::default()).await {
-            if !crate::error::is_not_found(&e) {
+            if !kumo_client::error::is_not_found(&e) {
                 tracing::warn!(error = %e, victim = %v.key, "preempting pod failed");
             }
             continue;
@@ -599,7 +599,7 @@ async fn bind(s: &Arc<Sched>, pod: &Pod, node: &str) {
             s.cache.lock().forget(&key);
             let msg = format!(
                 "running Bind plugin \"DefaultBinder\": {}",
-                crate::error::message(&e)
+                kumo_client::error::message(&e)
             );
             tracing::warn!(pod = %key, %msg, "binding failed");
             if let Some(p) = s.pods.get(&key).filter(|p| responsible(p)) {

@@ -15,12 +15,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
-use kumo_controller_manager::clients::ClientBuilder;
-use kumo_controller_manager::healthz;
-use kumo_controller_manager::informer::InformerFactory;
-use kumo_controller_manager::leader::{self, LeaderElectionConfig, LeaderElector};
+use kumo_client::clients::{self, ClientBuilder};
+use kumo_client::healthz;
+use kumo_client::informer::InformerFactory;
+use kumo_client::leader::{self, LeaderElectionConfig, LeaderElector};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -44,12 +43,9 @@ pub enum Error {
     /// A bad flag.
     #[error("{0}")]
     Flag(String),
-    /// The controller-manager machinery failed (kubeconfig, serving, lease).
+    /// The client machinery failed (kubeconfig, serving, lease).
     #[error(transparent)]
-    Manager(#[from] kumo_controller_manager::Error),
-    /// The kubeconfig could not be read.
-    #[error("kubeconfig {path}: {message}")]
-    Kubeconfig { path: String, message: String },
+    Client(#[from] kumo_client::Error),
 }
 
 /// Settings of `kumo cloud-controller-manager`, with upstream's flag names.
@@ -164,7 +160,7 @@ pub struct CloudControllerManager {
     pub identity: String,
     stop: watch::Sender<bool>,
     leading: watch::Receiver<bool>,
-    task: JoinHandle<kumo_controller_manager::Result<()>>,
+    task: JoinHandle<kumo_client::Result<()>>,
 }
 
 impl CloudControllerManager {
@@ -176,16 +172,8 @@ impl CloudControllerManager {
         cloud: Arc<dyn CloudProvider>,
     ) -> Result<CloudControllerManager, Error> {
         let controllers = resolve_controllers(&cfg.controllers)?;
-        let bad = |message: String| Error::Kubeconfig {
-            path: cfg.kubeconfig.display().to_string(),
-            message,
-        };
-        let kc = Kubeconfig::read_from(&cfg.kubeconfig).map_err(|e| bad(e.to_string()))?;
-        let kcfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .map_err(|e| bad(e.to_string()))?;
-        let client =
-            Client::try_from(kcfg.clone()).map_err(kumo_controller_manager::Error::from)?;
+        let kcfg = clients::config_from_kubeconfig(&cfg.kubeconfig).await?;
+        let client = Client::try_from(kcfg.clone()).map_err(kumo_client::Error::from)?;
         let identity = cfg
             .identity
             .clone()
@@ -247,13 +235,13 @@ impl CloudControllerManager {
     }
 
     /// Stops the controllers and informers.
-    pub async fn shutdown(self) -> kumo_controller_manager::Result<()> {
+    pub async fn shutdown(self) -> kumo_client::Result<()> {
         self.stop.send_replace(true);
         self.task.await.unwrap_or(Ok(()))
     }
 
     /// Runs until the controllers stop (an error when leadership is lost).
-    pub async fn wait(self) -> kumo_controller_manager::Result<()> {
+    pub async fn wait(self) -> kumo_client::Result<()> {
         let r = self.task.await.unwrap_or(Ok(()));
         self.stop.send_replace(true);
         r

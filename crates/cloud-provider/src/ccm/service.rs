@@ -18,12 +18,12 @@ use k8s_openapi::api::core::v1::{
     LoadBalancerIngress, LoadBalancerStatus, Node, ObjectReference, Service,
 };
 use kube::api::{Api, Patch, PatchParams};
-use kumo_controller_manager::clients::ClientSource;
-use kumo_controller_manager::controllers::{client_for, run_workers, wait_for_sync, SyncError};
-use kumo_controller_manager::error::{is_not_found, message};
-use kumo_controller_manager::events::{self, reference};
-use kumo_controller_manager::informer::{key_of, Change, Informer, InformerFactory};
-use kumo_controller_manager::workqueue::{RateLimiter, WorkQueue};
+use kumo_client::clients::ClientSource;
+use kumo_client::error::{is_not_found, message};
+use kumo_client::events::{self, reference};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers, wait_for_sync, SyncError};
+use kumo_client::workqueue::{RateLimiter, WorkQueue};
 use parking_lot::Mutex;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};

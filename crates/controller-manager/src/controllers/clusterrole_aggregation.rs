@@ -11,10 +11,10 @@ use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::informer::{Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::informer::{Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// The field manager of the aggregated rules.
 pub const FIELD_MANAGER: &str = "clusterrole-aggregation-controller";

@@ -24,11 +24,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::replicaset::{controller_of, controller_ref, record_event};
-use super::{client_for, run_workers, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_already_exists, is_not_found, message, namespace_terminating};
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_already_exists, is_not_found, message, namespace_terminating};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 use schedule::{go_quote, ns_of, ts_of, ZERO};
 pub use schedule::{load_location, parse_standard, Schedule};

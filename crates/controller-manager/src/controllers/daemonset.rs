@@ -37,11 +37,13 @@ use super::replicaset::{
     adopt_patch, controller_of, controller_ref, pod_available, pod_ready, record_event,
     release_patch, selector_is_empty, selector_matches, Expectations,
 };
-use super::{client_for, run_workers, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_already_exists, is_conflict, is_not_found, message, namespace_terminating};
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{
+    is_already_exists, is_conflict, is_not_found, message, namespace_terminating,
+};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// The event source component and the queue's name prefix.
 const COMPONENT: &str = "daemonset-controller";

@@ -27,11 +27,11 @@ use super::replicaset::{
     adopt_patch, controller_of, controller_ref, record_event, release_patch, selector_is_empty,
     selector_matches,
 };
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_already_exists, is_not_found, message};
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_already_exists, is_not_found, message};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// The label that tells a Deployment's ReplicaSets (and their pods) apart.
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";

@@ -33,11 +33,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::replicaset::{controller_of, pod_ready, selector_matches};
-use super::{client_for, run_workers, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_conflict, is_not_found, message};
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_conflict, is_not_found, message};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// How long a pod listed in `status.disruptedPods` may take to be marked for deletion
 /// (upstream's DeletionTimeout).

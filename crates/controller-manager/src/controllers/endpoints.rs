@@ -21,11 +21,11 @@ use super::endpointslice::{
     queue_pod_services, rv, selector, set_trigger_time, should_pod_be_in_endpoints,
     should_set_hostname, TriggerTimeTracker, LABEL_HEADLESS,
 };
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_not_found, message, namespace_terminating};
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_not_found, message, namespace_terminating};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// The label marking Endpoints this controller manages.
 pub const LABEL_MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";

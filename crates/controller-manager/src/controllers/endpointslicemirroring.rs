@@ -24,12 +24,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::endpointslice::{LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LAST_CHANGE_TRIGGER_TIME};
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_not_found, message, namespace_terminating};
-use crate::events;
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_not_found, message, namespace_terminating};
+use kumo_client::events;
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// The value of the managed-by label on mirrored slices.
 pub const CONTROLLER_NAME: &str = "endpointslicemirroring-controller.k8s.io";

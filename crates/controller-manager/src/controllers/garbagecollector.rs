@@ -35,10 +35,10 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::client_for;
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_conflict, is_not_found, message};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_conflict, is_not_found, message};
+use kumo_client::worker::client_for;
+use kumo_client::workqueue::WorkQueue;
 
 /// The finalizer that makes an owner wait until its dependents lost their references.
 pub const ORPHAN_FINALIZER: &str = "orphan";

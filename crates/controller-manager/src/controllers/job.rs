@@ -31,11 +31,11 @@ use tokio::task::JoinHandle;
 use super::replicaset::{
     controller_of, controller_ref, pod_ready, record_event, selector_matches, Expectations,
 };
-use super::{client_for, run_workers, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_not_found, message, namespace_terminating};
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::{RateLimiter, WorkQueue};
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_not_found, message, namespace_terminating};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::{RateLimiter, WorkQueue};
 
 /// The finalizer that keeps a pod until the controller has counted it.
 pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";

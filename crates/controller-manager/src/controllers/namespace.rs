@@ -22,11 +22,11 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_conflict, is_method_not_supported, is_not_found, message};
-use crate::informer::{Change, InformerFactory};
-use crate::workqueue::{RateLimiter, WorkQueue};
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_conflict, is_method_not_supported, is_not_found, message};
+use kumo_client::informer::{Change, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::{RateLimiter, WorkQueue};
 
 /// The finalizer this controller owns.
 pub const FINALIZER: &str = "kubernetes";

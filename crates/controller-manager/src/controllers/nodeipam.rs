@@ -21,11 +21,11 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::message;
-use crate::informer::{Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::message;
+use kumo_client::informer::{Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// The cluster CIDR `kumo up` allocates from (kubeadm's usual pod subnet).
 pub const DEFAULT_CLUSTER_CIDR: &str = "10.244.0.0/16";
@@ -473,7 +473,7 @@ impl Ctl {
             ..Default::default()
         };
         let msg = format!("Node {} status is now: {status}", node_name(node));
-        crate::events::record(&self.client, "cidrAllocator", r, "Normal", status, msg).await;
+        kumo_client::events::record(&self.client, "cidrAllocator", r, "Normal", status, msg).await;
     }
 
     async fn sync(&self, name: &str) -> Result<(), SyncError> {
@@ -555,7 +555,7 @@ impl Ctl {
                     tracing::info!(node = name, pod_cidrs = ?strings, "Set node PodCIDR");
                     return Ok(());
                 }
-                Err(e) if crate::error::is_conflict(&e) => {
+                Err(e) if kumo_client::error::is_conflict(&e) => {
                     let mut sets = self.sets.lock();
                     for (s, c) in sets.iter_mut().zip(cidrs) {
                         s.undo(c);
@@ -567,7 +567,7 @@ impl Ctl {
         }
         self.event(&node, "CIDRAssignmentFailed").await;
         let timeout = last.as_ref().is_some_and(|e| {
-            crate::error::api_status(e).is_some_and(|s| s.reason == "ServerTimeout")
+            kumo_client::error::api_status(e).is_some_and(|s| s.reason == "ServerTimeout")
         });
         // After a timeout the write may have landed: the ranges stay taken (a restart
         // recovers them), as upstream.

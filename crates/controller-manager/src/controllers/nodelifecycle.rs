@@ -19,10 +19,10 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::informer::{Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::informer::{Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// Upstream's --node-monitor-period, --node-monitor-grace-period and
 /// --node-startup-grace-period defaults.

@@ -24,10 +24,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::tainteviction::disruption_patch;
-use super::{client_for, wait_for_sync};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_not_found, message};
-use crate::informer::{Informer, InformerFactory};
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_not_found, message};
+use kumo_client::informer::{Informer, InformerFactory};
+use kumo_client::worker::{client_for, wait_for_sync};
 
 /// Upstream's --terminated-pod-gc-threshold default.
 pub const DEFAULT_TERMINATED_POD_GC_THRESHOLD: i32 = 12500;

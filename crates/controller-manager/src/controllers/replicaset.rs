@@ -26,11 +26,11 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_not_found, message, namespace_terminating};
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_not_found, message, namespace_terminating};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// Upstream's BurstReplicas: the most pods created or deleted in one sync.
 const BURST_REPLICAS: usize = 500;
@@ -40,7 +40,7 @@ const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// What the controller needs of its owner kind: ReplicaSet, or ReplicationController (the
 /// same controller with a map selector, as upstream's replication manager).
 pub(crate) trait Owner:
-    crate::informer::Watchable
+    kumo_client::informer::Watchable
     + Resource<Scope = k8s_openapi::NamespaceResourceScope>
     + serde::Serialize
 {
@@ -234,7 +234,7 @@ pub(crate) fn pod_available(p: &Pod, min_ready_seconds: i32, now: Timestamp) -> 
     }
 }
 
-/// Records an event on `obj` from `component` ([`crate::events::record`]: repeats are
+/// Records an event on `obj` from `component` ([`kumo_client::events::record`]: repeats are
 /// folded into one event's count, as client-go's recorder does).
 pub(crate) async fn record_event<K: Resource<DynamicType = ()>>(
     client: &ClientSource,
@@ -244,10 +244,10 @@ pub(crate) async fn record_event<K: Resource<DynamicType = ()>>(
     reason: &str,
     msg: String,
 ) {
-    crate::events::record(
+    kumo_client::events::record(
         client,
         component,
-        crate::events::reference(obj),
+        kumo_client::events::reference(obj),
         type_,
         reason,
         msg,

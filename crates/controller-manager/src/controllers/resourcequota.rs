@@ -39,11 +39,11 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_not_found, message};
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_not_found, message};
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// The ServiceAccount the controller acts as.
 const SERVICE_ACCOUNT: &str = "resourcequota-controller";
@@ -135,7 +135,7 @@ fn to_json<K: Serialize>(o: &K) -> Value {
 }
 
 /// Registers replenishment on deletion (and on the updates `changed` flags) of `K`.
-fn watch_replenish<K: crate::informer::Watchable + Serialize>(
+fn watch_replenish<K: kumo_client::informer::Watchable + Serialize>(
     inf: &Informer<K>,
     quotas: &Arc<Informer<ResourceQuota>>,
     queue: &Arc<WorkQueue<String>>,
@@ -512,7 +512,7 @@ impl Ctl {
     /// The objects `ev` evaluates in `ns`, as JSON; for monitored resources, only as many
     /// empty objects as there are.
     fn items(&self, ev: &Evaluator, m: Option<&Monitor>, ns: &str) -> Result<Vec<Value>, NotReady> {
-        fn of<K: crate::informer::Watchable + Serialize>(
+        fn of<K: kumo_client::informer::Watchable + Serialize>(
             inf: &Informer<K>,
             ns: &str,
         ) -> Vec<Value> {

@@ -9,11 +9,11 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::{is_already_exists, namespace_terminating};
-use crate::informer::{Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::{is_already_exists, namespace_terminating};
+use kumo_client::informer::{Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// The ServiceAccounts ensured in every namespace.
 const ENSURE: &[&str] = &["default"];
@@ -107,7 +107,7 @@ impl Ctl {
             if let Err(e) = api.create(&PostParams::default(), &sa).await {
                 // A namespace being deleted refuses new objects; that is not a failure.
                 if !is_already_exists(&e) && !namespace_terminating(&e) {
-                    failures.push(crate::error::message(&e));
+                    failures.push(kumo_client::error::message(&e));
                 }
             }
         }

@@ -23,11 +23,11 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::error::message;
-use crate::informer::{Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::error::message;
+use kumo_client::informer::{Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// The controller's name, also its events' source.
 const NAME: &str = "taint-eviction-controller";
@@ -368,7 +368,7 @@ impl Ctl {
         let removed = self.timed.lock().remove(&format!("{ns}/{name}"));
         if let Some(Some(t)) = removed {
             t.task.abort();
-            crate::events::record(
+            kumo_client::events::record(
                 &self.client,
                 NAME,
                 pod_ref(ns, name),
@@ -382,7 +382,7 @@ impl Ctl {
 
     async fn delete_pod(&self, ns: &str, name: &str) {
         tracing::info!(controller = NAME, pod = %format!("{ns}/{name}"), "Deleting pod");
-        crate::events::record(
+        kumo_client::events::record(
             &self.client,
             NAME,
             pod_ref(ns, name),

@@ -20,10 +20,10 @@ use tokio::task::JoinHandle;
 
 use super::{condition, has_certificate, parse_request, validate_kubelet_client};
 use super::{KUBELET_CLIENT, SERVICE_ACCOUNT};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::controllers::{client_for, run_workers, wait_for_sync, SyncError};
-use crate::informer::{Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::informer::{Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// One way a request can be approved: the subresource its requestor must be allowed to
 /// create, and the condition message.

@@ -12,10 +12,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{condition, has_certificate, SERVICE_ACCOUNT};
-use crate::clients::ClientBuilder;
-use crate::controllers::{client_for, wait_for_sync};
-use crate::error::is_not_found;
-use crate::informer::{Informer, InformerFactory};
+use kumo_client::clients::ClientBuilder;
+use kumo_client::error::is_not_found;
+use kumo_client::informer::{Informer, InformerFactory};
+use kumo_client::worker::{client_for, wait_for_sync};
 
 const POLLING_INTERVAL: Duration = Duration::from_secs(3600);
 const APPROVED_EXPIRATION: SignedDuration = SignedDuration::from_hours(1);

@@ -30,10 +30,10 @@ use super::{
     validate_kubelet_serving, Request, KUBELET_CLIENT, KUBELET_SERVING, KUBE_APISERVER_CLIENT,
     LEGACY_UNKNOWN, SERVICE_ACCOUNT,
 };
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::controllers::{client_for, run_workers, wait_for_sync, SyncError};
-use crate::informer::{Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::informer::{Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 
 /// `--cluster-signing-duration`'s default: 8760h0m0s.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(8760 * 3600);

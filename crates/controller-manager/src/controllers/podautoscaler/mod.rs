@@ -33,11 +33,11 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{client_for, run_workers_of, wait_for_sync, SyncError};
-use crate::clients::{ClientBuilder, ClientSource};
-use crate::events;
-use crate::informer::{key_of, Change, Informer, InformerFactory};
-use crate::workqueue::WorkQueue;
+use kumo_client::clients::{ClientBuilder, ClientSource};
+use kumo_client::events;
+use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
+use kumo_client::workqueue::WorkQueue;
 use replicas::{PodMetric, Readiness, Tolerances};
 
 const SERVICE_ACCOUNT: &str = "horizontal-pod-autoscaler";
@@ -326,7 +326,7 @@ impl Ctl {
                 "failed to query scale subresource for {}/{ns}/{}: {}",
                 target.kind,
                 target.name,
-                crate::error::message(&e)
+                kumo_client::error::message(&e)
             )
         })?;
         Ok(Scale {
@@ -360,10 +360,10 @@ impl Ctl {
                 .map_err(|e| e.to_string())?;
             match self.client.get().request::<Value>(req).await {
                 Ok(_) => return Ok(()),
-                Err(e) if crate::error::is_conflict(&e) && attempt < 4 => {
+                Err(e) if kumo_client::error::is_conflict(&e) && attempt < 4 => {
                     scale = self.get_scale(hpa).await?;
                 }
-                Err(e) => return Err(crate::error::message(&e)),
+                Err(e) => return Err(kumo_client::error::message(&e)),
             }
         }
         Err("too many conflicts".into())
@@ -387,7 +387,7 @@ impl Ctl {
         let list: Value = self.client.get().request(req).await.map_err(|e| {
             format!(
                 "unable to get metrics for resource {resource}: unable to fetch metrics from resource metrics API: {}",
-                crate::error::message(&e)
+                kumo_client::error::message(&e)
             )
         })?;
         let items = list["items"].as_array().cloned().unwrap_or_default();
@@ -1269,7 +1269,7 @@ impl Ctl {
             .replace_status(name, &PostParams::default(), &updated)
             .await
         {
-            let msg = crate::error::message(&e);
+            let msg = kumo_client::error::message(&e);
             self.event(hpa, "Warning", "FailedUpdateStatus", msg.clone())
                 .await;
             tracing::info!(hpa = name, error = %msg, "failed to update status");

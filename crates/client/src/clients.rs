@@ -212,3 +212,16 @@ impl ClientBuilder {
         }
     }
 }
+
+/// The client configuration a kubeconfig file describes (its current context), with the
+/// file named in the error when it cannot be read or used.
+pub async fn config_from_kubeconfig(path: &std::path::Path) -> Result<kube::Config> {
+    let bad = |message: String| Error::Kubeconfig {
+        path: path.display().to_string(),
+        message,
+    };
+    let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
+    kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| bad(e.to_string()))
+}

@@ -1,4 +1,4 @@
-//! Core/v1 events as client-go's legacy recorder writes them for the controllers: one Event
+//! Core/v1 events as client-go's legacy recorder writes them for kumo's components: one Event
 //! per distinct source, object, type, reason and message (the EventCorrelator's key);
 //! a repeat bumps that Event's `count` and `lastTimestamp` instead of making a new one.
 //! The recorded keys live in one process-wide map, bounded like client-go's LRU. Failures
@@ -52,23 +52,39 @@ pub async fn record(
     reason: &str,
     msg: String,
 ) {
+    record_from(&client.get(), component, None, object, type_, reason, msg).await
+}
+
+/// [`record`] with the client to write with and the host the component runs on (the
+/// kubelet names its node: `source.host` and `reportingInstance`).
+pub async fn record_from(
+    client: &kube::Client,
+    component: &str,
+    host: Option<&str>,
+    object: ObjectReference,
+    type_: &str,
+    reason: &str,
+    msg: String,
+) {
     let ns = object
         .namespace
         .clone()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| "default".into());
     let key = format!(
-        "{component}\u{0}{}\u{0}{}\u{0}{ns}\u{0}{}\u{0}{}\u{0}{type_}\u{0}{reason}\u{0}{msg}",
+        "{component}\u{0}{}\u{0}{}\u{0}{}\u{0}{ns}\u{0}{}\u{0}{}\u{0}{}\u{0}{type_}\u{0}{reason}\u{0}{msg}",
+        host.unwrap_or(""),
         object.api_version.as_deref().unwrap_or(""),
         object.kind.as_deref().unwrap_or(""),
         object.name.as_deref().unwrap_or(""),
+        object.field_path.as_deref().unwrap_or(""),
         object.uid.as_deref().unwrap_or(""),
     );
     let now = Timestamp::now();
     let prior = SEEN.lock().get(&key).cloned();
     if let Some((ev_ns, ev_name, count)) = prior {
         let patch = json!({"count": count + 1, "lastTimestamp": Time(now)});
-        let api: Api<Event> = Api::namespaced(client.get(), &ev_ns);
+        let api: Api<Event> = Api::namespaced(client.clone(), &ev_ns);
         if api
             .patch(&ev_name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -95,15 +111,16 @@ pub async fn record(
         type_: Some(type_.into()),
         source: Some(EventSource {
             component: Some(component.into()),
-            host: None,
+            host: host.map(str::to_owned),
         }),
         reporting_component: Some(component.into()),
+        reporting_instance: host.map(str::to_owned),
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
         count: Some(1),
         ..Default::default()
     };
-    let api: Api<Event> = Api::namespaced(client.get(), &ns);
+    let api: Api<Event> = Api::namespaced(client.clone(), &ns);
     match api.create(&PostParams::default(), &ev).await {
         Ok(_) => {
             let mut seen = SEEN.lock();
