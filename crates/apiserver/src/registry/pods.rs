@@ -832,97 +832,144 @@ struct PodRow {
     restarts: String,
 }
 
-/// Upstream's printPod, without the sidecar and init-container details.
+/// A terminated state as the printer names it: its reason, else `<prefix>Signal:<n>` or
+/// `<prefix>ExitCode:<n>`.
+fn terminated_reason(t: &Value, prefix: &str) -> String {
+    match str_at(t, "/reason") {
+        "" => match t.get("signal").and_then(Value::as_i64).unwrap_or(0) {
+            0 => format!(
+                "{prefix}ExitCode:{}",
+                t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)
+            ),
+            sig => format!("{prefix}Signal:{sig}"),
+        },
+        r => format!("{prefix}{r}"),
+    }
+}
+
+/// Upstream's printPod: READY counts the containers and the started sidecars (init
+/// containers with `restartPolicy: Always`), STATUS explains the first unfinished init
+/// container, else the last container's state; RESTARTS counts the init containers'
+/// restarts only while the pod initializes, the sidecars' always.
 fn pod_row(pod: &Value) -> PodRow {
-    let total = containers(pod, "containers").len();
+    let spec_inits = containers(pod, "initContainers");
+    let sidecar = |name: &str| {
+        spec_inits
+            .iter()
+            .any(|c| str_at(c, "/name") == name && str_at(c, "/restartPolicy") == "Always")
+    };
+    let total = containers(pod, "containers").len()
+        + spec_inits
+            .iter()
+            .filter(|c| str_at(c, "/restartPolicy") == "Always")
+            .count();
     let mut reason = str_at(pod, "/status/phase").to_owned();
     if !str_at(pod, "/status/reason").is_empty() {
         reason = str_at(pod, "/status/reason").to_owned();
     }
-    let mut restarts = 0i64;
-    let mut last_restart: Option<i64> = None;
-    let mut ready = 0;
-    let mut has_running = false;
-    let statuses = pod
-        .pointer("/status/containerStatuses")
+    let conditions = pod
+        .pointer("/status/conditions")
         .and_then(Value::as_array)
-        .cloned()
+        .map(Vec::as_slice)
         .unwrap_or_default();
-    // Init containers that have not finished explain the status first.
-    let mut initializing = false;
-    let init_total = containers(pod, "initContainers").len();
-    if let Some(inits) = pod
-        .pointer("/status/initContainerStatuses")
-        .and_then(Value::as_array)
+    if conditions
+        .iter()
+        .any(|c| str_at(c, "/type") == "PodScheduled" && str_at(c, "/reason") == "SchedulingGated")
     {
-        for (i, s) in inits.iter().enumerate() {
-            restarts += s.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
-            let term = s.pointer("/state/terminated");
-            if term.and_then(|t| t.get("exitCode")).and_then(Value::as_i64) == Some(0) {
-                continue;
-            }
-            initializing = true;
-            let waiting = str_at(s, "/state/waiting/reason");
-            reason = if let Some(t) = term {
-                match str_at(t, "/reason") {
-                    "" => match t.get("signal").and_then(Value::as_i64).unwrap_or(0) {
-                        0 => format!(
-                            "Init:ExitCode:{}",
-                            t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)
-                        ),
-                        sig => format!("Init:Signal:{sig}"),
-                    },
-                    r => format!("Init:{r}"),
-                }
-            } else if !waiting.is_empty() && waiting != "PodInitializing" {
-                format!("Init:{waiting}")
-            } else {
-                format!("Init:{i}/{init_total}")
-            };
-            break;
-        }
+        reason = "SchedulingGated".to_owned();
     }
-    for s in statuses.iter().rev() {
-        restarts += s.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
-        if let Some(t) = s
-            .pointer("/lastState/terminated/finishedAt")
+    let finished_at = |s: &Value| {
+        s.pointer("/lastState/terminated/finishedAt")
             .and_then(Value::as_str)
             .and_then(crate::time::parse_rfc3339)
-        {
-            last_restart = Some(last_restart.map_or(t, |l: i64| l.max(t)));
+    };
+    let later = |a: Option<i64>, b: Option<i64>| match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, y) => x.or(y),
+    };
+    let mut restarts = 0i64;
+    let mut last_restart: Option<i64> = None;
+    let mut sidecar_restarts = 0i64;
+    let mut sidecar_last_restart: Option<i64> = None;
+    let mut ready = 0;
+    let mut initializing = false;
+    let inits = pod
+        .pointer("/status/initContainerStatuses")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for (i, s) in inits.iter().enumerate() {
+        let count = s.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
+        restarts += count;
+        last_restart = later(last_restart, finished_at(s));
+        let is_sidecar = sidecar(str_at(s, "/name"));
+        if is_sidecar {
+            sidecar_restarts += count;
+            sidecar_last_restart = later(sidecar_last_restart, finished_at(s));
         }
-        if initializing {
+        let term = s.pointer("/state/terminated");
+        let waiting = str_at(s, "/state/waiting/reason");
+        if term.and_then(|t| t.get("exitCode")).and_then(Value::as_i64) == Some(0) {
             continue;
         }
-        let waiting = str_at(s, "/state/waiting/reason");
-        let term = s.pointer("/state/terminated");
-        if !waiting.is_empty() {
-            reason = waiting.to_owned();
-        } else if let Some(t) = term {
-            reason = match str_at(t, "/reason") {
-                "" => match t.get("signal").and_then(Value::as_i64).unwrap_or(0) {
-                    0 => format!(
-                        "ExitCode:{}",
-                        t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)
-                    ),
-                    sig => format!("Signal:{sig}"),
-                },
-                r => r.to_owned(),
-            };
-        } else if s.get("ready") == Some(&json!(true)) && s.pointer("/state/running").is_some() {
-            has_running = true;
-            ready += 1;
+        if is_sidecar && s.get("started") == Some(&json!(true)) {
+            if s.get("ready") == Some(&json!(true)) {
+                ready += 1;
+            }
+            continue;
         }
+        reason = if let Some(t) = term {
+            terminated_reason(t, "Init:")
+        } else if !waiting.is_empty() && waiting != "PodInitializing" {
+            format!("Init:{waiting}")
+        } else {
+            format!("Init:{i}/{}", spec_inits.len())
+        };
+        initializing = true;
+        break;
     }
-    if !initializing && reason == "Completed" && has_running {
-        let pod_ready = pod
-            .pointer("/status/conditions")
+    let initialized = conditions
+        .iter()
+        .any(|c| str_at(c, "/type") == "Initialized" && str_at(c, "/status") == "True");
+    if !initializing || initialized {
+        restarts = sidecar_restarts;
+        last_restart = sidecar_last_restart;
+        let mut has_running = false;
+        let mut error_reason = String::new();
+        let statuses = pod
+            .pointer("/status/containerStatuses")
             .and_then(Value::as_array)
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| str_at(c, "/type") == "Ready" && str_at(c, "/status") == "True")
-            });
-        reason = if pod_ready { "Running" } else { "NotReady" }.to_owned();
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for s in statuses.iter().rev() {
+            restarts += s.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
+            last_restart = later(last_restart, finished_at(s));
+            let waiting = str_at(s, "/state/waiting/reason");
+            if !waiting.is_empty() {
+                reason = waiting.to_owned();
+            } else if let Some(t) = s.pointer("/state/terminated") {
+                reason = terminated_reason(t, "");
+                if t.get("exitCode").and_then(Value::as_i64).unwrap_or(0) != 0 {
+                    error_reason = reason.clone();
+                }
+            } else if s.get("ready") == Some(&json!(true)) && s.pointer("/state/running").is_some()
+            {
+                has_running = true;
+                ready += 1;
+            }
+        }
+        if reason == "Completed" {
+            let pod_ready = conditions
+                .iter()
+                .any(|c| str_at(c, "/type") == "Ready" && str_at(c, "/status") == "True");
+            if has_running && pod_ready {
+                reason = "Running".to_owned();
+            } else if !error_reason.is_empty() {
+                reason = error_reason;
+            } else if has_running {
+                reason = "NotReady".to_owned();
+            }
+        }
     }
     let phase = str_at(pod, "/status/phase");
     if pod.pointer("/metadata/deletionTimestamp").is_some() {
