@@ -40,7 +40,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 
 /// Kubelet errors.
@@ -163,14 +162,15 @@ pub async fn client(path: &std::path::Path) -> Result<Client> {
 
 /// The client configuration a kubeconfig file describes.
 pub async fn config(path: &std::path::Path) -> Result<kube::Config> {
-    let bad = |message: String| Error::Kubeconfig {
-        path: path.to_owned(),
-        message,
-    };
-    let kc = Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
-    kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+    kumo_client::clients::config_from_kubeconfig(path)
         .await
-        .map_err(|e| bad(e.to_string()))
+        .map_err(|e| match e {
+            kumo_client::Error::Kubeconfig { message, .. } => Error::Kubeconfig {
+                path: path.to_owned(),
+                message,
+            },
+            other => Error::Invalid(other.to_string()),
+        })
 }
 
 /// Stops a task when dropped (the API server goes with the kubelet that runs it).

@@ -4,9 +4,13 @@
 //! The result is only whether it worked: the kubelet's events do not carry the message
 //! (so that secrets do not leak), and neither does this.
 //!
-//! `sleep` handlers pass at once: the sim's containers do not wait in real time.
+//! Running a hook takes no real time here: its result comes at once, with how long the
+//! hook takes (an exec's simulated sleeps, a `sleep` handler's seconds), which the
+//! kubelet waits out where upstream's would block (a preStop hook before the container is
+//! told to stop).
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -15,7 +19,7 @@ use crate::portforward;
 use crate::runtime::{Runtime, Step};
 
 /// Runs hook `handler` of container `spec` (runtime id `id`) of `pod`, whose IP is
-/// `pod_ip`; `Err` is upstream's message of the failure.
+/// `pod_ip`: how long it takes, or upstream's message of the failure.
 pub(crate) fn run(
     runtime: &dyn Runtime,
     dp: Option<&Dataplane>,
@@ -24,7 +28,7 @@ pub(crate) fn run(
     id: &str,
     pod_ip: &str,
     handler: &Value,
-) -> Result<(), String> {
+) -> Result<Duration, String> {
     let container = spec["name"].as_str().unwrap_or_default();
     let pod_ref = format!(
         "{}_{}({})",
@@ -45,6 +49,7 @@ pub(crate) fn run(
             .map(str::to_owned)
             .collect();
         let steps = runtime.exec(id, &cmd, None).map_err(|e| e.to_string());
+        let mut took = Duration::ZERO;
         let (code, output) = match &steps {
             Ok(steps) => steps
                 .iter()
@@ -53,13 +58,22 @@ pub(crate) fn run(
                         out.push_str(text);
                         (code, out)
                     }
+                    Step::Sleep(d) => {
+                        took += *d;
+                        (code, out)
+                    }
                     Step::Exit(c) => (*c, out),
+                    // A hook that never ends runs until the grace period does.
+                    Step::Forever => {
+                        took = Duration::MAX;
+                        (code, out)
+                    }
                     _ => (code, out),
                 }),
             Err(e) => (-1, e.clone()),
         };
         if code == 0 {
-            return Ok(());
+            return Ok(took);
         }
         return Err(format!(
             "Exec lifecycle hook ({cmd:?}) for Container {container:?} in Pod {pod_ref:?} failed - error: command '{}' exited with {code}: {output}, message: {output:?}",
@@ -73,12 +87,13 @@ pub(crate) fn run(
         } else {
             format!("/{path}")
         };
-        return http_get(dp, pod, spec, pod_ip, get, &path).map_err(|e| {
+        return http_get(dp, pod, spec, pod_ip, get, &path).map(|()| Duration::ZERO).map_err(|e| {
             format!("HTTP lifecycle hook ({path}) for Container {container:?} in Pod {pod_ref:?} failed - error: {e}")
         });
     }
-    if handler.get("sleep").is_some() {
-        return Ok(());
+    if let Some(sleep) = handler.get("sleep") {
+        let seconds = sleep.get("seconds").and_then(Value::as_u64).unwrap_or(0);
+        return Ok(Duration::from_secs(seconds));
     }
     Err(format!("Cannot run handler: invalid handler: {handler}"))
 }

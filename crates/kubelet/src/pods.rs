@@ -60,6 +60,13 @@ struct Container {
     waiting: Option<(String, String)>,
     /// The resources the runtime applied to the running container (see [`resources_of`]).
     applied: Option<[Option<u64>; 4]>,
+    /// The running container was told to stop (its exit may take the grace period).
+    stop_requested: bool,
+    /// While the pod terminates: when the container is told to stop (after its preStop
+    /// hook).
+    stop_at: Option<Instant>,
+    /// The user was told the simulated runtime cannot run its command.
+    told_not_simulated: bool,
 }
 
 /// A container spec's CPU request and limit (millicores) and memory request and limit
@@ -148,6 +155,8 @@ struct Worker {
     steady: Option<Steady>,
     /// When `FailedMount` events were last posted (they repeat while volumes fail).
     mount_failed_at: Option<Instant>,
+    /// The pod is being deleted: whatever runs at this instant is killed.
+    terminating: Option<Instant>,
 }
 
 /// What a pod with nothing to do looked like.
@@ -442,25 +451,13 @@ impl Workers {
                     .pointer("/metadata/deletionTimestamp")
                     .is_some_and(|v| !v.is_null())
             {
-                if let Some(w) = self.workers.get(&uid) {
-                    let killing: Vec<Record> = w
-                        .containers
-                        .iter()
-                        .filter(|(_, c)| c.id.is_some())
-                        .map(|(n, _)| {
-                            Record::container(
-                                pod,
-                                n,
-                                false,
-                                false,
-                                "Killing",
-                                format!("Stopping container {n}"),
-                            )
-                        })
-                        .collect();
-                    crate::events::emit(&self.client, &self.cfg.node_name, killing);
+                // Its containers get the grace period to stop; the pod goes once they
+                // have (or the period is over).
+                if self.workers.contains_key(&uid) && !self.terminate(&uid, pod) {
+                    keep.insert(uid.clone());
+                    continue;
                 }
-                let last = self.stop_for_deletion(&uid, pod);
+                let last = self.final_status(&uid, pod);
                 self.kill(&uid);
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
                 // The final status goes before the pod is let go: a finalizer (a Job's
@@ -779,12 +776,137 @@ impl Workers {
         }
     }
 
-    /// Stops the containers of a pod being deleted and returns its final status, as
-    /// upstream's kubelet reports it before the pod goes: each container that ran
-    /// terminated (its exit code; `Completed` for 0, else `Error`), the phase `Succeeded`
-    /// when every container exited 0 and `Failed` otherwise, not ready. `None` when the
-    /// pod was already terminal or this kubelet never ran it.
-    fn stop_for_deletion(&mut self, uid: &str, pod: &Value) -> Option<Value> {
+    /// Advances the termination of a pod being deleted, as upstream's killPod: each
+    /// running container gets a `Killing` event and its preStop hook, then is told to stop
+    /// once the hook is done, with what is left of the grace period; the sidecars are
+    /// stopped after the containers have exited, the last first. Whatever still runs when
+    /// the period is over is killed. True once no container runs.
+    fn terminate(&mut self, uid: &str, pod: &Value) -> bool {
+        let runtime = self.runtime.clone();
+        let dp = self.cfg.dataplane.clone();
+        let Some(w) = self.workers.get_mut(uid) else {
+            return true;
+        };
+        let now = Instant::now();
+        let mut events = Vec::new();
+        let specs: Vec<(Value, bool)> = [
+            "/spec/containers",
+            "/spec/ephemeralContainers",
+            "/spec/initContainers",
+        ]
+        .iter()
+        .filter_map(|p| pod.pointer(p).and_then(Value::as_array))
+        .flatten()
+        .map(|c| (c.clone(), is_sidecar(c)))
+        .collect();
+        let running = |w: &Worker, name: &str| {
+            w.containers
+                .get(name)
+                .and_then(|c| c.id.as_deref())
+                .is_some_and(|id| matches!(runtime.container_state(id), Ok(State::Running { .. })))
+        };
+        let deadline = *w.terminating.get_or_insert_with(|| now + grace_period(pod));
+        let pod_ip = w.ip.clone().unwrap_or_default();
+        // The containers first, then the sidecars in reverse order, each after the later
+        // ones exited.
+        let mains_running = specs
+            .iter()
+            .any(|(c, sidecar)| !sidecar && running(w, s(c, "/name")));
+        let mut order: Vec<&Value> = specs.iter().filter(|(_, sc)| !sc).map(|(c, _)| c).collect();
+        if !mains_running {
+            if let Some(last) = specs
+                .iter()
+                .filter(|(c, sc)| *sc && running(w, s(c, "/name")))
+                .map(|(c, _)| c)
+                .next_back()
+            {
+                order.push(last);
+            }
+        }
+        for spec in order {
+            let name = s(spec, "/name").to_owned();
+            if !running(w, &name) {
+                continue;
+            }
+            let Some(c) = w.containers.get_mut(&name) else {
+                continue;
+            };
+            let Some(id) = c.id.clone() else { continue };
+            if c.stop_at.is_none() {
+                let init = is_sidecar(spec);
+                events.push(Record::container(
+                    pod,
+                    &name,
+                    init,
+                    false,
+                    "Killing",
+                    format!("Stopping container {name}"),
+                ));
+                // The preStop hook runs before the container is told to stop, within
+                // the grace period.
+                let mut hook_took = Duration::ZERO;
+                if let Some(hook) = spec.pointer("/lifecycle/preStop") {
+                    match crate::lifecycle::run(
+                        &*runtime,
+                        dp.as_deref(),
+                        pod,
+                        spec,
+                        &id,
+                        &pod_ip,
+                        hook,
+                    ) {
+                        Ok(took) => hook_took = took,
+                        Err(e) => {
+                            tracing::info!(container = %name, error = %e, "PreStop hook failed");
+                            events.push(Record::container(
+                                pod,
+                                &name,
+                                init,
+                                true,
+                                "FailedPreStopHook",
+                                "PreStopHook failed".into(),
+                            ));
+                        }
+                    }
+                }
+                c.stop_at = Some((now + hook_took).min(deadline));
+            }
+            if !c.stop_requested && c.stop_at.is_some_and(|t| now >= t) {
+                c.stop_requested = true;
+                let _ = runtime.stop_container(&id, deadline.saturating_duration_since(now));
+            }
+        }
+        if !events.is_empty() {
+            crate::events::emit(&self.client, &self.cfg.node_name, events);
+        }
+        let Some(w) = self.workers.get(uid) else {
+            return true;
+        };
+        let left: Vec<String> = specs
+            .iter()
+            .map(|(c, _)| s(c, "/name").to_owned())
+            .filter(|n| running(w, n))
+            .collect();
+        if left.is_empty() {
+            return true;
+        }
+        if now >= deadline {
+            for n in left {
+                if let Some(id) = w.containers.get(&n).and_then(|c| c.id.as_deref()) {
+                    let _ = runtime.kill_container(id);
+                }
+            }
+            return true;
+        }
+        false
+    }
+
+    /// The final status of a pod whose containers have stopped, as upstream's kubelet
+    /// reports it before the pod goes: each container that ran terminated (its exit code;
+    /// `Completed` for 0, else `Error`), the phase `Succeeded` when every container exited
+    /// 0 and `Failed` otherwise, not ready. `None` when the pod was already terminal or
+    /// this kubelet never ran it.
+    fn final_status(&mut self, uid: &str, pod: &Value) -> Option<Value> {
         let current = pod.get("status")?;
         if matches!(
             current.get("phase").and_then(Value::as_str),
@@ -793,43 +915,9 @@ impl Workers {
             return None;
         }
         let w = self.workers.get(uid)?;
-        let grace = pod
-            .pointer("/spec/terminationGracePeriodSeconds")
-            .and_then(Value::as_u64)
-            .unwrap_or(30);
         let mut exits: HashMap<String, (i32, SystemTime, SystemTime)> = HashMap::new();
-        let pod_ip = w.ip.clone().unwrap_or_default();
-        let mut hook_failures = Vec::new();
         for (name, c) in &w.containers {
             let Some(id) = &c.id else { continue };
-            // The preStop hook runs before the container is told to stop.
-            let spec = ["/spec/containers", "/spec/initContainers"]
-                .iter()
-                .filter_map(|p| pod.pointer(p).and_then(Value::as_array))
-                .flatten()
-                .find(|c| c["name"] == name.as_str());
-            if let Some((spec, hook)) =
-                spec.and_then(|c| c.pointer("/lifecycle/preStop").map(|h| (c, h)))
-            {
-                let running = matches!(self.runtime.container_state(id), Ok(State::Running { .. }));
-                if running {
-                    let dp = self.cfg.dataplane.as_deref();
-                    if let Err(e) =
-                        crate::lifecycle::run(&*self.runtime, dp, pod, spec, id, &pod_ip, hook)
-                    {
-                        tracing::info!(container = %name, error = %e, "PreStop hook failed");
-                        hook_failures.push(Record::container(
-                            pod,
-                            name,
-                            false,
-                            true,
-                            "FailedPreStopHook",
-                            "PreStopHook failed".into(),
-                        ));
-                    }
-                }
-            }
-            let _ = self.runtime.stop_container(id, Duration::from_secs(grace));
             if let Ok(State::Exited {
                 exit_code,
                 started_at,
@@ -838,9 +926,6 @@ impl Workers {
             {
                 exits.insert(name.clone(), (exit_code, started_at, finished_at));
             }
-        }
-        if !hook_failures.is_empty() {
-            crate::events::emit(&self.client, &self.cfg.node_name, hook_failures);
         }
         let mut statuses = current
             .get("containerStatuses")
@@ -990,6 +1075,7 @@ impl Workers {
                     written: None,
                     steady: None,
                     mount_failed_at: None,
+                    terminating: None,
                 },
             );
         }
@@ -1091,16 +1177,31 @@ impl Workers {
             }
         }
         if !terminal && mount_failures.is_empty() {
-            // Init containers one at a time, each to a successful exit.
+            // Init containers one at a time, each to a successful exit; a sidecar
+            // (restartPolicy Always) only has to be started before the next one begins.
             if !w.init_done {
                 let mut all_done = true;
                 for c in &inits {
-                    let name = s(c, "/name").to_owned();
-                    let mut annotations = annotations.clone();
-                    // A simulated init container finishes at once unless told otherwise.
-                    annotations
-                        .entry(format!("sim.kumo.io/exit-after-seconds/{name}"))
-                        .or_insert_with(|| "0".into());
+                    if is_sidecar(c) {
+                        step(
+                            &*runtime,
+                            prober,
+                            &sandbox,
+                            w,
+                            pod,
+                            c,
+                            &annotations,
+                            "Always",
+                            Role::Sidecar,
+                            pulled,
+                            &mut events,
+                        );
+                        if !started(&*runtime, prober, w, &annotations, c) {
+                            all_done = false;
+                            break;
+                        }
+                        continue;
+                    }
                     let done = step(
                         &*runtime,
                         prober,
@@ -1116,7 +1217,7 @@ impl Workers {
                         } else {
                             "OnFailure"
                         },
-                        true,
+                        Role::Init,
                         pulled,
                         &mut events,
                     );
@@ -1126,6 +1227,31 @@ impl Workers {
                     }
                 }
                 w.init_done = all_done;
+            } else {
+                // Sidecars run beside the containers, restarted whenever they exit, until
+                // the containers are done for good (a Job's pod): then they are stopped,
+                // the last started first.
+                let finished = mains_finished(&*runtime, w, &mains, &restart_policy);
+                let sidecars: Vec<&Value> = inits.iter().filter(|c| is_sidecar(c)).collect();
+                if finished {
+                    stop_sidecars(&*runtime, w, pod, &sidecars, &mut events);
+                } else {
+                    for c in sidecars {
+                        step(
+                            &*runtime,
+                            prober,
+                            &sandbox,
+                            w,
+                            pod,
+                            c,
+                            &annotations,
+                            "Always",
+                            Role::Sidecar,
+                            pulled,
+                            &mut events,
+                        );
+                    }
+                }
             }
             if w.init_done {
                 for c in &mains {
@@ -1138,7 +1264,7 @@ impl Workers {
                         c,
                         &annotations,
                         &restart_policy,
-                        false,
+                        Role::Regular,
                         pulled,
                         &mut events,
                     );
@@ -1153,7 +1279,7 @@ impl Workers {
                         c,
                         &annotations,
                         "Never",
-                        false,
+                        Role::Regular,
                         pulled,
                         &mut events,
                     );
@@ -1195,6 +1321,126 @@ async fn delete_now(api: &Api<Pod>, name: &str, uid: &str) {
     }
 }
 
+/// What a container is to its pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// An init container: runs to a successful exit before the next one starts.
+    Init,
+    /// An init container with `restartPolicy: Always` (a native sidecar): started in
+    /// order with the init containers, then running beside the containers.
+    Sidecar,
+    /// A container (or an ephemeral one).
+    Regular,
+}
+
+/// Whether init container `spec` is a sidecar (`restartPolicy: Always`).
+fn is_sidecar(spec: &Value) -> bool {
+    s(spec, "/restartPolicy") == "Always"
+}
+
+/// Whether container `spec` of the worker runs and its startup probe (if any) passed: a
+/// sidecar's condition for the next init container to start.
+fn started(
+    runtime: &dyn Runtime,
+    prober: &Prober,
+    w: &Worker,
+    annotations: &BTreeMap<String, String>,
+    spec: &Value,
+) -> bool {
+    let Some(id) = w
+        .containers
+        .get(s(spec, "/name"))
+        .and_then(|c| c.id.as_deref())
+    else {
+        return false;
+    };
+    let Ok(State::Running { started_at }) = runtime.container_state(id) else {
+        return false;
+    };
+    !probe_pending(spec, annotations, "startup", started_at)
+        && !exec_probe_fails(runtime, id, spec, "startup", SystemTime::now())
+        && (prober::network_probe(spec, Kind::Startup).is_none()
+            || prober.result(id, Kind::Startup) == Some(Outcome::Success))
+}
+
+/// Whether every container of the pod has exited for good (restartPolicy Never, or
+/// OnFailure and exit code 0): the pod is done once its sidecars have stopped.
+fn mains_finished(
+    runtime: &dyn Runtime,
+    w: &Worker,
+    mains: &[Value],
+    restart_policy: &str,
+) -> bool {
+    restart_policy != "Always"
+        && !mains.is_empty()
+        && mains.iter().all(|spec| {
+            let exited = w
+                .containers
+                .get(s(spec, "/name"))
+                .and_then(|c| c.id.as_deref())
+                .and_then(|id| runtime.container_state(id).ok());
+            match exited {
+                Some(State::Exited { exit_code, .. }) => {
+                    restart_policy == "Never" || exit_code == 0
+                }
+                _ => false,
+            }
+        })
+}
+
+/// Stops the running sidecars of a pod whose containers are done, the last one in the
+/// spec first, each once those after it have exited (upstream's termination order).
+fn stop_sidecars(
+    runtime: &dyn Runtime,
+    w: &mut Worker,
+    pod: &Value,
+    sidecars: &[&Value],
+    events: &mut Vec<Record>,
+) {
+    let grace = grace_period(pod);
+    for spec in sidecars.iter().rev() {
+        let name = s(spec, "/name");
+        let Some(c) = w.containers.get_mut(name) else {
+            continue;
+        };
+        let Some(id) = c.id.as_deref() else {
+            continue;
+        };
+        if !matches!(runtime.container_state(id), Ok(State::Running { .. })) {
+            continue;
+        }
+        if !c.stop_requested {
+            c.stop_requested = true;
+            events.push(Record::container(
+                pod,
+                name,
+                true,
+                false,
+                "Killing",
+                format!("Stopping container {name}"),
+            ));
+            let _ = runtime.stop_container(id, grace);
+        }
+        // The next one waits for this one to exit.
+        return;
+    }
+}
+
+/// How long a pod's containers get to stop: the deletion's grace period, else the pod's
+/// `terminationGracePeriodSeconds` (30 s by default), at least 2 s as upstream's kubelet
+/// gives.
+fn grace_period(pod: &Value) -> Duration {
+    let seconds = pod
+        .pointer("/metadata/deletionGracePeriodSeconds")
+        .and_then(Value::as_u64)
+        .or_else(|| {
+            pod.pointer("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_u64)
+        })
+        .unwrap_or(30);
+    Duration::from_secs(seconds.max(2))
+}
+
 /// Advances one container: pulls, creates and starts it, or restarts it after an exit as
 /// `restart_policy` says (with back-off). Returns whether it exited successfully (for
 /// init containers).
@@ -1208,10 +1454,11 @@ fn step(
     spec: &Value,
     annotations: &BTreeMap<String, String>,
     restart_policy: &str,
-    init: bool,
+    role: Role,
     pulled: &mut std::collections::HashSet<String>,
     events: &mut Vec<Record>,
 ) -> bool {
+    let init = role != Role::Regular;
     let name = s(spec, "/name").to_owned();
     let image = s(spec, "/image").to_owned();
     let ev = |warning: bool, reason: &'static str, message: String| {
@@ -1274,7 +1521,7 @@ fn step(
                         runtime.refresh_volumes(&id, &config);
                     }
                 }
-                if !init {
+                if role != Role::Init {
                     prober.ensure(&id, pod, spec, &pod_ip);
                 }
                 // A liveness or startup probe that failed (the prober recorded each
@@ -1311,7 +1558,7 @@ fn step(
             State::Created => return false,
         };
         let succeeded = exit_code == 0;
-        if init && succeeded {
+        if role == Role::Init && succeeded {
             return true;
         }
         let restart = match restart_policy {
@@ -1427,6 +1674,15 @@ fn step(
         };
     let id = runtime.create_container(sandbox, &config, &c.image_ref);
     events.push(ev(false, "Created", format!("Created container: {name}")));
+    // A simulated runtime that has no model of the command says so, once per container.
+    if let Some(command) = runtime.not_simulated(&id).filter(|_| !c.told_not_simulated) {
+        c.told_not_simulated = true;
+        events.push(ev(
+            true,
+            "NotSimulated",
+            format!("The simulated runtime cannot run {command:?} of image {image:?}: the container runs without doing anything until it is stopped"),
+        ));
+    }
     if runtime.start_container(&id).is_ok() {
         events.push(ev(false, "Started", format!("Started container {name}")));
         // The postStart hook runs once the container started; if it fails, the
@@ -1444,6 +1700,7 @@ fn step(
             }
         }
         c.id = Some(id);
+        c.stop_requested = false;
         c.waiting = None;
         c.backoff_until = None;
         c.applied = Some(resources_of(spec));
@@ -1596,7 +1853,8 @@ fn pod_status(
                 .collect()
         })
         .unwrap_or_default();
-    let status_of = |spec: &Value, init: bool| -> (Value, bool, bool, Option<i32>) {
+    let status_of = |spec: &Value, role: Role| -> (Value, bool, bool, Option<i32>) {
+        let init = role == Role::Init;
         // (status, running, ready, exit code if exited)
         let name = s(spec, "/name");
         let image = s(spec, "/image");
@@ -1696,20 +1954,36 @@ fn pod_status(
             }
         }
     };
-    let init_statuses: Vec<_> = inits.iter().map(|c| status_of(c, true)).collect();
-    let statuses: Vec<_> = mains.iter().map(|c| status_of(c, false)).collect();
+    let init_statuses: Vec<_> = inits
+        .iter()
+        .map(|c| {
+            let role = if is_sidecar(c) {
+                Role::Sidecar
+            } else {
+                Role::Init
+            };
+            (status_of(c, role), role)
+        })
+        .collect();
+    let statuses: Vec<_> = mains.iter().map(|c| status_of(c, Role::Regular)).collect();
     let running = statuses.iter().filter(|s| s.1).count();
     let exited: Vec<i32> = statuses.iter().filter_map(|s| s.3).collect();
+    // A pod is done only once its sidecars have stopped too.
+    let sidecars_running = init_statuses
+        .iter()
+        .any(|(s, role)| *role == Role::Sidecar && s.1);
     let all_exited = !statuses.is_empty() && exited.len() == statuses.len();
     let init_failed = restart_policy == "Never"
         && init_statuses
             .iter()
-            .any(|s| s.3.is_some_and(|code| code != 0));
+            .any(|(s, role)| *role == Role::Init && s.3.is_some_and(|code| code != 0));
     let phase = if !w.init_done && init_failed {
         // A failed init container fails a pod that restarts nothing.
         "Failed"
     } else if !w.init_done {
         "Pending"
+    } else if all_exited && restart_policy != "Always" && sidecars_running {
+        "Running"
     } else if all_exited && restart_policy == "Never" {
         if exited.iter().all(|c| *c == 0) {
             "Succeeded"
@@ -1728,8 +2002,12 @@ fn pod_status(
     } else {
         "Pending"
     };
-    let not_ready: Vec<String> = statuses
+    // Sidecars count for readiness, before the containers (upstream's order).
+    let not_ready: Vec<String> = init_statuses
         .iter()
+        .filter(|(_, role)| *role == Role::Sidecar)
+        .map(|(s, _)| s)
+        .chain(&statuses)
         .filter(|s| !s.2)
         .map(|s| s.0["name"].as_str().unwrap_or("").to_owned())
         .collect();
@@ -1765,8 +2043,11 @@ fn pod_status(
     } else {
         init_statuses
             .iter()
-            .filter(|s| s.3 != Some(0))
-            .map(|s| s.0["name"].as_str().unwrap_or("").to_owned())
+            .filter(|(s, role)| match role {
+                Role::Sidecar => s.0["started"] != json!(true),
+                _ => s.3 != Some(0),
+            })
+            .map(|(s, _)| s.0["name"].as_str().unwrap_or("").to_owned())
             .collect()
     };
     let mut conditions = vec![
@@ -1814,15 +2095,17 @@ fn pod_status(
         st["message"] = json!("Pod was active on the node longer than the specified deadline");
     }
     if !inits.is_empty() {
-        st["initContainerStatuses"] =
-            json!(init_statuses.into_iter().map(|s| s.0).collect::<Vec<_>>());
+        st["initContainerStatuses"] = json!(init_statuses
+            .into_iter()
+            .map(|(s, _)| s.0)
+            .collect::<Vec<_>>());
     }
     if !ephemerals.is_empty() {
         // Ephemeral containers are never ready (upstream's status of them).
         let statuses: Vec<Value> = ephemerals
             .iter()
             .map(|c| {
-                let mut v = status_of(c, false).0;
+                let mut v = status_of(c, Role::Regular).0;
                 v["ready"] = json!(false);
                 v
             })

@@ -783,8 +783,12 @@ fn validate(h: &HashMap<String, String>) -> Result<(u16, String), String> {
 pub enum Listener {
     /// nginx's default server; the version its `Server` header names, if the tag has one.
     Nginx(Option<String>),
-    /// Any other declared port: a plain HTTP answer naming the pod.
-    Http(String),
+    /// A catalogued image's one page on its port (httpd's "It works!", the HPA
+    /// walkthrough's php-apache "OK!"): its `Server` header and body.
+    Page {
+        server: &'static str,
+        body: &'static str,
+    },
     /// agnhost's `serve-hostname` (9376, or `--port`): the pod's hostname, no newline.
     Hostname(String),
     /// agnhost's `netexec` (`--http-port`, 8080): see [`crate::netexec`]; it logs to
@@ -1183,11 +1187,27 @@ fn listener_of(pod: &Value, port: u16, running_only: bool) -> Option<Listener> {
                 .map(str::to_owned);
             return Some(Listener::Nginx(version));
         }
-        if declared {
-            return Some(Listener::Http(pod_name.to_owned()));
+        // Another image's declared port is answered only when the catalogue knows what
+        // serves there: the simulator does not make up a server.
+        if let Some((server, body)) = page_of(name).filter(|_| port == 80) {
+            return Some(Listener::Page { server, body });
         }
     }
     None
+}
+
+/// The page a catalogued web server image serves on port 80: its `Server` header and
+/// body.
+fn page_of(image_name: &str) -> Option<(&'static str, &'static str)> {
+    match image_name {
+        "httpd" => Some((
+            "Apache/2.4.38 (Unix)",
+            "<html><body><h1>It works!</h1></body></html>\n",
+        )),
+        // registry.k8s.io/hpa-example: php-apache whose index.php computes and says OK.
+        "hpa-example" => Some(("Apache/2.4.10 (Debian)", "OK!")),
+        _ => None,
+    }
 }
 
 /// (repository, tag) of an image reference; the tag is empty without one.
@@ -1841,7 +1861,7 @@ pub(crate) fn status(l: &Listener, method: &str, path: &str, version: &str) -> (
         (Listener::Nginx(_), "GET" | "HEAD", _) => (404, "Not Found"),
         (Listener::Nginx(_), _, _) => (405, "Not Allowed"),
         (
-            Listener::Http(_)
+            Listener::Page { .. }
             | Listener::Hostname(_)
             | Listener::Netexec { .. }
             | Listener::Nettest { .. }
@@ -1906,9 +1926,10 @@ pub(crate) fn response(
             };
             (Some(server), "text/html", body)
         }
-        Listener::Http(pod) | Listener::Netexec { pod, .. } => {
-            (None, "text/plain; charset=utf-8", format!("{pod}\n"))
+        Listener::Page { server, body } => {
+            (Some((*server).to_owned()), "text/html", (*body).to_owned())
         }
+        Listener::Netexec { pod, .. } => (None, "text/plain; charset=utf-8", format!("{pod}\n")),
         Listener::Nettest { hostname, .. } => (
             None,
             "text/plain; charset=utf-8",
@@ -2129,8 +2150,18 @@ mod tests {
             listener(&pod, 80),
             Some(Listener::Nginx(Some("1.27".into())))
         );
-        assert_eq!(listener(&pod, 8080), Some(Listener::Http("web".into())));
+        // busybox declares 8080 but nothing of its image serves there.
+        assert_eq!(listener(&pod, 8080), None);
         assert_eq!(listener(&pod, 9090), None);
+        let httpd = serde_json::json!({
+            "metadata": {"name": "web"},
+            "spec": {"containers": [{"name": "h", "image": "registry.k8s.io/e2e-test-images/httpd:2.4.38-4"}]},
+            "status": {"containerStatuses": [{"name": "h", "state": {"running": {}}}]},
+        });
+        assert!(
+            matches!(listener(&httpd, 80), Some(Listener::Page { body, .. }) if body.contains("It works!"))
+        );
+        assert_eq!(listener(&httpd, 8080), None);
         assert_eq!(listener(&pod, 81), None);
         // agnhost named as the command, as the e2e service jig runs serve-hostname.
         let hostnames = serde_json::json!({

@@ -29,6 +29,7 @@
 //! attempt's logs). `exec` runs a command line the same way.
 
 pub mod fs;
+pub mod images;
 pub mod registry;
 pub mod shell;
 
@@ -148,7 +149,9 @@ pub trait Runtime: Send + Sync {
     fn remove_pod_sandbox(&self, sandbox: &str);
     fn create_container(&self, sandbox: &str, config: &ContainerConfig, image_ref: &str) -> String;
     fn start_container(&self, id: &str) -> Result<(), RuntimeError>;
-    /// Stops a container (SIGTERM, then SIGKILL after `grace`).
+    /// Stops a container: SIGTERM now, SIGKILL when `grace` has passed. Returns without
+    /// waiting for the exit, which the container's state shows once it happened (a
+    /// process may stop at once or run to the end of the grace period).
     fn stop_container(&self, id: &str, grace: Duration) -> Result<(), RuntimeError>;
     fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError>;
     /// A running container's resource usage (None: not running, or no figures).
@@ -216,6 +219,12 @@ pub trait Runtime: Send + Sync {
     ) -> Option<bool> {
         None
     }
+    /// What a runtime that only simulates could not do of container `id` as asked (it
+    /// has no model of the command), for the kubelet to tell the user; `None` from a
+    /// runtime that runs what it is given.
+    fn not_simulated(&self, _id: &str) -> Option<String> {
+        None
+    }
 }
 
 struct SimContainer {
@@ -236,6 +245,8 @@ struct SimContainer {
     suspended: Option<(Duration, shell::Resume)>,
     /// Its modelled CPU time so far.
     cpu: CpuMeter,
+    /// The command line the simulator has no model of (it runs doing nothing).
+    not_simulated: Option<String>,
 }
 
 /// The simulated runtime's CPU accounting of one container: time is charged at its rate
@@ -728,6 +739,15 @@ impl Runtime for Sim {
             program_start,
             None,
         );
+        let argv = shell::image_argv(&config.image, &config.command, &config.args);
+        let not_simulated = (!images::emulated(&config.image, &argv, config.command.is_empty())
+            && annotation(
+                &config.annotations,
+                "sim.kumo.io/exit-after-seconds",
+                &config.name,
+            )
+            .is_none())
+        .then(|| argv.join(" "));
         let created = self
             .created
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -773,6 +793,7 @@ impl Runtime for Sim {
                 program_start,
                 suspended,
                 cpu: CpuMeter::default(),
+                not_simulated,
             },
         );
         id
@@ -805,18 +826,32 @@ impl Runtime for Sim {
         view.read(path, SystemTime::now()).ok()
     }
 
-    fn stop_container(&self, id: &str, _grace: Duration) -> Result<(), RuntimeError> {
+    fn stop_container(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
         let mut all = self.lock();
         let c = all
             .get_mut(id)
             .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
         Self::advance(c);
         if let State::Running { started_at } = c.status.state {
-            // A simulated process honours SIGTERM at once and exits cleanly, unless it is
-            // a shell or `sleep` as the container's PID 1 without a trap: PID 1 ignores
-            // signals it has no handler for, so SIGKILL ends it after the grace period.
-            let code = if ignores_sigterm(&c.config) { 137 } else { 0 };
             let now = SystemTime::now();
+            if ignores_sigterm(&c.config) && !grace.is_zero() {
+                // A shell or `sleep` as the container's PID 1 without a trap ignores
+                // SIGTERM (PID 1 has no default handlers): it runs on until SIGKILL at the
+                // end of the grace period, unless its program ends first. The call
+                // returns at once; the state shows the exit when it comes.
+                let killed = (now + grace).duration_since(started_at).unwrap_or_default();
+                if c.exit.is_none_or(|(at, _)| at > killed) {
+                    c.exit = Some((killed, 137));
+                }
+                return Ok(());
+            }
+            // Any other simulated process honours SIGTERM at once and exits cleanly; with
+            // no grace at all it is killed.
+            let code = if grace.is_zero() && ignores_sigterm(&c.config) {
+                137
+            } else {
+                0
+            };
             c.status.message = Self::message(c, code, started_at, now);
             c.status.state = State::Exited {
                 exit_code: code,
@@ -955,6 +990,10 @@ impl Runtime for Sim {
                 .unwrap_or(c.program_start)
         });
         Some(resumes.map_or(until, |r| r.min(until)))
+    }
+
+    fn not_simulated(&self, id: &str) -> Option<String> {
+        self.lock().get(id)?.not_simulated.clone()
     }
 
     fn write_log(&self, id: &str, text: &str) {
@@ -1342,11 +1381,24 @@ mod tests {
             "busybox",
         );
         sim.start_container(&sleeper).expect("start");
-        sim.stop_container(&sleeper, Duration::from_secs(1))
+        // SIGTERM is ignored: it runs to the end of the grace period, then SIGKILL.
+        sim.stop_container(&sleeper, Duration::from_millis(300))
             .expect("stop");
         assert!(matches!(
             sim.container_status(&sleeper).expect("status").state,
+            State::Running { .. }
+        ));
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(matches!(
+            sim.container_status(&sleeper).expect("status").state,
             State::Exited { exit_code: 137, .. }
+        ));
+        // A process that handles SIGTERM (agnhost) stops at once.
+        sim.stop_container(&web, Duration::from_secs(30))
+            .expect("stop");
+        assert!(matches!(
+            sim.container_status(&web).expect("status").state,
+            State::Exited { exit_code: 0, .. }
         ));
     }
 }

@@ -466,6 +466,12 @@ const UTILITIES: &[&str] = &[
     "nc",
 ];
 
+/// Whether the sim's shell has program `cmd` (a shell, or one of busybox's utilities as
+/// far as the sim goes).
+pub fn knows(cmd: &str) -> bool {
+    known(cmd)
+}
+
 fn known(cmd: &str) -> bool {
     is_shell(cmd) || UTILITIES.contains(&cmd)
 }

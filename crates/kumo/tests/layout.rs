@@ -1,0 +1,57 @@
+//! The crate graph keeps the rules ARCHITECTURE.md states: the client machinery every
+//! component shares is `kumo-client`, which depends on no component, and no crate but
+//! the binary depends on the controller-manager.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+
+/// `(package, dependency)` for every normal (not dev or build) kumo dependency.
+fn edges() -> Vec<(String, String)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let meta: Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+    let mut edges = Vec::new();
+    for p in meta["packages"].as_array().expect("packages") {
+        let name = p["name"].as_str().unwrap_or_default();
+        for d in p["dependencies"].as_array().into_iter().flatten() {
+            let dep = d["name"].as_str().unwrap_or_default();
+            if dep.starts_with("kumo") && d["kind"].is_null() {
+                edges.push((name.to_owned(), dep.to_owned()));
+            }
+        }
+    }
+    assert!(edges.len() > 10, "{edges:?}");
+    edges
+}
+
+#[test]
+fn only_the_binary_depends_on_the_controller_manager() {
+    let users: Vec<_> = edges()
+        .into_iter()
+        .filter(|(_, d)| d == "kumo-controller-manager")
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(users, ["kumo"]);
+}
+
+#[test]
+fn the_client_machinery_depends_on_no_component() {
+    let deps: Vec<_> = edges()
+        .into_iter()
+        .filter(|(p, _)| p == "kumo-client")
+        .map(|(_, d)| d)
+        .collect();
+    assert!(deps.is_empty(), "{deps:?}");
+    for component in ["kumo-scheduler", "kumo-kubelet", "kumo-proxy", "kumo-cloud-provider", "kumo-controller-manager"] {
+        assert!(
+            edges().contains(&(component.to_owned(), "kumo-client".to_owned())),
+            "{component} uses kumo-client"
+        );
+    }
+}
