@@ -10,7 +10,8 @@ use base64::Engine;
 use kube::Client;
 use serde_json::{json, Value};
 
-use crate::runtime::{shell, ContainerConfig};
+use crate::expansion;
+use kumo_cri::{ContainerConfig, Mount, Source};
 
 /// Where a prepared pod carries what its environment refers to: `{"configmaps": {name:
 /// data}, "secrets": {name: data}, "allocatable": {cpu, memory}, "hostIP": ip}`.
@@ -563,7 +564,7 @@ pub fn container_config(
     {
         let name = str_at(e, "/name");
         let value = if let Some(v) = e.get("value").and_then(Value::as_str) {
-            shell::expand(v, &env)
+            expansion::expand(v, &env)
         } else if let Some(path) = e
             .pointer("/valueFrom/fieldRef/fieldPath")
             .and_then(Value::as_str)
@@ -618,7 +619,7 @@ pub fn container_config(
             .into_iter()
             .flatten()
             .filter_map(|a| a.as_str())
-            .map(|a| shell::expand(a, &env))
+            .map(|a| expansion::expand(a, &env))
             .collect()
     };
     let command = list("command");
@@ -634,9 +635,9 @@ pub fn container_config(
         .and_then(Value::as_bool)
         == Some(true)
     {
-        mounts.push(crate::runtime::fs::Mount {
+        mounts.push(Mount {
             path: "/".into(),
-            source: crate::runtime::fs::Source::Files(BTreeMap::new()),
+            source: Source::Files(BTreeMap::new()),
             read_only: true,
             sub_path: String::new(),
             tmpfs: false,
@@ -650,7 +651,7 @@ pub fn container_config(
     files.insert(
         "/etc/hosts".to_owned(),
         if host_network {
-            crate::runtime::fs::NODE_HOSTS.to_owned()
+            kumo_cri::NODE_HOSTS.to_owned()
         } else {
             etc_hosts(pod, pod_ip, &hostname)
         },
@@ -903,8 +904,8 @@ fn volume_source(
     vol: &Value,
     pod_ip: &str,
     host_ip: &str,
-) -> (crate::runtime::fs::Source, bool) {
-    use crate::runtime::fs::Source;
+) -> (Source, bool) {
+    use Source;
     let name = str_at(vol, "/name");
     if let Some(e) = vol.get("emptyDir") {
         return (Source::EmptyDir(name), str_at(e, "/medium") == "Memory");
@@ -1017,10 +1018,8 @@ fn volume_source(
             }
         }
     } else if let Some(img) = vol.get("image") {
-        // An image volume: the image's files, read-only (the sim's image catalogue).
-        for (path, content) in crate::runtime::image_files(&str_at(img, "/reference")) {
-            files.insert(path.trim_start_matches('/').to_owned(), (content, 0o644));
-        }
+        // An image volume: the image's files, read-only (the runtime mounts them).
+        return (Source::Image(str_at(img, "/reference")), true);
     } else {
         return (Source::EmptyDir(name), false);
     }
@@ -1034,7 +1033,7 @@ fn mounts(
     pod_ip: &str,
     host_ip: &str,
     env: &[(String, String)],
-) -> Result<Vec<crate::runtime::fs::Mount>, String> {
+) -> Result<Vec<Mount>, String> {
     let vols = pod
         .pointer("/spec/volumes")
         .and_then(Value::as_array)
@@ -1052,7 +1051,7 @@ fn mounts(
                 Err(e) => return Some(Err(e)),
             };
             let (source, tmpfs) = volume_source(pod, spec, vol, pod_ip, host_ip);
-            Some(Ok(crate::runtime::fs::Mount {
+            Some(Ok(Mount {
                 path: str_at(m, "/mountPath"),
                 source,
                 read_only: m.get("readOnly").and_then(Value::as_bool).unwrap_or(false),
@@ -1071,7 +1070,7 @@ fn sub_path(mount: &Value, env: &[(String, String)]) -> Result<String, String> {
         Some(e) if !e.is_empty() => {
             let mut missing = std::collections::BTreeSet::new();
             let expanded =
-                shell::expand_with(e, |name| match env.iter().rev().find(|(k, _)| k == name) {
+                expansion::expand_with(e, |name| match env.iter().rev().find(|(k, _)| k == name) {
                     Some((_, v)) if !v.is_empty() => Some(v.clone()),
                     found => {
                         missing.insert(name.to_owned());
@@ -1228,7 +1227,7 @@ mod tests {
             .contains("# Entries added by HostAliases.\n123.45.67.89\tfoo\tbar\n"));
         let mut want = BTreeMap::new();
         want.insert("sub/k".to_owned(), ("from-cm".to_owned(), 0o644));
-        assert_eq!(c.mounts[0].source, crate::runtime::fs::Source::Files(want));
+        assert_eq!(c.mounts[0].source, Source::Files(want));
         assert_eq!(c.mounts[1].sub_path, "a-x");
         let env = service_env(&[json!({
             "metadata": {"name": "foo-svc"},

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod dns;
 pub mod env;
 pub mod events;
+mod expansion;
 pub mod fleet;
 mod guestbook;
 mod lifecycle;

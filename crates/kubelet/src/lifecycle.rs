@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::net::Dataplane;
 use crate::portforward;
-use crate::runtime::{Runtime, Step};
+use kumo_cri::{ExecStep, Runtime};
 
 /// Runs hook `handler` of container `spec` (runtime id `id`) of `pod`, whose IP is
 /// `pod_ip`: how long it takes, or upstream's message of the failure.
@@ -54,21 +54,20 @@ pub(crate) fn run(
             Ok(steps) => steps
                 .iter()
                 .fold((0, String::new()), |(code, mut out), s| match s {
-                    Step::Out(_, text) => {
+                    ExecStep::Out(_, text) => {
                         out.push_str(text);
                         (code, out)
                     }
-                    Step::Sleep(d) => {
+                    ExecStep::Sleep(d) => {
                         took += *d;
                         (code, out)
                     }
-                    Step::Exit(c) => (*c, out),
+                    ExecStep::Exit(c) => (*c, out),
                     // A hook that never ends runs until the grace period does.
-                    Step::Forever => {
+                    ExecStep::Forever => {
                         took = Duration::MAX;
                         (code, out)
                     }
-                    _ => (code, out),
                 }),
             Err(e) => (-1, e.clone()),
         };

@@ -12,8 +12,8 @@ use kube::api::{Api, GetParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-use crate::runtime::Runtime;
 use crate::{KubeletConfig, Result, KUBELET_VERSION};
+use kumo_cri::Runtime;
 
 /// The taint a node registers with under an external cloud provider, until the cloud
 /// node controller initializes it.

@@ -22,9 +22,9 @@ use serde_json::{json, Value};
 
 use crate::events::Record;
 use crate::prober::{self, Kind, Outcome, Prober};
-use crate::runtime::{Runtime, State};
 use crate::static_pods::{self, CONFIG_HASH, CONFIG_MIRROR};
 use crate::{KubeletConfig, Result};
+use kumo_cri::{Runtime, State};
 
 const BACKOFF_START: Duration = Duration::from_secs(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);

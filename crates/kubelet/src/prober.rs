@@ -29,7 +29,7 @@ use tokio::sync::Notify;
 use crate::events::Record;
 use crate::net::{ConnectError, Dataplane};
 use crate::portforward::{self, Listener};
-use crate::runtime::{Runtime, State};
+use kumo_cri::{Runtime, State};
 
 /// Which probe of a container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -35,8 +35,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::runtime::{Runtime, RuntimeError, Step, Stream};
 use crate::{Error, Result};
+use kumo_cri::{ExecStep, Runtime, RuntimeError, Stream};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -966,7 +966,7 @@ async fn container_logs(
     fn running(rt: &dyn Runtime, id: &str) -> bool {
         matches!(
             rt.container_status(id).map(|s| s.state),
-            Ok(crate::runtime::State::Running { .. })
+            Ok(kumo_cri::State::Running { .. })
         )
     }
     if !opts.follow || done || !running(&*state.runtime, &id) {
@@ -1046,7 +1046,7 @@ async fn run(
             let out: String = steps
                 .into_iter()
                 .filter_map(|s| match s {
-                    Step::Out(_, t) => Some(t),
+                    ExecStep::Out(_, t) => Some(t),
                     _ => None,
                 })
                 .collect();
@@ -1393,10 +1393,14 @@ async fn ready<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut Ws<S>, o: StreamOpts)
 
 /// Reads stdin until the client closes it (v5's close signal, or the connection), or
 /// until a shell reading it has come to an `exit`.
-async fn read_stdin<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut Ws<S>, cmd: &[String]) -> Vec<u8> {
+async fn read_stdin<S: AsyncRead + AsyncWrite + Unpin>(
+    ws: &mut Ws<S>,
+    runtime: &dyn Runtime,
+    cmd: &[String],
+) -> Vec<u8> {
     let mut input = Vec::new();
     loop {
-        if crate::runtime::shell::stdin_complete(cmd, &input) {
+        if runtime.exec_input_complete(cmd, &input) {
             return input;
         }
         match ws.recv().await {
@@ -1426,7 +1430,7 @@ async fn exec_session<S: AsyncRead + AsyncWrite + Unpin>(
         return;
     }
     let input = if o.stdin && runtime.exec_reads_stdin(&cmd) {
-        Some(read_stdin(&mut ws, &cmd).await)
+        Some(read_stdin(&mut ws, &*runtime, &cmd).await)
     } else {
         None
     };
@@ -1435,7 +1439,7 @@ async fn exec_session<S: AsyncRead + AsyncWrite + Unpin>(
             let mut code = 0;
             for step in steps {
                 match step {
-                    Step::Out(stream, text) => {
+                    ExecStep::Out(stream, text) => {
                         // With a TTY, stderr is the terminal too.
                         let channel = match stream {
                             Stream::Stderr if !o.tty => 2,
@@ -1450,15 +1454,14 @@ async fn exec_session<S: AsyncRead + AsyncWrite + Unpin>(
                             return;
                         }
                     }
-                    Step::Sleep(d) => tokio::time::sleep(d).await,
+                    ExecStep::Sleep(d) => tokio::time::sleep(d).await,
                     // Files an exec writes are not kept.
-                    Step::Write { .. } => {}
-                    Step::Exit(c) => {
+                    ExecStep::Exit(c) => {
                         code = c;
                         break;
                     }
                     // An exec runs against the network as it is: it never suspends.
-                    Step::Forever | Step::Suspend(_) => {
+                    ExecStep::Forever => {
                         until_closed(&mut ws).await;
                         return;
                     }
@@ -1494,7 +1497,7 @@ async fn attach_session<S: AsyncRead + AsyncWrite + Unpin>(
     loop {
         let alive = matches!(
             runtime.container_status(&id).map(|s| s.state),
-            Ok(crate::runtime::State::Running { .. })
+            Ok(kumo_cri::State::Running { .. })
         );
         let records = runtime
             .read_logs(&id)

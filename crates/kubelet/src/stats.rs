@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::runtime::{ContainerStats, Runtime};
+use kumo_cri::{ContainerStats, Runtime};
 
 /// What the node itself uses besides its pods: 50m of CPU and 256 MiB of memory.
 pub const SYSTEM_NANOCORES: u64 = 50_000_000;

@@ -10,11 +10,21 @@ use serde_json::Value;
 fn edges() -> Vec<(String, String)> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let meta: Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
     let mut edges = Vec::new();
     for p in meta["packages"].as_array().expect("packages") {
@@ -48,7 +58,13 @@ fn the_client_machinery_depends_on_no_component() {
         .map(|(_, d)| d)
         .collect();
     assert!(deps.is_empty(), "{deps:?}");
-    for component in ["kumo-scheduler", "kumo-kubelet", "kumo-proxy", "kumo-cloud-provider", "kumo-controller-manager"] {
+    for component in [
+        "kumo-scheduler",
+        "kumo-kubelet",
+        "kumo-proxy",
+        "kumo-cloud-provider",
+        "kumo-controller-manager",
+    ] {
         assert!(
             edges().contains(&(component.to_owned(), "kumo-client".to_owned())),
             "{component} uses kumo-client"

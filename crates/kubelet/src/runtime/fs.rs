@@ -7,6 +7,8 @@
 //! sleeps, then writes) is seen by the others only once that time has come.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+pub use kumo_cri::{Mount, Source};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -15,31 +17,6 @@ use std::time::SystemTime;
 pub enum Node {
     File { content: String, mode: u32 },
     Dir { mode: u32 },
-}
-
-/// What a volume mount shows.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// The pod's emptyDir volume of this name.
-    EmptyDir(String),
-    /// A directory of the node (hostPath).
-    HostPath(String),
-    /// Files the kubelet writes (ConfigMap, Secret, downward API, projected): relative
-    /// path → (content, mode). Read-only.
-    Files(BTreeMap<String, (String, u32)>),
-}
-
-/// One volume mount of a container.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mount {
-    /// Where it is mounted in the container.
-    pub path: String,
-    pub source: Source,
-    pub read_only: bool,
-    /// `subPath`: the part of the volume mounted (empty: all of it).
-    pub sub_path: String,
-    /// Memory-backed (an emptyDir with `medium: Memory`, projected files).
-    pub tmpfs: bool,
 }
 
 /// A path's versions in time order (`None`: removed), each with its writer (a
@@ -113,8 +90,7 @@ impl Store {
     }
 }
 
-/// The node's `/etc/hosts` (what hostNetwork pods and hostPath mounts of it see).
-pub const NODE_HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+pub use kumo_cri::NODE_HOSTS;
 
 /// Files of the node itself, by hostPath store key.
 fn node_file(key: &str) -> Option<&'static str> {
@@ -264,6 +240,16 @@ impl View {
                     _ => Loc::Projected(std::borrow::Cow::Borrowed(files), rel),
                 }
             }
+            // An image volume shows the files the image ships (the image catalogue's).
+            Source::Image(reference) => Loc::Projected(
+                std::borrow::Cow::Owned(
+                    super::image_files(reference)
+                        .into_iter()
+                        .map(|(p, c)| (p.trim_start_matches('/').to_owned(), (c, 0o644)))
+                        .collect(),
+                ),
+                rel,
+            ),
         }
     }
 
@@ -281,7 +267,7 @@ impl View {
             let base = match &m.source {
                 Source::EmptyDir(vol) => format!("pod/{}/{vol}", self.sandbox),
                 Source::HostPath(dir) => format!("host/{}", dir.trim_matches('/')),
-                Source::Files(_) => continue,
+                Source::Files(_) | Source::Image(_) => continue,
             };
             let mut key = base;
             for seg in m.sub_path.split('/').filter(|s| !s.is_empty() && *s != ".") {

@@ -1,0 +1,270 @@
+//! The container runtime interface kumo's kubelet drives, shaped like the CRI
+//! (k8s.io/cri-api): pod sandboxes, image pulls, containers with their status, stats,
+//! logs and exec. The kubelet knows only this; a runtime implements it (the simulator,
+//! `kumo-sim`, today; containerd through the CRI next).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+/// What a container is to run.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerConfig {
+    pub name: String,
+    pub image: String,
+    /// The pod's annotations (the sim runtime's instructions).
+    pub annotations: BTreeMap<String, String>,
+    /// The container's command (the image's entrypoint when empty) and args (the
+    /// image's cmd when both are empty), `$(VAR)` already expanded by the kubelet.
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    /// The environment, in order.
+    pub env: Vec<(String, String)>,
+    /// The pod's host name and IP (what `/etc/hostname` and `/etc/hosts` say).
+    pub hostname: String,
+    pub pod_ip: String,
+    /// How many times this container was started before (the CRI's attempt).
+    pub attempt: u32,
+    /// Where the container writes its termination message (`terminationMessagePath`).
+    pub termination_message_path: String,
+    /// `terminationMessagePolicy: FallbackToLogsOnError`.
+    pub fallback_to_logs_on_error: bool,
+    /// Its volume mounts (what its simulated files show).
+    pub mounts: Vec<Mount>,
+    /// Files the kubelet manages in the container (`/etc/hosts`): path → content.
+    pub files: BTreeMap<String, String>,
+    /// The user and group its processes run as (`runAsUser`/`runAsGroup`, the
+    /// container's over the pod's); root when unset.
+    pub user: Option<(i64, Option<i64>)>,
+    /// `securityContext.privileged`.
+    pub privileged: bool,
+    /// `securityContext.allowPrivilegeEscalation: false` (the no_new_privs bit).
+    pub no_new_privs: bool,
+    /// `resources.requests.cpu` in millicores (the cgroup's CPU weight).
+    pub cpu_request_millis: Option<u64>,
+    /// `resources.limits.cpu` in millicores (a cgroup's CPU quota caps its usage).
+    pub cpu_limit_millis: Option<u64>,
+    /// `resources.limits.memory` in bytes.
+    pub memory_limit_bytes: Option<u64>,
+}
+
+/// A running container's resource usage, as the CRI's ContainerStats gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContainerStats {
+    /// When the figures were taken.
+    pub timestamp: SystemTime,
+    /// CPU time used since the container started, in nanoseconds of one core.
+    pub cpu_usage_core_nano_seconds: u64,
+    /// The memory working set, in bytes.
+    pub memory_working_set_bytes: u64,
+}
+
+/// A container's state, as the CRI reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Created,
+    Running {
+        started_at: SystemTime,
+    },
+    Exited {
+        exit_code: i32,
+        started_at: SystemTime,
+        finished_at: SystemTime,
+    },
+}
+
+/// One container's status.
+#[derive(Clone, Debug)]
+pub struct ContainerStatus {
+    pub id: String,
+    pub name: String,
+    pub attempt: u32,
+    pub image: String,
+    pub image_ref: String,
+    pub state: State,
+    /// Once exited: the termination message (from its file, or the end of its logs).
+    pub message: Option<String>,
+}
+
+/// Errors a runtime reports.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("failed to pull and unpack image \"{image}\": {reason}")]
+    Pull { image: String, reason: String },
+    #[error("no such container {0}")]
+    NotFound(String),
+    #[error("container {0} is not running")]
+    NotRunning(String),
+    /// The command could not be started (runc's message).
+    #[error("{0}")]
+    Exec(String),
+}
+
+/// The CRI-shaped runtime interface (a subset: what the kubelet's pod workers use).
+pub trait Runtime: Send + Sync {
+    /// `(runtime name, runtime version)`, e.g. `("sim", "0.1.0")`.
+    fn version(&self) -> (String, String);
+    /// Pulls an image; returns its digest reference.
+    fn pull_image(
+        &self,
+        image: &str,
+        annotations: &BTreeMap<String, String>,
+        container: &str,
+    ) -> Result<String, RuntimeError>;
+    /// Creates a pod sandbox; returns its id.
+    fn run_pod_sandbox(&self, pod_uid: &str) -> String;
+    /// Stops and removes a sandbox with every container in it.
+    fn remove_pod_sandbox(&self, sandbox: &str);
+    fn create_container(&self, sandbox: &str, config: &ContainerConfig, image_ref: &str) -> String;
+    fn start_container(&self, id: &str) -> Result<(), RuntimeError>;
+    /// Stops a container: SIGTERM now, SIGKILL when `grace` has passed. Returns without
+    /// waiting for the exit, which the container's state shows once it happened (a
+    /// process may stop at once or run to the end of the grace period).
+    fn stop_container(&self, id: &str, grace: Duration) -> Result<(), RuntimeError>;
+    fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError>;
+    /// A running container's resource usage (None: not running, or no figures).
+    fn container_stats(&self, _id: &str) -> Option<ContainerStats> {
+        None
+    }
+    /// Applies new CPU and memory requests and limits to a running container (the CRI's
+    /// UpdateContainerResources, for an in-place resize); `config` carries them.
+    fn update_container_resources(
+        &self,
+        _id: &str,
+        _config: &ContainerConfig,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+    /// Only the state of a container: what a pass asks of every pod each second, so a
+    /// runtime may answer it without building the whole status.
+    fn container_state(&self, id: &str) -> Result<State, RuntimeError> {
+        self.container_status(id).map(|s| s.state)
+    }
+    /// Until when the container's state stays as it is unless the kubelet acts on it (a
+    /// simulated process knows when it exits). `None` when the runtime cannot tell: the
+    /// kubelet then reads the state on every pass.
+    fn steady_until(&self, _id: &str) -> Option<SystemTime> {
+        None
+    }
+    /// Kills a container at once (SIGKILL: exit code 137), as after a failed liveness probe.
+    fn kill_container(&self, id: &str) -> Result<(), RuntimeError>;
+    /// Whether `path` exists in container `id`'s files now (what a file server in it
+    /// answers); `None` when the runtime cannot tell.
+    fn file_exists(&self, _id: &str, _path: &str) -> Option<bool> {
+        None
+    }
+    /// The content of file `path` in container `id` now, when the runtime can read it
+    /// (a simulated server loads its certificate this way).
+    fn read_file(&self, _id: &str, _path: &str) -> Option<String> {
+        None
+    }
+    /// Adds `text` to what running container `id` wrote to stdout, now (a simulated
+    /// server logging the requests it serves).
+    fn write_log(&self, _id: &str, _text: &str) {}
+    /// The container's log file, in the CRI log format (what ReadLogs reads).
+    fn read_logs(&self, id: &str) -> Result<String, RuntimeError>;
+    /// Runs `cmd` in a running container (the CRI's Exec), with `stdin` when the command
+    /// reads it; returns the process's steps for the caller to play out.
+    fn exec(
+        &self,
+        id: &str,
+        cmd: &[String],
+        stdin: Option<Vec<u8>>,
+    ) -> Result<Vec<ExecStep>, RuntimeError>;
+    /// Whether `cmd` reads its stdin (so an exec collects it first).
+    fn exec_reads_stdin(&self, cmd: &[String]) -> bool;
+    /// Whether an interactive exec of `cmd` has read all it will with `input` so far (a
+    /// shell that came to `exit`), so the exec may run without its stdin being closed.
+    fn exec_input_complete(&self, _cmd: &[String], _input: &[u8]) -> bool {
+        false
+    }
+    /// The result of exec probe `cmd` in container `id` as of `at`: `Some(passed)`, or
+    /// `None` when the runtime cannot tell (the probe then counts as passing).
+    /// Gives a running container the current content of its ConfigMap, Secret and
+    /// downward API volumes (`config` is its config as the kubelet builds it now).
+    fn refresh_volumes(&self, _id: &str, _config: &ContainerConfig) {}
+    fn probe_exec(
+        &self,
+        _id: &str,
+        _cmd: &[String],
+        _at: SystemTime,
+        _timeout: Duration,
+    ) -> Option<bool> {
+        None
+    }
+    /// What a runtime that only simulates could not do of container `id` as asked (it
+    /// has no model of the command), for the kubelet to tell the user; `None` from a
+    /// runtime that runs what it is given.
+    fn not_simulated(&self, _id: &str) -> Option<String> {
+        None
+    }
+}
+
+/// The `/etc/hosts` of a node that has no file of its own (what host-network pods, and
+/// hostPath mounts of it, show).
+pub const NODE_HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+
+/// One step of what an exec'd process did, for the caller to play out in time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecStep {
+    /// Writes to a stream.
+    Out(Stream, String),
+    Sleep(Duration),
+    /// The process ends with this code.
+    Exit(i32),
+    /// The process runs until it is stopped.
+    Forever,
+}
+
+/// Where a line of output goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    /// The CRI log file's stream tag.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// What a volume mount shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The pod's emptyDir volume of this name.
+    EmptyDir(String),
+    /// A directory of the node (hostPath).
+    HostPath(String),
+    /// Files the kubelet writes (ConfigMap, Secret, downward API, projected): relative
+    /// path → (content, mode). Read-only.
+    Files(BTreeMap<String, (String, u32)>),
+    /// An image volume: the files of the image with this reference, read-only.
+    Image(String),
+}
+
+/// One volume mount of a container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    /// Where it is mounted in the container.
+    pub path: String,
+    pub source: Source,
+    pub read_only: bool,
+    /// `subPath`: the part of the volume mounted (empty: all of it).
+    pub sub_path: String,
+    /// Memory-backed (an emptyDir with `medium: Memory`, projected files).
+    pub tmpfs: bool,
+}
+
+/// A time as the CRI log format writes it (RFC 3339 with nanoseconds, UTC).
+pub fn cri_time(t: SystemTime) -> String {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let base = k8s_openapi::jiff::Timestamp::from_second(secs)
+        .map(|ts| ts.strftime("%Y-%m-%dT%H:%M:%S").to_string())
+        .unwrap_or_default();
+    format!("{base}.{:09}Z", d.subsec_nanos())
+}
