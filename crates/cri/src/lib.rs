@@ -1,7 +1,12 @@
 //! The container runtime interface kumo's kubelet drives, shaped like the CRI
 //! (k8s.io/cri-api): pod sandboxes, image pulls, containers with their status, stats,
-//! logs and exec. The kubelet knows only this; a runtime implements it (the simulator,
-//! `kumo-sim`, today; containerd through the CRI next).
+//! logs and exec, and ([`network`]) the pod network it reaches pods through. The kubelet
+//! knows only this; a runtime implements it (the simulator today; containerd through the
+//! CRI next).
+
+pub mod network;
+
+pub use network::{DialError, PodNetwork};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -267,4 +272,29 @@ pub fn cri_time(t: SystemTime) -> String {
         .map(|ts| ts.strftime("%Y-%m-%dT%H:%M:%S").to_string())
         .unwrap_or_default();
     format!("{base}.{:09}Z", d.subsec_nanos())
+}
+
+/// What one node runs on: its container runtime and its pod network.
+#[derive(Clone)]
+pub struct NodeRuntime {
+    pub runtime: std::sync::Arc<dyn Runtime>,
+    pub network: std::sync::Arc<dyn PodNetwork>,
+}
+
+/// Makes a node's [`NodeRuntime`], anew for each node (the nodes of a simulated fleet in
+/// one process each get their own).
+#[derive(Clone)]
+pub struct RuntimeFactory(pub std::sync::Arc<dyn Fn() -> NodeRuntime + Send + Sync>);
+
+impl RuntimeFactory {
+    /// A node's runtime and network.
+    pub fn make(&self) -> NodeRuntime {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for RuntimeFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RuntimeFactory")
+    }
 }

@@ -107,7 +107,6 @@ pub async fn run(cfg: KubeletConfig, count: usize) -> Result<()> {
         node.node_name = name;
         node.server = None;
         node.pod_manifest_path = None;
-        node.dataplane = None;
         let gate = gate.clone();
         tasks.spawn(async move {
             loop {

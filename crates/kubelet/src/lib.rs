@@ -31,6 +31,7 @@ pub mod runtime;
 mod sample_apiserver;
 mod sample_openapi;
 pub mod server;
+pub mod sim_network;
 pub mod static_pods;
 pub mod stats;
 pub mod trustbundle;
@@ -118,9 +119,8 @@ pub struct KubeletConfig {
     pub static_pod_rescan: Duration,
     /// The kubelet API (port 10250); `None` serves none.
     pub server: Option<server::ServerConfig>,
-    /// The cluster's simulated pod network (shared with the proxy and the other kubelets
-    /// of one `kumo up`); `None`: the pods' network is unreachable.
-    pub dataplane: Option<Arc<net::Dataplane>>,
+    /// What the node runs its pods on: the container runtime and the pod network.
+    pub runtime: Option<kumo_cri::RuntimeFactory>,
 }
 
 impl KubeletConfig {
@@ -148,7 +148,7 @@ impl KubeletConfig {
             status_update_frequency: Duration::from_secs(10),
             static_pod_rescan: static_pods::RESCAN,
             server: None,
-            dataplane: None,
+            runtime: Some(sim_network::factory(None)),
         }
     }
 }
@@ -196,18 +196,14 @@ async fn run_with(
     client: Client,
     gate: Option<&tokio::sync::Semaphore>,
 ) -> Result<()> {
-    let runtime: Arc<dyn runtime::Runtime> =
-        Arc::new(runtime::Sim::with_dataplane(cfg.dataplane.clone()));
-    if let Some(dp) = &cfg.dataplane {
-        dp.add_runtime(Arc::downgrade(&runtime));
-    }
-    let _net = cfg.dataplane.clone().map(|dp| {
-        AbortOnDrop(tokio::spawn(net::sync_pods(
-            client.clone(),
-            cfg.node_name.clone(),
-            dp,
-        )))
-    });
+    let kumo_cri::NodeRuntime { runtime, network } = cfg
+        .runtime
+        .as_ref()
+        .ok_or_else(|| Error::Invalid("no container runtime".into()))?
+        .make();
+    let _net = network
+        .follow(client.clone(), &cfg.node_name)
+        .map(AbortOnDrop);
     // The API listens before the Node is registered, so that daemonEndpoints names the
     // port it got.
     let mut _server = None;
@@ -232,6 +228,7 @@ async fn run_with(
             client.clone(),
             cfg.node_name.clone(),
             runtime.clone(),
+            network.clone(),
         )));
     }
     let cfg = Arc::new(cfg);
@@ -296,5 +293,5 @@ async fn run_with(
         runtime.clone(),
     ));
     let statics = static_pods::Source::new(cfg.clone());
-    pods::run(client, cfg, runtime, node_uid, statics).await
+    pods::run(client, cfg, runtime, network, node_uid, statics).await
 }

@@ -14,15 +14,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::net::Dataplane;
-use crate::portforward;
-use kumo_cri::{ExecStep, Runtime};
+use kumo_cri::{DialError, ExecStep, PodNetwork, Runtime};
 
 /// Runs hook `handler` of container `spec` (runtime id `id`) of `pod`, whose IP is
 /// `pod_ip`: how long it takes, or upstream's message of the failure.
 pub(crate) fn run(
     runtime: &dyn Runtime,
-    dp: Option<&Dataplane>,
+    network: &dyn PodNetwork,
     pod: &Value,
     spec: &Value,
     id: &str,
@@ -86,7 +84,7 @@ pub(crate) fn run(
         } else {
             format!("/{path}")
         };
-        return http_get(dp, pod, spec, pod_ip, get, &path).map(|()| Duration::ZERO).map_err(|e| {
+        return http_get(network, pod, spec, pod_ip, get, &path).map(|()| Duration::ZERO).map_err(|e| {
             format!("HTTP lifecycle hook ({path}) for Container {container:?} in Pod {pod_ref:?} failed - error: {e}")
         });
     }
@@ -99,7 +97,7 @@ pub(crate) fn run(
 
 /// The handler's GET: an error only when nothing answers (any status is an answer).
 fn http_get(
-    dp: Option<&Dataplane>,
+    network: &dyn PodNetwork,
     pod: &Value,
     spec: &Value,
     pod_ip: &str,
@@ -127,14 +125,15 @@ fn http_get(
         .parse()
         .map_err(|_| format!("dial tcp: lookup {host}: no such host"))?;
     let addr = SocketAddr::new(ip, port);
-    let listener = if host == pod_ip {
-        portforward::declared_listener(pod, port)
+    let answered = if host == pod_ip {
+        network.get_pod(pod, port, path, true)
     } else {
-        dp.and_then(|d| d.connect(addr).ok()).map(|(_, l)| l)
+        network.get(addr, path, true)
+    };
+    match answered {
+        Ok(_) => Ok(()),
+        Err(DialError::Refused | DialError::Unreachable) => Err(format!(
+            "Get \"http://{addr}{path}\": dial tcp {addr}: connect: connection refused"
+        )),
     }
-    .ok_or_else(|| {
-        format!("Get \"http://{addr}{path}\": dial tcp {addr}: connect: connection refused")
-    })?;
-    let _ = portforward::answer(dp, &listener, "GET", path, false);
-    Ok(())
 }

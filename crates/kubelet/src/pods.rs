@@ -236,6 +236,7 @@ pub async fn run(
     client: Client,
     cfg: Arc<KubeletConfig>,
     runtime: Arc<dyn Runtime>,
+    network: Arc<dyn kumo_cri::PodNetwork>,
     node_uid: String,
     mut statics: static_pods::Source,
 ) -> Result<()> {
@@ -289,7 +290,7 @@ pub async fn run(
         client.clone(),
         cfg.node_name.clone(),
         runtime.clone(),
-        cfg.dataplane.clone(),
+        network,
         cfg.node_ip.into_iter().collect(),
         wake.clone(),
     );
@@ -783,7 +784,7 @@ impl Workers {
     /// the period is over is killed. True once no container runs.
     fn terminate(&mut self, uid: &str, pod: &Value) -> bool {
         let runtime = self.runtime.clone();
-        let dp = self.cfg.dataplane.clone();
+        let network = self.prober.network();
         let Some(w) = self.workers.get_mut(uid) else {
             return true;
         };
@@ -846,15 +847,8 @@ impl Workers {
                 // the grace period.
                 let mut hook_took = Duration::ZERO;
                 if let Some(hook) = spec.pointer("/lifecycle/preStop") {
-                    match crate::lifecycle::run(
-                        &*runtime,
-                        dp.as_deref(),
-                        pod,
-                        spec,
-                        &id,
-                        &pod_ip,
-                        hook,
-                    ) {
+                    match crate::lifecycle::run(&*runtime, &*network, pod, spec, &id, &pod_ip, hook)
+                    {
                         Ok(took) => hook_took = took,
                         Err(e) => {
                             tracing::info!(container = %name, error = %e, "PreStop hook failed");
@@ -1688,8 +1682,9 @@ fn step(
         // The postStart hook runs once the container started; if it fails, the
         // container is killed (and restarted as its policy says).
         if let Some(hook) = spec.pointer("/lifecycle/postStart") {
-            let dp = prober.dataplane();
-            if let Err(e) = crate::lifecycle::run(runtime, dp, pod, spec, &id, &pod_ip, hook) {
+            if let Err(e) =
+                crate::lifecycle::run(runtime, &*prober.network(), pod, spec, &id, &pod_ip, hook)
+            {
                 tracing::info!(container = %name, error = %e, "Failed to execute PostStartHook");
                 events.push(ev(
                     true,

@@ -102,6 +102,7 @@ pub fn serve(
     pod: Option<Value>,
     uid: Option<&str>,
     fetch: PodFetch,
+    network: Arc<dyn kumo_cri::PodNetwork>,
 ) -> Response<Body> {
     let Some(pod) = pod else {
         return error_text(StatusCode::NOT_FOUND, "pod does not exist");
@@ -114,7 +115,10 @@ pub fn serve(
     if uid.is_some_and(|u| !u.is_empty() && u != pod_uid) {
         return error_text(StatusCode::NOT_FOUND, "pod not found");
     }
-    let target = Target { uid: pod_uid };
+    let target = Target {
+        uid: pod_uid,
+        network,
+    };
     if header_contains(&req, "upgrade", "websocket") {
         let offered = header_values(&req, "sec-websocket-protocol");
         let spdy: Vec<&str> = offered
@@ -271,10 +275,11 @@ pub fn serve(
     r
 }
 
-/// What the error messages name.
+/// What the error messages name, and the network the connections go through.
 #[derive(Clone)]
 struct Target {
     uid: String,
+    network: Arc<dyn kumo_cri::PodNetwork>,
 }
 
 /// Carries WebSocket binary messages to and from `inner`, a byte stream (upstream's
@@ -1224,7 +1229,7 @@ fn split_image(image: &str) -> (&str, &str) {
 async fn forward(data: Half, error: Half, tx: mpsc::Sender<Out>, target: Target, fetch: PodFetch) {
     let port = data.port;
     let pod = fetch().await;
-    let found = pod.as_ref().and_then(|p| listener(p, port));
+    let found = pod.as_ref().and_then(|p| target.network.forward(p, port));
     let host = pod.as_ref().is_some_and(host_network);
     if found.is_none() && !host {
         let msg = refused(port, &target);
@@ -1248,8 +1253,8 @@ async fn forward(data: Half, error: Half, tx: mpsc::Sender<Out>, target: Target,
         }
     };
     match found {
-        Some(found) => http_server(&mut rx, &found, None, send).await,
-        // A host-network pod's port that no simulated server holds.
+        Some(stream) => pipe(&mut rx, stream, send).await,
+        // A host-network pod's port that the pod network has no server of.
         None => {
             if !pipe_to_loopback(&mut rx, port, send).await {
                 let msg = refused(port, &target);
@@ -1270,10 +1275,10 @@ fn host_network(pod: &Value) -> bool {
     pod.pointer("/spec/hostNetwork").and_then(Value::as_bool) == Some(true)
 }
 
-/// Forwards a connection to a host-network pod's port that no simulated server holds to
-/// whatever really listens on that port of the node's loopback (the control plane's
-/// components, which the kubeadm static pods stand for): bytes both ways until the
-/// server closes. `false` when nothing listens there.
+/// Forwards a connection to a host-network pod's port that the pod network has no server
+/// of to whatever really listens on that port of the node's loopback (the control plane's
+/// components, which the kubeadm static pods stand for). `false` when nothing listens
+/// there.
 async fn pipe_to_loopback<F, Fut>(rx: &mut mpsc::Receiver<Bytes>, port: u16, send: F) -> bool
 where
     F: Fn(Vec<u8>) -> Fut,
@@ -1283,7 +1288,19 @@ where
     let Ok(sock) = tokio::net::TcpStream::connect(to).await else {
         return false;
     };
-    let (mut r, mut w) = sock.into_split();
+    pipe(rx, sock, send).await;
+    true
+}
+
+/// Carries one forwarded connection: the client's bytes to `io`, and what comes back out
+/// with `send`, until the server closes.
+async fn pipe<IO, F, Fut>(rx: &mut mpsc::Receiver<Bytes>, io: IO, send: F)
+where
+    IO: AsyncRead + AsyncWrite,
+    F: Fn(Vec<u8>) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let (mut r, mut w) = tokio::io::split(io);
     let up = async {
         while let Some(b) = rx.recv().await {
             if w.write_all(&b).await.is_err() {
@@ -1311,7 +1328,6 @@ where
         _ = up => {}
         _ = down => {}
     }
-    true
 }
 
 /// containerd's answer when nothing listens, as the kubelet's streaming server wraps it
@@ -1429,7 +1445,7 @@ where
                     true
                 }
             };
-            match pod.as_ref().and_then(|p| listener(p, port)) {
+            match pod.as_ref().and_then(|p| target.network.forward(p, port)) {
                 None if pod.as_ref().is_some_and(host_network) => {
                     if !pipe_to_loopback(&mut rx, port, send).await {
                         let _ = out
@@ -1437,7 +1453,7 @@ where
                             .await;
                     }
                 }
-                Some(found) => http_server(&mut rx, &found, None, send).await,
+                Some(stream) => pipe(&mut rx, stream, send).await,
                 None => {
                     let _ = out
                         .send(message(err_ch, refused(port, &target).as_bytes()))
@@ -2237,7 +2253,11 @@ mod tests {
             vec![0x80, 0x03, 0x00, 0x01, 0, 0xff, 0xff],
         ] {
             let (a, mut b) = tokio::io::duplex(4096);
-            let task = tokio::spawn(session(a, Target { uid: "u".into() }, fetch.clone()));
+            let target = Target {
+                uid: "u".into(),
+                network: crate::sim_network::factory(None).make().network,
+            };
+            let task = tokio::spawn(session(a, target, fetch.clone()));
             b.write_all(&garbage).await.expect("write");
             if garbage.len() == 7 {
                 b.shutdown().await.expect("shutdown");

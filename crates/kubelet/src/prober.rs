@@ -7,11 +7,11 @@
 //! startup probe to pass. Results start as upstream's: readiness failing, liveness
 //! passing, startup unknown.
 //!
-//! Where a probe goes: to the pod's simulated listeners (its declared container ports,
-//! see [`crate::portforward::Listener`]) for a pod on the pod network and for anything
-//! the cluster's simulated network reaches; to real sockets only on loopback, which is
-//! where a host-network pod's server runs on this machine (the node's own addresses
-//! stand for 127.0.0.1). No probe ever leaves the machine.
+//! Where a probe goes: through the pod network ([`PodNetwork`]) to the pod's own servers
+//! and to anything else the cluster network reaches; to real sockets only on loopback,
+//! which is where a host-network pod's server runs on this machine when the pod network
+//! has none of it (the node's own addresses stand for 127.0.0.1). No probe ever leaves
+//! the machine.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -27,9 +27,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::events::Record;
-use crate::net::{ConnectError, Dataplane};
-use crate::portforward::{self, Listener};
-use kumo_cri::{Runtime, State};
+use kumo_cri::{DialError, PodNetwork, Runtime, State};
 
 /// Which probe of a container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -227,8 +225,11 @@ impl Settings {
 
 /// Where a connection goes.
 enum Route {
-    /// A simulated pod's listener.
-    Sim(Listener),
+    /// A server of the probed pod at its own address, through the pod network: the pod
+    /// (with the probed container's state as the runtime has it) and the port.
+    Pod(Box<Value>, u16),
+    /// Another address of the cluster network.
+    Cluster(SocketAddr),
     /// A real socket (loopback only).
     Real(SocketAddr),
     Refused,
@@ -248,7 +249,7 @@ struct Inner {
     client: Client,
     node: String,
     runtime: Arc<dyn Runtime>,
-    dataplane: Option<Arc<Dataplane>>,
+    network: Arc<dyn PodNetwork>,
     /// The node's own addresses (they stand for this machine's loopback).
     node_ips: Vec<IpAddr>,
     /// Woken when a result changes, so that status follows at once.
@@ -278,7 +279,7 @@ impl Prober {
         client: Client,
         node: String,
         runtime: Arc<dyn Runtime>,
-        dataplane: Option<Arc<Dataplane>>,
+        network: Arc<dyn PodNetwork>,
         node_ips: Vec<IpAddr>,
         wake: Arc<Notify>,
     ) -> Prober {
@@ -288,16 +289,16 @@ impl Prober {
                 client,
                 node,
                 runtime,
-                dataplane,
+                network,
                 node_ips,
                 wake,
             }),
         }
     }
 
-    /// The pod network the probes (and lifecycle hooks) go through, if any.
-    pub(crate) fn dataplane(&self) -> Option<&Dataplane> {
-        self.inner.dataplane.as_deref()
+    /// The pod network the probes (and lifecycle hooks) go through.
+    pub(crate) fn network(&self) -> Arc<dyn PodNetwork> {
+        self.inner.network.clone()
     }
 
     /// The result of the `kind` worker of container `id`: `None` when it has none.
@@ -435,34 +436,49 @@ impl Worker {
             | Action::Tcp { host, port }
             | Action::Grpc { host, port, .. } => (host.as_str(), *port),
         };
-        let route = match self.route(host, port) {
-            // The probed container's own server knows when it started.
-            Route::Sim(Listener::AgnhostLiveness { started: None }) => {
-                Route::Sim(Listener::AgnhostLiveness {
-                    started: Some(started_at),
-                })
-            }
-            // Its file server serves its own files.
-            Route::Sim(Listener::FileServer {
-                pod,
-                container,
-                found,
-            }) if container.is_empty() => Route::Sim(Listener::FileServer {
-                pod,
-                container: self.id.clone(),
-                found,
-            }),
-            r => r,
-        };
-        let runtime = self.inner.runtime.clone();
-        match tokio::time::timeout(s.timeout, run(&s.action, route, runtime.as_ref())).await {
+        let route = self.route(host, port, started_at);
+        let network = self.inner.network.clone();
+        match tokio::time::timeout(s.timeout, run(&s.action, route, &*network)).await {
             Ok(r) => r,
             Err(_) => Err(timeout_message(&s.action, s.timeout)),
         }
     }
 
+    /// The pod as the probe sees it: the probed container running since `started_at`
+    /// with its runtime id, whatever the API's status says yet.
+    fn probed_pod(&self, started_at: std::time::SystemTime) -> Value {
+        let mut pod = self.pod.clone();
+        let started = k8s_openapi::jiff::Timestamp::try_from(started_at)
+            .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .unwrap_or_default();
+        let entry = serde_json::json!({
+            "name": self.container,
+            "containerID": format!("{}://{}", self.inner.runtime.version().0, self.id),
+            "state": {"running": {"startedAt": started}},
+        });
+        let statuses = pod
+            .pointer_mut("/status/containerStatuses")
+            .and_then(Value::as_array_mut);
+        match statuses {
+            Some(list) => match list
+                .iter_mut()
+                .find(|c| c["name"] == self.container.as_str())
+            {
+                Some(c) => *c = entry,
+                None => list.push(entry),
+            },
+            None => {
+                if let Some(obj) = pod.as_object_mut() {
+                    let status = obj.entry("status").or_insert_with(|| serde_json::json!({}));
+                    status["containerStatuses"] = serde_json::json!([entry]);
+                }
+            }
+        }
+        pod
+    }
+
     /// Where a probe of `host:port` goes (see the module documentation).
-    fn route(&self, host: &str, port: u16) -> Route {
+    fn route(&self, host: &str, port: u16, started_at: std::time::SystemTime) -> Route {
         let Ok(ip) = host.parse::<IpAddr>() else {
             // Names resolve as the node resolves them: only localhost here.
             return if host.eq_ignore_ascii_case("localhost") {
@@ -482,8 +498,9 @@ impl Worker {
             // A host-network container's declared port is the sim's; anything else on
             // the host is a real server (the control plane's, on loopback).
             if host_network {
-                if let Some(l) = portforward::declared_listener(&self.pod, port) {
-                    return Route::Sim(l);
+                let pod = self.probed_pod(started_at);
+                if self.inner.network.serves(&pod, port) {
+                    return Route::Pod(Box::new(pod), port);
                 }
             }
             let to = if ip.is_loopback() {
@@ -494,18 +511,18 @@ impl Worker {
             return Route::Real(SocketAddr::new(to, port));
         }
         if !host_network && (pod_ip == Some(ip) || pod_ip.is_none()) {
-            return match portforward::declared_listener(&self.pod, port) {
-                Some(l) => Route::Sim(l),
-                None => Route::Refused,
+            let pod = self.probed_pod(started_at);
+            return if self.inner.network.serves(&pod, port) {
+                Route::Pod(Box::new(pod), port)
+            } else {
+                Route::Refused
             };
         }
-        match &self.inner.dataplane {
-            Some(d) => match d.connect(SocketAddr::new(ip, port)) {
-                Ok((_, l)) => Route::Sim(l),
-                Err(ConnectError::Refused) => Route::Refused,
-                Err(ConnectError::Unreachable) => Route::Unreachable,
-            },
-            None => Route::Unreachable,
+        let addr = SocketAddr::new(ip, port);
+        match self.inner.network.connect(addr) {
+            Ok(()) => Route::Cluster(addr),
+            Err(DialError::Refused) => Route::Refused,
+            Err(DialError::Unreachable) => Route::Unreachable,
         }
     }
 }
@@ -571,28 +588,28 @@ fn timeout_message(action: &Action, timeout: Duration) -> String {
 }
 
 /// Runs `action` over `route` (the caller bounds it with the probe's timeout).
-async fn run(action: &Action, route: Route, runtime: &dyn Runtime) -> Result<(), String> {
+async fn run(action: &Action, route: Route, network: &dyn PodNetwork) -> Result<(), String> {
+    let answered = |r: Result<u16, DialError>| match r {
+        Ok(code) => Some(http_verdict(code)),
+        Err(DialError::Refused) => Some(Err(refused_message(action))),
+        Err(DialError::Unreachable) => None,
+    };
     match route {
         Route::Unreachable => std::future::pending().await,
         Route::Refused => Err(refused_message(action)),
-        Route::Sim(l) => match action {
-            Action::Http { path, .. } => {
-                let l = match l {
-                    portforward::Listener::FileServer { pod, container, .. } => {
-                        let found =
-                            runtime.file_exists(&container, path.split('?').next().unwrap_or(""));
-                        portforward::Listener::FileServer {
-                            pod,
-                            container,
-                            found,
-                        }
-                    }
-                    l => l,
-                };
-                let (code, _) = portforward::status(&l, "GET", path, "HTTP/1.1");
-                http_verdict(code)
-            }
-            // The sim's listeners stand for the container's server, whatever it speaks.
+        Route::Pod(pod, port) => match action {
+            Action::Http { path, .. } => match answered(network.get_pod(&pod, port, path, false)) {
+                Some(r) => r,
+                None => std::future::pending().await,
+            },
+            // The pod network's servers stand for the container's, whatever they speak.
+            Action::Tcp { .. } | Action::Grpc { .. } => Ok(()),
+        },
+        Route::Cluster(addr) => match action {
+            Action::Http { path, .. } => match answered(network.get(addr, path, false)) {
+                Some(r) => r,
+                None => std::future::pending().await,
+            },
             Action::Tcp { .. } | Action::Grpc { .. } => Ok(()),
         },
         Route::Real(addr) => {

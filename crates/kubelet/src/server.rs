@@ -222,6 +222,7 @@ pub struct State {
     client: Client,
     node_name: String,
     runtime: Arc<dyn Runtime>,
+    network: Arc<dyn kumo_cri::PodNetwork>,
     anonymous: bool,
     webhook: bool,
     /// TokenReview answers (2 minutes, as upstream's webhook token cache).
@@ -240,11 +241,13 @@ pub fn serve(
     client: Client,
     node_name: String,
     runtime: Arc<dyn Runtime>,
+    network: Arc<dyn kumo_cri::PodNetwork>,
 ) -> tokio::task::JoinHandle<()> {
     let state = Arc::new(State {
         client,
         node_name,
         runtime,
+        network,
         anonymous: cfg.anonymous_auth,
         webhook: cfg.authorization_webhook,
         tokens: Mutex::default(),
@@ -574,7 +577,7 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
                 let (st, ns, name) = (st.clone(), ns.clone(), name.clone());
                 Box::pin(async move { st.pod(&ns, &name).await })
             });
-            crate::portforward::serve(req, found, uid.as_deref(), fetch)
+            crate::portforward::serve(req, found, uid.as_deref(), fetch, state.network.clone())
         }
         ["run", ns, pod, container] | ["run", ns, pod, _, container]
             if *req.method() == Method::POST =>

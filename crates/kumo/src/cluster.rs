@@ -265,7 +265,7 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             .with_context(|| format!("creating {}", manifests.display()))?;
         let mut k = kumo_kubelet::KubeletConfig::new(&kc, &cfg.node_name);
         k.pod_manifest_path = Some(manifests);
-        k.dataplane = Some(dataplane.clone());
+        k.runtime = Some(kumo_kubelet::sim_network::factory(Some(dataplane.clone())));
         // The node's InternalIP is an address of the simulated network, as a kubeadm
         // machine's is of its LAN: pods reach its NodePorts and host ports through the
         // dataplane, and a pod's 127.0.0.1 stays its own. Nothing dials it on the host: the

@@ -185,7 +185,7 @@ impl KubeletHypervisor {
         let mut cfg = kumo_kubelet::KubeletConfig::new(&kubeconfig, &inst.name);
         cfg.node_ip = Some(node_ip);
         cfg.cloud_provider_external = true;
-        cfg.dataplane = self.dataplane.clone();
+        cfg.runtime = Some(kumo_kubelet::sim_network::factory(self.dataplane.clone()));
         cfg.node_labels = boot.node_labels.clone();
         cfg.register_with_taints = boot
             .register_with_taints

@@ -1,0 +1,41 @@
+//! The pod network as the kubelet reaches pods through it: its probes, its lifecycle
+//! hooks and port-forward. The simulator's in-process network implements it today; the
+//! node's network namespace with CNI implements it next.
+
+use std::net::SocketAddr;
+
+use serde_json::Value;
+
+/// Why a connection from the node did not open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DialError {
+    /// Nothing listens there (RST).
+    Refused,
+    /// No route: the connection would hang until its timeout.
+    Unreachable,
+}
+
+/// The pod network, from the node.
+pub trait PodNetwork: Send + Sync {
+    /// Whether a server of `pod` listens on `port` at the pod's own address (for a
+    /// host-network pod: a server of its containers, not whatever else the node runs).
+    fn serves(&self, pod: &Value, port: u16) -> bool;
+    /// `GET path` from the node to `port` of `pod` at the pod's own address: the
+    /// response's status code. With `effects` the server acts on it as on any request
+    /// (a lifecycle hook); without, only its answer is read (a probe).
+    fn get_pod(&self, pod: &Value, port: u16, path: &str, effects: bool) -> Result<u16, DialError>;
+    /// Whether a connection from the node to `addr` (another pod, a Service, a node port)
+    /// opens.
+    fn connect(&self, addr: SocketAddr) -> Result<(), DialError>;
+    /// `GET path` from the node to `addr` through the network, as [`Self::get_pod`].
+    fn get(&self, addr: SocketAddr, path: &str, effects: bool) -> Result<u16, DialError>;
+    /// A byte stream to `port` of `pod` (what port-forward carries), when a server of the
+    /// pod listens there.
+    fn forward(&self, pod: &Value, port: u16) -> Option<tokio::io::DuplexStream>;
+    /// Starts following the pods bound to `node` (their addresses and what listens there,
+    /// as the API says), until the returned task is aborted; `None` when the network
+    /// needs no such thing.
+    fn follow(&self, _client: kube::Client, _node: &str) -> Option<tokio::task::JoinHandle<()>> {
+        None
+    }
+}
