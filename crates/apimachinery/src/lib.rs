@@ -12,6 +12,7 @@ pub mod quota;
 pub mod selector;
 pub mod status;
 pub mod validation;
+pub mod websocket;
 pub mod yaml;
 
 /// Timestamps as the API writes them: RFC 3339 in UTC, whole seconds (`metav1.Time`).

@@ -853,14 +853,7 @@ fn websocket_log(mut req: Request<Incoming>, resp: Response<Body>) -> Response<B
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    let accept = {
-        use base64::Engine;
-        let d = ring::digest::digest(
-            &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
-            format!("{key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11").as_bytes(),
-        );
-        base64::engine::general_purpose::STANDARD.encode(d.as_ref())
-    };
+    let accept = kumo_apimachinery::websocket::accept_key(&key);
     let on_upgrade = hyper::upgrade::on(&mut req);
     let mut body = resp.into_body();
     tokio::spawn(async move {

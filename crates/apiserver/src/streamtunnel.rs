@@ -6,7 +6,6 @@
 
 use std::convert::Infallible;
 
-use base64::Engine;
 use bytes::Bytes;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
@@ -133,13 +132,7 @@ where
             (f, b) => tracing::debug!(client = f.is_ok(), kubelet = b.is_ok(), "upgrade failed"),
         }
     });
-    let accept = {
-        let d = ring::digest::digest(
-            &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
-            format!("{key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11").as_bytes(),
-        );
-        base64::engine::general_purpose::STANDARD.encode(d.as_ref())
-    };
+    let accept = kumo_apimachinery::websocket::accept_key(&key);
     let mut r = Response::new(Full::new(Bytes::new()).boxed());
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = r.headers_mut();
@@ -160,23 +153,6 @@ where
     Ok(r)
 }
 
-/// WebSocket frame of `opcode`, unmasked (server to client).
-fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mut f = vec![0x80 | opcode];
-    let n = payload.len();
-    if n < 126 {
-        f.push(n as u8);
-    } else if n <= 0xffff {
-        f.push(126);
-        f.extend_from_slice(&(n as u16).to_be_bytes());
-    } else {
-        f.push(127);
-        f.extend_from_slice(&(n as u64).to_be_bytes());
-    }
-    f.extend_from_slice(payload);
-    f
-}
-
 /// Copies the client's binary messages to the kubelet's byte stream and back.
 async fn join<W, K>(ws: W, kubelet: K)
 where
@@ -188,7 +164,7 @@ where
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(u8, Vec<u8>)>(16);
     let writer = tokio::spawn(async move {
         while let Some((opcode, payload)) = rx.recv().await {
-            let f = frame(opcode, &payload);
+            let f = kumo_apimachinery::websocket::frame(opcode, &payload);
             if ws_w.write_all(&f).await.is_err() || ws_w.flush().await.is_err() {
                 return;
             }

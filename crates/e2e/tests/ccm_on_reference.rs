@@ -130,6 +130,7 @@ async fn instance(cloud: &kumo_cloud::Client, name: &str) -> Instance {
 /// The kubelet of instance `i`, as the instance's boot would start it.
 fn kubelet(kc: &Path, i: &Instance) {
     let mut cfg = kumo_kubelet::KubeletConfig::new(kc, &i.name);
+    cfg.runtime = Some(kumo_sim::factory(None));
     cfg.cloud_provider_external = true;
     cfg.node_ip = Some(i.private_ip.parse().unwrap());
     tokio::spawn(async move {

@@ -228,12 +228,13 @@ impl Args {
     }
 }
 
-/// Runs `kumo kubelet`.
-pub async fn run(args: Args) -> crate::Result<()> {
+/// Runs `kumo kubelet` with its pods on what `runtime` makes.
+pub async fn run(args: Args, runtime: kumo_cri::RuntimeFactory) -> crate::Result<()> {
     let nodes = args.sim_nodes;
     let bootstrap = args.bootstrap_kubeconfig.clone();
     let cert_dir = args.cert_dir.clone();
-    let cfg = args.config()?;
+    let mut cfg = args.config()?;
+    cfg.runtime = Some(runtime);
     if let Some(b) = bootstrap {
         crate::bootstrap::load_client_cert(&cfg.kubeconfig, &b, &cert_dir, &cfg.node_name).await?;
     }

@@ -695,7 +695,7 @@ pub fn container_config(
     }
     files.insert(
         "/etc/resolv.conf".to_owned(),
-        crate::net::pod_resolv_conf(pod),
+        crate::resolv::pod_resolv_conf(pod),
     );
     let security = |key: &str| {
         spec.pointer(&format!("/securityContext/{key}"))

@@ -1,37 +1,30 @@
 //! kumo's kubelet: the node agent. It registers its Node, renews its Lease in
 //! `kube-node-lease`, reports node status, runs the pods bound to it (watched by
-//! `spec.nodeName`) on a CRI-shaped [`runtime::Runtime`], and runs static pods from
+//! `spec.nodeName`) on a CRI-shaped runtime (`kumo_cri::Runtime`, reaching pods through
+//! its `PodNetwork`), and runs static pods from
 //! `--pod-manifest-path` with a mirror pod for each in the API. It is an API client only,
 //! as upstream's kubelet is.
 //!
 //! Layout: [`node`] registration, status and lease; [`pods`] the pod workers and their
-//! status; [`static_pods`] the manifest directory and mirror pods; [`runtime`] the runtime
-//! interface and the `sim` runtime; [`fleet`] many simulated nodes in one process.
+//! status; [`static_pods`] the manifest directory and mirror pods; [`fleet`] many nodes in
+//! one process. The kubelet knows no runtime: the caller gives it one
+//! ([`KubeletConfig::runtime`]).
 
 pub mod admission;
-mod agnhost_webhook;
 pub mod bootstrap;
 pub mod cli;
-pub mod dns;
 pub mod env;
 pub mod events;
 mod expansion;
 pub mod fleet;
-mod guestbook;
 mod lifecycle;
-mod mtls;
-pub mod net;
-mod netexec;
 pub mod node;
 pub mod podcertificate;
 pub mod pods;
 pub mod portforward;
 pub mod prober;
-pub mod runtime;
-mod sample_apiserver;
-mod sample_openapi;
+mod resolv;
 pub mod server;
-pub mod sim_network;
 pub mod static_pods;
 pub mod stats;
 pub mod trustbundle;
@@ -148,7 +141,7 @@ impl KubeletConfig {
             status_update_frequency: Duration::from_secs(10),
             static_pod_rescan: static_pods::RESCAN,
             server: None,
-            runtime: Some(sim_network::factory(None)),
+            runtime: None,
         }
     }
 }

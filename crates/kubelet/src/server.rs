@@ -1167,7 +1167,7 @@ async fn stream(
         .iter()
         .find(|p| WS_PROTOCOLS.contains(&p.as_str()))
         .cloned();
-    let accept = crate::portforward::ws_accept(&key);
+    let accept = kumo_apimachinery::websocket::accept_key(&key);
     let upgrade = hyper::upgrade::on(&mut req);
     // v4 and v5 end with a JSON Status on the error channel; the older protocols with
     // only a failure's message.

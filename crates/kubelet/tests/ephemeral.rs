@@ -16,6 +16,7 @@ async fn kubectl_debug_runs_an_ephemeral_container_and_resize_applies() {
     let (server, dir) = common::start_apiserver().await;
     let admin = server.admin_kubeconfig.clone();
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "w1"), "w1");
+    kcfg.runtime = Some(kumo_sim::factory(None));
     kcfg.status_update_frequency = Duration::from_secs(1);
     common::spawn_kubelet(kcfg);
     common::default_service_account(&admin, dir.path()).await;

@@ -29,6 +29,7 @@ async fn sim_nodes_run_as_their_own_nodes() {
     let (server, dir) = common::start_apiserver().await;
     let admin = server.admin_kubeconfig.clone();
     let mut cfg = KubeletConfig::new(&admin, "sim");
+    cfg.runtime = Some(kumo_sim::factory(None));
     cfg.status_update_frequency = std::time::Duration::from_secs(1);
     tokio::spawn(kumo_kubelet::fleet::run(cfg, NODES));
 

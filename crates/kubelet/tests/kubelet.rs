@@ -24,6 +24,7 @@ async fn kubelet_runs_pods_and_static_pods() {
     )
     .unwrap();
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "w1"), "w1");
+    kcfg.runtime = Some(kumo_sim::factory(None));
     kcfg.pod_manifest_path = Some(manifests.clone());
     // Not rescanned during the test: the manifest changes below take effect through the
     // directory's file events.

@@ -49,8 +49,8 @@ async fn post_start_and_pre_stop_hooks_reach_their_targets() {
     common::default_service_account(&admin, dir.path()).await;
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "h1"), "h1");
     kcfg.status_update_frequency = Duration::from_secs(1);
-    kcfg.runtime = Some(kumo_kubelet::sim_network::factory(Some(Arc::new(
-        kumo_kubelet::net::Dataplane::default(),
+    kcfg.runtime = Some(kumo_sim::factory(Some(Arc::new(
+        kumo_sim::net::Dataplane::default(),
     ))));
     kcfg.server = Some(ServerConfig {
         address: Ipv4Addr::LOCALHOST.into(),

@@ -40,6 +40,7 @@ async fn csinode_and_node_events() {
     let (server, dir) = common::start_apiserver().await;
     let admin = server.admin_kubeconfig.clone();
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "n1"), "n1");
+    kcfg.runtime = Some(kumo_sim::factory(None));
     kcfg.status_update_frequency = Duration::from_millis(500);
     common::spawn_kubelet(kcfg);
     until(

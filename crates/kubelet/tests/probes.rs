@@ -133,6 +133,7 @@ async fn network_probes_follow_the_servers_they_probe() {
     let (server, dir) = common::start_apiserver().await;
     let admin = server.admin_kubeconfig.clone();
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "w1"), "w1");
+    kcfg.runtime = Some(kumo_sim::factory(None));
     kcfg.status_update_frequency = Duration::from_secs(1);
     common::spawn_kubelet(kcfg);
     common::node_ready(&admin, "w1").await;

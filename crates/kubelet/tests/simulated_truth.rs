@@ -27,6 +27,7 @@ async fn the_simulated_runtime_runs_what_it_is_given_and_says_what_it_cannot() {
     let admin = server.admin_kubeconfig.clone();
     common::default_service_account(&admin, dir.path()).await;
     let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "h1"), "h1");
+    kcfg.runtime = Some(kumo_sim::factory(None));
     kcfg.status_update_frequency = Duration::from_secs(1);
     kcfg.server = Some(ServerConfig {
         address: Ipv4Addr::LOCALHOST.into(),

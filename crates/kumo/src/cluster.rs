@@ -163,7 +163,7 @@ pub struct Cluster {
     /// The cloud, when there is one.
     pub cloud: Option<ClusterCloud>,
     /// The pods' simulated network: the proxy programs it, the kubelets' pods use it.
-    pub dataplane: Arc<kumo_kubelet::net::Dataplane>,
+    pub dataplane: Arc<kumo_sim::net::Dataplane>,
 }
 
 /// The cloud of a running cluster.
@@ -210,7 +210,7 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     let dial = KubeletDialOverrides::default();
     // The network every kubelet's pods share; the API server's pod and service proxies
     // reach the pods through it, never through the host.
-    let dataplane = kumo_kubelet::net::Dataplane::new();
+    let dataplane = kumo_sim::net::Dataplane::new();
     let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&cfg.data_dir);
     api_cfg.bind = std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), cfg.port);
     api_cfg.kubelet_dial_overrides = dial.clone();
@@ -265,7 +265,7 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             .with_context(|| format!("creating {}", manifests.display()))?;
         let mut k = kumo_kubelet::KubeletConfig::new(&kc, &cfg.node_name);
         k.pod_manifest_path = Some(manifests);
-        k.runtime = Some(kumo_kubelet::sim_network::factory(Some(dataplane.clone())));
+        k.runtime = Some(kumo_sim::factory(Some(dataplane.clone())));
         // The node's InternalIP is an address of the simulated network, as a kubeadm
         // machine's is of its LAN: pods reach its NodePorts and host ports through the
         // dataplane, and a pod's 127.0.0.1 stays its own. Nothing dials it on the host: the
@@ -387,7 +387,7 @@ async fn start_cloud(
     settings: &CloudSettings,
     api: &kumo_apiserver::ApiServer,
     dial: KubeletDialOverrides,
-    dataplane: &Arc<kumo_kubelet::net::Dataplane>,
+    dataplane: &Arc<kumo_sim::net::Dataplane>,
 ) -> Result<ClusterCloud> {
     let server = server_url(&api.admin_kubeconfig)?;
     let hypervisor = Arc::new(
@@ -622,7 +622,7 @@ async fn ccm_credentials(
 /// kube-system/metrics-server (its token rotated as the controllers' are), serving the
 /// connections the simulated pod network makes to the metrics-server pod. Retried until it
 /// starts (the API server's front-proxy ConfigMap may not be there at once).
-async fn run_metrics_server(admin: PathBuf, dataplane: Arc<kumo_kubelet::net::Dataplane>) {
+async fn run_metrics_server(admin: PathBuf, dataplane: Arc<kumo_sim::net::Dataplane>) {
     let start = || async {
         let kc = kube::config::Kubeconfig::read_from(&admin)?;
         let base = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
@@ -770,7 +770,7 @@ async fn run_scheduler(kubeconfig: PathBuf, serving: watch::Sender<Option<Socket
 
 /// kube-proxy as system:kube-proxy; started again if it stops.
 /// The simulated pod network as the API server reaches it.
-struct PodNetwork(Arc<kumo_kubelet::net::Dataplane>);
+struct PodNetwork(Arc<kumo_sim::net::Dataplane>);
 
 impl std::fmt::Debug for PodNetwork {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -788,7 +788,7 @@ impl kumo_apiserver::resource_proxy::PodNetwork for PodNetwork {
     }
 }
 
-async fn run_proxy(kubeconfig: PathBuf, dataplane: Arc<kumo_kubelet::net::Dataplane>) {
+async fn run_proxy(kubeconfig: PathBuf, dataplane: Arc<kumo_sim::net::Dataplane>) {
     loop {
         if let Err(e) = kumo_proxy::run(&kubeconfig, dataplane.clone()).await {
             tracing::error!(error = %e, "kube-proxy stopped; restarting");

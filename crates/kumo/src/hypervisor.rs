@@ -108,7 +108,7 @@ pub struct KubeletHypervisor {
     dial: KubeletDialOverrides,
     running: Mutex<HashMap<String, Running>>,
     /// The pods' network the kubelets share, if any.
-    dataplane: Option<std::sync::Arc<kumo_kubelet::net::Dataplane>>,
+    dataplane: Option<std::sync::Arc<kumo_sim::net::Dataplane>>,
 }
 
 impl KubeletHypervisor {
@@ -131,10 +131,7 @@ impl KubeletHypervisor {
     }
 
     /// Kubelets whose pods share `dataplane` (the cluster's pod network).
-    pub fn with_dataplane(
-        mut self,
-        dataplane: std::sync::Arc<kumo_kubelet::net::Dataplane>,
-    ) -> Self {
+    pub fn with_dataplane(mut self, dataplane: std::sync::Arc<kumo_sim::net::Dataplane>) -> Self {
         self.dataplane = Some(dataplane);
         self
     }
@@ -185,7 +182,7 @@ impl KubeletHypervisor {
         let mut cfg = kumo_kubelet::KubeletConfig::new(&kubeconfig, &inst.name);
         cfg.node_ip = Some(node_ip);
         cfg.cloud_provider_external = true;
-        cfg.runtime = Some(kumo_kubelet::sim_network::factory(self.dataplane.clone()));
+        cfg.runtime = Some(kumo_sim::factory(self.dataplane.clone()));
         cfg.node_labels = boot.node_labels.clone();
         cfg.register_with_taints = boot
             .register_with_taints

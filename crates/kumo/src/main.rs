@@ -656,7 +656,7 @@ fn other(command: Command) -> Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            Ok(rt.block_on(kumo_kubelet::cli::run(*args))?)
+            Ok(rt.block_on(kumo_kubelet::cli::run(*args, kumo_sim::factory(None)))?)
         }
         Command::Scheduler(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()

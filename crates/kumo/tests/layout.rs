@@ -1,6 +1,8 @@
 //! The crate graph keeps the rules ARCHITECTURE.md states: the client machinery every
-//! component shares is `kumo-client`, which depends on no component, and no crate but
-//! the binary depends on the controller-manager.
+//! component shares is `kumo-client`, which depends on no component; no crate but the
+//! binary depends on the controller-manager; the kubelet knows only the runtime interface
+//! (`kumo-cri`), the proxy only its data-plane interface, and neither knows the other or
+//! the simulator, which knows neither the kubelet nor the binary.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -70,4 +72,29 @@ fn the_client_machinery_depends_on_no_component() {
             "{component} uses kumo-client"
         );
     }
+}
+
+#[test]
+fn the_kubelet_and_the_proxy_know_interfaces_not_the_simulator() {
+    let edges = edges();
+    let deps = |p: &str| -> Vec<String> {
+        edges
+            .iter()
+            .filter(|(from, _)| from == p)
+            .map(|(_, d)| d.clone())
+            .collect()
+    };
+    let kubelet = deps("kumo-kubelet");
+    assert!(kubelet.contains(&"kumo-cri".to_owned()), "{kubelet:?}");
+    for banned in ["kumo-sim", "kumo-proxy"] {
+        assert!(!kubelet.contains(&banned.to_owned()), "kubelet -> {banned}");
+    }
+    let proxy = deps("kumo-proxy");
+    for banned in ["kumo-sim", "kumo-kubelet", "kumo-cri"] {
+        assert!(!proxy.contains(&banned.to_owned()), "proxy -> {banned}");
+    }
+    let sim = deps("kumo-sim");
+    assert!(sim.contains(&"kumo-cri".to_owned()), "{sim:?}");
+    assert!(!sim.contains(&"kumo-kubelet".to_owned()), "{sim:?}");
+    assert_eq!(deps("kumo-cri"), Vec::<String>::new());
 }

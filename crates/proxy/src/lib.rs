@@ -1,7 +1,7 @@
 //! kumo's kube-proxy: an API client (user `system:kube-proxy`, which the bootstrap policy
 //! binds to `system:node-proxier`) that watches Services, EndpointSlices and Nodes and
-//! programs the cluster's simulated network ([`kumo_kubelet::net::Dataplane`]), as
-//! kube-proxy programs a node's iptables/nftables rules:
+//! programs a data plane ([`dataplane::Dataplane`]; the simulator's in-process network
+//! implements it today), as kube-proxy programs a node's iptables/nftables rules:
 //!
 //! * every ClusterIP:port (and `externalIPs`), every node IP:nodePort of a NodePort or
 //!   LoadBalancer Service, and every LoadBalancer ingress IP:port goes to the Service's
@@ -9,7 +9,7 @@
 //!   Local` keeps a node's NodePort to the endpoints on that node; a Service without
 //!   ready endpoints rejects connections;
 //! * the cluster DNS records (CoreDNS's part, kept here so one watch serves both; see
-//!   [`kumo_kubelet::dns`]): A, SRV and PTR records of each Service and of a headless
+//!   [`dataplane::Rr`]): A, SRV and PTR records of each Service and of a headless
 //!   Service's ready endpoints, a CNAME for an ExternalName Service.
 //!
 //! Everything comes from watches through the shared informers of
@@ -24,8 +24,9 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
-use kumo_kubelet::dns::{RData, Rr};
-use kumo_kubelet::net::{Dataplane, Protocol, Rule, ServiceEntry, CLUSTER_DOMAIN};
+pub mod dataplane;
+
+use dataplane::{Dataplane, Protocol, RData, Rr, Rule, ServiceEntry, CLUSTER_DOMAIN};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -33,7 +34,9 @@ use tokio::task::JoinHandle;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Kubelet(#[from] kumo_kubelet::Error),
+    Client(#[from] kumo_client::Error),
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
 }
 
 /// The label naming an EndpointSlice's Service.
@@ -44,7 +47,7 @@ struct State {
     services: Arc<Informer<Service>>,
     slices: Arc<Informer<EndpointSlice>>,
     nodes: Arc<Informer<Node>>,
-    dataplane: Arc<Dataplane>,
+    dataplane: Arc<dyn Dataplane>,
 }
 
 impl State {
@@ -82,7 +85,7 @@ impl State {
             .iter()
             .map(|s| key_of(s.as_ref()))
             .collect();
-        self.dataplane.retain_services(|k| keys.contains(k));
+        self.dataplane.retain_services(&|k: &str| keys.contains(k));
         for k in &keys {
             self.sync(k);
         }
@@ -309,16 +312,13 @@ pub fn service_entry(
             let own = format!("{}.{fqdn}", endpoint_label(*ip, &hostnames));
             records.push(Rr::new(&fqdn, RData::A(*ip)));
             records.push(Rr::new(&own, RData::A(*ip)));
-            records.push(Rr::new(
-                &kumo_kubelet::dns::reverse_name(*ip),
-                RData::Ptr(own),
-            ));
+            records.push(Rr::new(&dataplane::reverse_name(*ip), RData::Ptr(own)));
         }
     } else {
         for ip in &cluster_ips {
             records.push(Rr::new(&fqdn, RData::A(*ip)));
             records.push(Rr::new(
-                &kumo_kubelet::dns::reverse_name(*ip),
+                &dataplane::reverse_name(*ip),
                 RData::Ptr(fqdn.clone()),
             ));
         }
@@ -364,7 +364,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// Starts watching through `client` and programming `dataplane`.
-    pub fn start(client: Client, dataplane: Arc<Dataplane>) -> Proxy {
+    pub fn start(client: Client, dataplane: Arc<dyn Dataplane>) -> Proxy {
         let factory = InformerFactory::new(client);
         let state = Arc::new(State {
             services: factory.informer::<Service>(),
@@ -449,8 +449,9 @@ impl Drop for Proxy {
 }
 
 /// Runs the proxy with the identity of `kubeconfig` until its watches end.
-pub async fn run(kubeconfig: &Path, dataplane: Arc<Dataplane>) -> Result<(), Error> {
-    let client = kumo_kubelet::client(kubeconfig).await?;
+pub async fn run(kubeconfig: &Path, dataplane: Arc<dyn Dataplane>) -> Result<(), Error> {
+    let config = kumo_client::clients::config_from_kubeconfig(kubeconfig).await?;
+    let client = Client::try_from(config)?;
     Proxy::start(client, dataplane).wait().await;
     Ok(())
 }

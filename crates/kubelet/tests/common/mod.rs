@@ -133,6 +133,7 @@ pub async fn until_within(
 pub async fn start_serving_kubelet(data_dir: &Path, admin: &Path, node: &str) -> u16 {
     let node_kc = node_kubeconfig(data_dir, admin, node);
     let mut kcfg = KubeletConfig::new(&node_kc, node);
+    kcfg.runtime = Some(kumo_sim::factory(None));
     kcfg.status_update_frequency = Duration::from_secs(1);
     kcfg.server = Some(ServerConfig {
         address: Ipv4Addr::LOCALHOST.into(),

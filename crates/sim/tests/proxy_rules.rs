@@ -1,4 +1,5 @@
-//! kumo-proxy against an in-process API server, with kube-proxy's own identity
+//! kumo-proxy programming the simulated data plane, against an in-process API server,
+//! with kube-proxy's own identity
 //! (`system:kube-proxy`, bound to `system:node-proxier` by the bootstrap policy): what it
 //! programs for ClusterIP, NodePort (cluster and Local traffic policy), LoadBalancer,
 //! headless and ExternalName Services as objects are made with the real kubectl, and
@@ -11,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kumo_apiserver::{pki, ApiServer, ApiServerConfig};
-use kumo_kubelet::dns::QType;
-use kumo_kubelet::net::{ConnectError, Dataplane, Protocol, ServiceEntry};
+use kumo_sim::dns::QType;
+use kumo_sim::net::{ConnectError, Dataplane, Protocol, ServiceEntry};
 
 fn kubectl(kc: &Path, args: &[&str], stdin: &str) {
     use std::io::Write;
@@ -133,7 +134,10 @@ async fn programs_services_from_watches_as_kube_proxy() {
     // kube-proxy's own kubeconfig, and nothing else: a missing permission would stall it.
     let kp = pki::kube_proxy_kubeconfig(dir.path(), &url).unwrap();
     let dp = Dataplane::new();
-    let client = kumo_kubelet::client(&kp).await.unwrap();
+    let config = kumo_client::clients::config_from_kubeconfig(&kp)
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
     let proxy = kumo_proxy::Proxy::start(client, dp.clone());
     tokio::time::timeout(Duration::from_secs(20), proxy.wait_synced())
         .await
@@ -272,7 +276,7 @@ async fn programs_services_from_watches_as_kube_proxy() {
     .unwrap();
     assert!(e.rules.is_empty());
     assert_eq!(
-        dp.resolve("db", &kumo_kubelet::net::search_path("data")),
+        dp.resolve("db", &kumo_sim::net::search_path("data")),
         Some(vec![IpAddr::V4(Ipv4Addr::new(10, 244, 1, 9))])
     );
     // Each ready endpoint has a name of its own (its address with dashes, without a
@@ -303,7 +307,7 @@ async fn programs_services_from_watches_as_kube_proxy() {
     delete(&admin, &["service", "web"]).await;
     until(&dp, "default/web", "web removed", |e| e.is_none()).await;
     assert_eq!(
-        dp.resolve("web", &kumo_kubelet::net::search_path("default")),
+        dp.resolve("web", &kumo_sim::net::search_path("default")),
         None
     );
     assert_eq!(

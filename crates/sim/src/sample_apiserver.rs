@@ -385,7 +385,8 @@ fn watch(
             http::header::CONNECTION,
             http::HeaderValue::from_static("Upgrade"),
         );
-        if let Ok(v) = http::HeaderValue::from_str(&crate::portforward::ws_accept(&key)) {
+        if let Ok(v) = http::HeaderValue::from_str(&kumo_apimachinery::websocket::accept_key(&key))
+        {
             h.insert("sec-websocket-accept", v);
         }
         return r;
@@ -428,7 +429,7 @@ async fn websocket_watch(
     let mut io = hyper_util::rt::TokioIo::new(io);
     while let Some(e) = events.recv().await {
         if io
-            .write_all(&crate::portforward::ws_frame(0x1, &e))
+            .write_all(&kumo_apimachinery::websocket::frame(0x1, &e))
             .await
             .is_err()
         {
@@ -436,7 +437,10 @@ async fn websocket_watch(
         }
     }
     let _ = io
-        .write_all(&crate::portforward::ws_frame(0x8, &1000u16.to_be_bytes()))
+        .write_all(&kumo_apimachinery::websocket::frame(
+            0x8,
+            &1000u16.to_be_bytes(),
+        ))
         .await;
     let _ = io.shutdown().await;
 }

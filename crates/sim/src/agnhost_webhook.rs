@@ -5,7 +5,7 @@
 //! It terminates TLS with the certificate and key the container reads from its files (the
 //! Secret volume the test mounts), then answers AdmissionReviews (admission.k8s.io v1 and
 //! v1beta1) on agnhost's paths with agnhost's decisions, messages and JSON patches.
-//! `GET /readyz` answers `ok` (the readiness probe; see [`crate::portforward::Listener`]).
+//! `GET /readyz` answers `ok` (the readiness probe; see [`crate::servers::Listener`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,10 +44,10 @@ pub(crate) async fn serve_porter_tls(
     io: tokio::io::DuplexStream,
     cert_pem: String,
     key_pem: String,
-    l: crate::portforward::Listener,
+    l: crate::servers::Listener,
 ) {
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-        let (content_type, body) = crate::portforward::porter_body(&l, req.method().as_str());
+        let (content_type, body) = crate::servers::porter_body(&l, req.method().as_str());
         async move {
             hyper::Response::builder()
                 .header("Content-Type", content_type)

@@ -10,7 +10,7 @@ use kumo_cri::{DialError, NodeRuntime, PodNetwork, Runtime, RuntimeFactory};
 use serde_json::Value;
 
 use crate::net::{ConnectError, Dataplane};
-use crate::portforward::{self, Listener};
+use crate::servers::{self, Listener};
 
 /// One node's view of the simulated pod network.
 pub struct SimNetwork {
@@ -30,7 +30,7 @@ impl SimNetwork {
     /// request as any (netexec logs it, `/dial` dials).
     fn status(&self, l: Listener, path: &str, effects: bool) -> u16 {
         if effects {
-            let raw = portforward::answer(self.dataplane.as_deref(), &l, "GET", path, false);
+            let raw = servers::answer(self.dataplane.as_deref(), &l, "GET", path, false);
             return String::from_utf8_lossy(&raw)
                 .split(' ')
                 .nth(1)
@@ -51,7 +51,7 @@ impl SimNetwork {
             }
             l => l,
         };
-        portforward::status(&l, "GET", path, "HTTP/1.1").0
+        servers::status(&l, "GET", path, "HTTP/1.1").0
     }
 
     fn route(&self, addr: SocketAddr) -> Result<Listener, DialError> {
@@ -68,11 +68,11 @@ impl SimNetwork {
 
 impl PodNetwork for SimNetwork {
     fn serves(&self, pod: &Value, port: u16) -> bool {
-        portforward::declared_listener(pod, port).is_some()
+        servers::declared_listener(pod, port).is_some()
     }
 
     fn get_pod(&self, pod: &Value, port: u16, path: &str, effects: bool) -> Result<u16, DialError> {
-        let l = portforward::declared_listener(pod, port).ok_or(DialError::Refused)?;
+        let l = servers::declared_listener(pod, port).ok_or(DialError::Refused)?;
         Ok(self.status(l, path, effects))
     }
 
@@ -86,9 +86,9 @@ impl PodNetwork for SimNetwork {
     }
 
     fn forward(&self, pod: &Value, port: u16) -> Option<tokio::io::DuplexStream> {
-        let l = portforward::listener(pod, port)?;
+        let l = servers::listener(pod, port)?;
         let (ours, theirs) = tokio::io::duplex(64 << 10);
-        tokio::spawn(portforward::serve_stream(theirs, l, self.dataplane.clone()));
+        tokio::spawn(servers::serve_stream(theirs, l, self.dataplane.clone()));
         Some(ours)
     }
 

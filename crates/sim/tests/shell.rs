@@ -4,8 +4,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use kumo_kubelet::runtime::fs::{Mount, Source};
-use kumo_kubelet::runtime::{ContainerConfig, Runtime, Sim, State};
+use kumo_sim::runtime::fs::{Mount, Source};
+use kumo_sim::runtime::{ContainerConfig, Runtime, Sim, State};
 
 fn config(name: &str, script: &str) -> ContainerConfig {
     ContainerConfig {

@@ -33,7 +33,8 @@ const AGNHOST: &[&str] = &[
 
 /// Images emulated as a whole when they run their own entrypoint: web servers with their
 /// page, the pause container, the e2e `nonewprivs` image, the sample API server, and the
-/// control-plane images whose pods stand for kumo's in-process components.
+/// control-plane images whose pods stand for kumo's in-process components (their probe
+/// endpoints answer: see `servers::page_of`).
 const WHOLE: &[&str] = &[
     "pause",
     "nginx",

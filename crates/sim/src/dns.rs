@@ -2,7 +2,7 @@
 //! `cluster.local` as kubeadm configures it (`pods insecure`), and the pods' stub resolver
 //! (`/etc/resolv.conf`: nameservers, search list, `ndots`).
 //!
-//! The records of each Service come from kumo-proxy ([`crate::net::ServiceEntry`]); the
+//! The records of each Service come from kumo-proxy (`kumo_proxy::dataplane::ServiceEntry`); the
 //! zone is the union of them, kept in the [`crate::net::Dataplane`]. Names follow the
 //! Kubernetes DNS specification:
 //! * `<svc>.<ns>.svc.<zone>`: A to the ClusterIP, for a headless Service to each ready
@@ -17,122 +17,7 @@
 
 use std::net::IpAddr;
 
-/// The TTL CoreDNS's kubernetes plugin gives its records (kubeadm's Corefile: `ttl 30`).
-pub const TTL: u32 = 30;
-
-/// The data of a resource record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RData {
-    A(IpAddr),
-    Cname(String),
-    Srv {
-        priority: u16,
-        weight: u16,
-        port: u16,
-        target: String,
-    },
-    Ptr(String),
-}
-
-impl RData {
-    /// The record type's name.
-    pub fn kind(&self) -> QType {
-        match self {
-            RData::A(IpAddr::V4(_)) => QType::A,
-            RData::A(IpAddr::V6(_)) => QType::Aaaa,
-            RData::Cname(_) => QType::Cname,
-            RData::Srv { .. } => QType::Srv,
-            RData::Ptr(_) => QType::Ptr,
-        }
-    }
-
-    /// The data as zone files and `dig` write it (names fully qualified, with the dot).
-    pub fn text(&self) -> String {
-        match self {
-            RData::A(ip) => ip.to_string(),
-            RData::Cname(n) | RData::Ptr(n) => format!("{}.", n.trim_end_matches('.')),
-            RData::Srv {
-                priority,
-                weight,
-                port,
-                target,
-            } => format!(
-                "{priority} {weight} {port} {}.",
-                target.trim_end_matches('.')
-            ),
-        }
-    }
-}
-
-/// A resource record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rr {
-    /// The owner name: lower case, fully qualified, without the trailing dot.
-    pub name: String,
-    pub ttl: u32,
-    pub data: RData,
-}
-
-impl Rr {
-    /// A record with the plugin's TTL.
-    pub fn new(name: &str, data: RData) -> Rr {
-        Rr {
-            name: name.trim_end_matches('.').to_ascii_lowercase(),
-            ttl: TTL,
-            data,
-        }
-    }
-}
-
-/// A query type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QType {
-    A,
-    Aaaa,
-    Cname,
-    Srv,
-    Ptr,
-    Txt,
-    Mx,
-    Ns,
-    Soa,
-    Any,
-}
-
-impl QType {
-    /// Parses a type name (`A`, `srv`, ...).
-    pub fn parse(s: &str) -> Option<QType> {
-        Some(match s.to_ascii_uppercase().as_str() {
-            "A" => QType::A,
-            "AAAA" => QType::Aaaa,
-            "CNAME" => QType::Cname,
-            "SRV" => QType::Srv,
-            "PTR" => QType::Ptr,
-            "TXT" => QType::Txt,
-            "MX" => QType::Mx,
-            "NS" => QType::Ns,
-            "SOA" => QType::Soa,
-            "ANY" => QType::Any,
-            _ => return None,
-        })
-    }
-
-    /// The type's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            QType::A => "A",
-            QType::Aaaa => "AAAA",
-            QType::Cname => "CNAME",
-            QType::Srv => "SRV",
-            QType::Ptr => "PTR",
-            QType::Txt => "TXT",
-            QType::Mx => "MX",
-            QType::Ns => "NS",
-            QType::Soa => "SOA",
-            QType::Any => "ANY",
-        }
-    }
-}
+pub use kumo_proxy::dataplane::{reverse_name, QType, RData, Rr, TTL};
 
 /// A response code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,24 +108,6 @@ fn pod_record(name: &str, qtype: QType) -> Option<Rr> {
     }
     let ip: std::net::Ipv4Addr = dashed.replace('-', ".").parse().ok()?;
     matches!(qtype, QType::A | QType::Any).then(|| Rr::new(name, RData::A(IpAddr::V4(ip))))
-}
-
-/// The reverse name of `ip` (`4.3.2.1.in-addr.arpa`).
-pub fn reverse_name(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            format!("{}.{}.{}.{}.in-addr.arpa", o[3], o[2], o[1], o[0])
-        }
-        IpAddr::V6(v6) => {
-            let mut s = String::new();
-            for b in v6.octets().iter().rev() {
-                s.push_str(&format!("{:x}.{:x}.", b & 0xf, b >> 4));
-            }
-            s.push_str("ip6.arpa");
-            s
-        }
-    }
 }
 
 /// A pod's `/etc/resolv.conf`, as its resolver reads it.

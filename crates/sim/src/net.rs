@@ -10,7 +10,7 @@
 //!   a headless Service, the ready pod IPs); also written by kumo-proxy.
 //! * Listeners (the pods' sockets): each kubelet records its pods as the API has them,
 //!   and what listens on a pod IP:port is decided as for port-forward
-//!   ([`crate::portforward`]): a running container that declares the port, or nginx on 80.
+//!   ([`crate::servers`]): a running container that declares the port, or nginx on 80.
 //!
 //! Simulated clients ([`crate::runtime::shell`]'s `curl` and `wget`) resolve names and
 //! connect through [`Dataplane::resolve`] and [`Dataplane::connect`].
@@ -24,47 +24,27 @@ use serde_json::Value;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::dns::{Answer, QType, RData, Rr};
-use crate::portforward::Listener;
+use crate::servers::Listener;
 
-/// The cluster domain (the kubelet's `--cluster-domain` default).
-pub const CLUSTER_DOMAIN: &str = "cluster.local";
+pub use kumo_proxy::dataplane::{Protocol, Rule, ServiceEntry, CLUSTER_DOMAIN};
 
-/// A transport protocol of a Service port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Protocol {
-    /// The Kubernetes name (`TCP`, the default, `UDP`, `SCTP`).
-    pub fn parse(s: Option<&str>) -> Protocol {
-        match s {
-            Some("UDP") => Protocol::Udp,
-            Some("SCTP") => Protocol::Sctp,
-            _ => Protocol::Tcp,
-        }
+/// The proxy programs this data plane (kube-proxy's rules and CoreDNS's records).
+impl kumo_proxy::dataplane::Dataplane for Dataplane {
+    fn set_service(&self, key: &str, entry: ServiceEntry) {
+        Dataplane::set_service(self, key, entry);
     }
-}
 
-/// One address a Service is reached on, with where it sends connections.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rule {
-    pub frontend: SocketAddr,
-    pub protocol: Protocol,
-    /// The ready endpoints; empty: the connection is rejected (kube-proxy's REJECT).
-    pub endpoints: Vec<SocketAddr>,
-}
+    fn remove_service(&self, key: &str) {
+        Dataplane::remove_service(self, key);
+    }
 
-/// What the proxy programs for one Service.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ServiceEntry {
-    pub rules: Vec<Rule>,
-    /// Its records in the cluster DNS (see [`crate::dns`]).
-    pub records: Vec<Rr>,
-    /// `sessionAffinity: ClientIP`: how long a client stays with the endpoint it got.
-    pub affinity: Option<std::time::Duration>,
+    fn retain_services(&self, keep: &dyn Fn(&str) -> bool) {
+        Dataplane::retain_services(self, keep);
+    }
+
+    fn set_node(&self, name: &str, ips: Vec<IpAddr>) {
+        Dataplane::set_node(self, name, ips);
+    }
 }
 
 /// Why a connection did not happen.
@@ -451,7 +431,7 @@ impl Dataplane {
         if let Some(pods) = t.pods.get(&target.ip()) {
             let found = pods
                 .values()
-                .find_map(|p| crate::portforward::listener(p, target.port()))
+                .find_map(|p| crate::servers::listener(p, target.port()))
                 .map(|l| (target, l))
                 .ok_or(ConnectError::Refused);
             if found.is_ok() {
@@ -490,7 +470,7 @@ impl Dataplane {
         if let Some(pods) = t.pods.get(&target.ip()) {
             return pods
                 .values()
-                .find_map(|p| crate::portforward::udp_answer(p, target.port(), request, from))
+                .find_map(|p| crate::servers::udp_answer(p, target.port(), request, from))
                 .ok_or(ConnectError::Refused);
         }
         let is_node = t.nodes.values().any(|ips| ips.contains(&target.ip()));
@@ -573,11 +553,7 @@ impl Dataplane {
                 ));
             }
             l => {
-                tokio::spawn(crate::portforward::serve_stream(
-                    server,
-                    l,
-                    Some(self.clone()),
-                ));
+                tokio::spawn(crate::servers::serve_stream(server, l, Some(self.clone())));
             }
         }
         Ok(client)
@@ -736,104 +712,6 @@ pub fn search_path(namespace: &str) -> Vec<String> {
 
 /// The cluster DNS Service's address (the kubelet's `clusterDNS`, kube-dns's ClusterIP).
 pub const CLUSTER_DNS: &str = "10.96.0.10";
-
-/// The node's own resolver configuration (what `dnsPolicy: Default` pods get): the
-/// cloud network's resolver, which the simulation does not run.
-pub const NODE_RESOLV_CONF: &str = "nameserver 10.0.0.2\n";
-
-/// The resolv.conf the kubelet writes for `pod`, as upstream's kubelet computes it from
-/// its `dnsPolicy` and `dnsConfig`: ClusterFirst (and ClusterFirstWithHostNet) gives the
-/// cluster DNS with the namespace's search list and `ndots:5`; Default, and ClusterFirst
-/// with hostNetwork, the node's; None nothing; `dnsConfig` then adds its nameservers and
-/// searches (without duplicates) and its options (replacing those of the same name).
-pub fn pod_resolv_conf(pod: &Value) -> String {
-    let s = |p: &str| pod.pointer(p).and_then(Value::as_str).unwrap_or("");
-    let host_network = pod
-        .pointer("/spec/hostNetwork")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let policy = match s("/spec/dnsPolicy") {
-        "ClusterFirstWithHostNet" => "ClusterFirst",
-        "Default" => "Default",
-        "None" => "None",
-        _ if host_network => "Default",
-        _ => "ClusterFirst",
-    };
-    let mut servers: Vec<String> = Vec::new();
-    let mut search: Vec<String> = Vec::new();
-    let mut options: Vec<(String, Option<String>)> = Vec::new();
-    match policy {
-        "ClusterFirst" => {
-            servers.push(CLUSTER_DNS.to_owned());
-            let ns = match s("/metadata/namespace") {
-                "" => "default",
-                ns => ns,
-            };
-            search = search_path(ns);
-            options.push(("ndots".into(), Some("5".into())));
-        }
-        "Default" => {
-            let node = crate::dns::ResolvConf::parse(NODE_RESOLV_CONF);
-            servers = node.nameservers.iter().map(IpAddr::to_string).collect();
-            search = node.search;
-        }
-        _ => {}
-    }
-    let strings = |p: &str| -> Vec<String> {
-        pod.pointer(p)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .map(str::to_owned)
-            .collect()
-    };
-    for n in strings("/spec/dnsConfig/nameservers") {
-        if !servers.contains(&n) {
-            servers.push(n);
-        }
-    }
-    for d in strings("/spec/dnsConfig/searches") {
-        if !search.contains(&d) {
-            search.push(d);
-        }
-    }
-    for o in pod
-        .pointer("/spec/dnsConfig/options")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let name = o
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        let value = o.get("value").and_then(Value::as_str).map(str::to_owned);
-        match options.iter_mut().find(|(n, _)| *n == name) {
-            Some(existing) => existing.1 = value,
-            None => options.push((name, value)),
-        }
-    }
-    let mut out = String::new();
-    if !search.is_empty() {
-        out.push_str(&format!("search {}\n", search.join(" ")));
-    }
-    for n in &servers {
-        out.push_str(&format!("nameserver {n}\n"));
-    }
-    if !options.is_empty() {
-        let opts: Vec<String> = options
-            .iter()
-            .map(|(n, v)| match v {
-                Some(v) => format!("{n}:{v}"),
-                None => n.clone(),
-            })
-            .collect();
-        out.push_str(&format!("options {}\n", opts.join(" ")));
-    }
-    out
-}
 
 /// A kube-dns Service at [`CLUSTER_DNS`] backed by a CoreDNS pod, for tests of clients.
 #[cfg(test)]
@@ -1048,37 +926,6 @@ mod tests {
         assert_eq!(dp.connect(vip), Err(ConnectError::Refused));
         dp.remove_service("default/hello");
         assert_eq!(dp.resolve("hello", &default), None);
-    }
-
-    #[test]
-    fn resolv_conf_follows_dns_policy_and_config() {
-        let pod = |spec: serde_json::Value| serde_json::json!({"metadata": {"name": "p", "namespace": "team"}, "spec": spec});
-        assert_eq!(
-            pod_resolv_conf(&pod(serde_json::json!({}))),
-            "search team.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
-        );
-        // hostNetwork with ClusterFirst gets the node's; ClusterFirstWithHostNet the cluster's.
-        assert_eq!(
-            pod_resolv_conf(&pod(serde_json::json!({"hostNetwork": true}))),
-            NODE_RESOLV_CONF
-        );
-        assert!(pod_resolv_conf(&pod(
-            serde_json::json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"})
-        ))
-        .contains("nameserver 10.96.0.10"));
-        // None: only dnsConfig; options replace those of the same name.
-        assert_eq!(
-            pod_resolv_conf(&pod(serde_json::json!({"dnsPolicy": "None", "dnsConfig": {
-                "nameservers": ["1.1.1.1"], "searches": ["resolv.conf.local"],
-                "options": [{"name": "ndots", "value": "2"}, {"name": "edns0"}]}}))),
-            "search resolv.conf.local\nnameserver 1.1.1.1\noptions ndots:2 edns0\n"
-        );
-        assert_eq!(
-            pod_resolv_conf(&pod(serde_json::json!({"dnsConfig": {
-                "nameservers": ["10.96.0.10", "1.1.1.1"],
-                "options": [{"name": "ndots", "value": "1"}]}}))),
-            "search team.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\nnameserver 1.1.1.1\noptions ndots:1\n"
-        );
     }
 
     #[test]

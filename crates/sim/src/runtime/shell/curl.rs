@@ -2,7 +2,7 @@
 //! the pod's resolver does (`/etc/hosts`, then the cluster DNS with the search list of
 //! `/etc/resolv.conf`), connections go through the cluster's [`Dataplane`] (Service rules
 //! to a ready endpoint, then whatever listens there), and the answer is the listening
-//! container's (see [`crate::portforward`]). Failures give curl's exit codes and
+//! container's (see [`crate::servers`]). Failures give curl's exit codes and
 //! messages: 6 (could not resolve), 7 (could not connect), 28 (timeout).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::{Io, Sh, Step, R};
 use crate::net::{ConnectError, Dataplane};
-use crate::portforward::{self, Listener};
+use crate::servers::{self, Listener};
 
 /// curl's version, as its User-Agent says.
 const CURL_VERSION: &str = "8.11.0";
@@ -270,7 +270,7 @@ impl Sh<'_> {
         }
         let answer = match http_request(&input) {
             Some((method, path)) => {
-                String::from_utf8_lossy(&portforward::answer(dp.as_deref(), &listener, &method, &path, false))
+                String::from_utf8_lossy(&servers::answer(dp.as_deref(), &listener, &method, &path, false))
                     .into_owned()
             }
             None => "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request".to_owned(),
@@ -822,7 +822,7 @@ fn http(
     path: &str,
     body: &str,
 ) -> Response {
-    let raw = portforward::answer_request(Some(dp), l, method, path, body, true);
+    let raw = servers::answer_request(Some(dp), l, method, path, body, true);
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = match text.find("\r\n\r\n") {
         Some(i) => (text[..i + 4].to_owned(), text[i + 4..].to_owned()),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::{Flow, Io, Sh, HORIZON, R};
 use crate::mtls::{self, Party};
 use crate::net::ConnectError;
-use crate::portforward::Listener;
+use crate::servers::Listener;
 
 /// How often the client polls (its `time.Tick`).
 const POLL: Duration = Duration::from_secs(10);

@@ -9,8 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::SystemTime;
 
 use crate::net::{ConnectError, Dataplane};
-use crate::portforward::{self, Listener};
 use crate::sample_apiserver::query_param;
+use crate::servers::{self, Listener};
 
 /// One answer: status code and reason, content type and body.
 pub(crate) struct Answer {
@@ -204,7 +204,7 @@ pub(crate) fn get(
 
 /// The body `listener` answers `method path` with.
 pub(crate) fn http_body(dp: Option<&Dataplane>, l: &Listener, method: &str, path: &str) -> String {
-    let raw = portforward::answer(dp, l, method, path, true);
+    let raw = servers::answer(dp, l, method, path, true);
     let text = String::from_utf8_lossy(&raw).into_owned();
     match text.find("\r\n\r\n") {
         Some(i) => text[i + 4..].to_owned(),
