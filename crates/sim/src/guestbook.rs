@@ -239,8 +239,8 @@ fn replica_of(pod: &Value) -> Option<(String, u16)> {
             let args: Vec<&str> = argv.iter().map(String::as_str).collect();
             let at = args.iter().position(|a| *a == "guestbook")?;
             let args = &args[at + 1..];
-            let of = flag(args, "--replicaof")?;
-            let port = flag(args, "--backend-port")
+            let of = crate::servers::flag(args, "--replicaof")?;
+            let port = crate::servers::flag(args, "--backend-port")
                 .and_then(|p| p.parse().ok())
                 .unwrap_or(6379);
             (!of.is_empty()).then(|| (of.to_owned(), port))
@@ -255,19 +255,6 @@ fn strings(v: &Value) -> Vec<String> {
         .filter_map(Value::as_str)
         .map(str::to_owned)
         .collect()
-}
-
-/// A flag's value in agnhost's arguments, as `--name=value` or `--name value` (cobra
-/// accepts both).
-pub(crate) fn flag<'a>(args: &[&'a str], name: &str) -> Option<&'a str> {
-    args.iter().enumerate().find_map(|(i, a)| {
-        let rest = a.strip_prefix(name)?;
-        match rest.strip_prefix('=') {
-            Some(v) => Some(v),
-            None if rest.is_empty() => args.get(i + 1).copied(),
-            None => None,
-        }
-    })
 }
 
 /// The JSON object a store holds, for tests.

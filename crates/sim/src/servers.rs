@@ -119,12 +119,7 @@ fn image_listener(
     {
         args.remove(0);
     }
-    let text_flag = |name: &str| {
-        args.iter()
-            .find_map(|a| a.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
-            .unwrap_or("")
-            .to_owned()
-    };
+    let text_flag = |name: &str| flag(&args, name).unwrap_or("").to_owned();
     match repo.rsplit('/').next() {
         Some("agnhost" | "nautilus" | "kitten") => {}
         Some("sample-apiserver") => {
@@ -137,13 +132,7 @@ fn image_listener(
         }
         _ => return None,
     }
-    let flag = |name: &str| {
-        args.iter().find_map(|a| {
-            a.strip_prefix(name)
-                .and_then(|r| r.strip_prefix('='))
-                .and_then(|v| v.parse::<u16>().ok())
-        })
-    };
+    let port_flag = |name: &str| flag(&args, name).and_then(|v| v.parse::<u16>().ok());
     let env = |name: &str| {
         c["env"]
             .as_array()
@@ -155,7 +144,7 @@ fn image_listener(
     match args.first().copied() {
         Some("guestbook")
             if port
-                == crate::guestbook::flag(&args, "--http-port")
+                == flag(&args, "--http-port")
                     .and_then(|p| p.parse().ok())
                     .unwrap_or(80) =>
         {
@@ -170,15 +159,13 @@ fn image_listener(
                     .pointer("/status/podIP")
                     .and_then(Value::as_str)
                     .and_then(|i| i.parse().ok()),
-                replica_of: crate::guestbook::flag(&args, "--replicaof")
-                    .unwrap_or("")
-                    .to_owned(),
-                backend_port: crate::guestbook::flag(&args, "--backend-port")
+                replica_of: flag(&args, "--replicaof").unwrap_or("").to_owned(),
+                backend_port: flag(&args, "--backend-port")
                     .and_then(|p| p.parse().ok())
                     .unwrap_or(6379),
             }))
         }
-        Some("nettest") if port == flag("--port").unwrap_or(8080) => Some(Listener::Nettest {
+        Some("nettest") if port == port_flag("--port").unwrap_or(8080) => Some(Listener::Nettest {
             hostname: pod_name.to_owned(),
             container: container_id.unwrap_or_default(),
         }),
@@ -211,7 +198,7 @@ fn image_listener(
             })
         }
         Some(server @ ("webhook" | "crd-conversion-webhook"))
-            if port == flag("--port").unwrap_or(443) =>
+            if port == port_flag("--port").unwrap_or(443) =>
         {
             Some(Listener::AgnhostWebhook {
                 container: container_id.unwrap_or_default(),
@@ -221,18 +208,20 @@ fn image_listener(
                 crd_conversion: server == "crd-conversion-webhook",
             })
         }
-        Some("test-webserver") if port == flag("--port").unwrap_or(80) => {
+        Some("test-webserver") if port == port_flag("--port").unwrap_or(80) => {
             Some(Listener::FileServer {
                 pod: pod_name.to_owned(),
                 container: container_id.unwrap_or_default(),
                 found: None,
             })
         }
-        Some("netexec") if port == flag("--http-port").unwrap_or(8080) => Some(Listener::Netexec {
-            pod: pod_name.to_owned(),
-            container: container_id.unwrap_or_default(),
-        }),
-        Some("serve-hostname") if port == flag("--port").unwrap_or(9376) => {
+        Some("netexec") if port == port_flag("--http-port").unwrap_or(8080) => {
+            Some(Listener::Netexec {
+                pod: pod_name.to_owned(),
+                container: container_id.unwrap_or_default(),
+            })
+        }
+        Some("serve-hostname") if port == port_flag("--port").unwrap_or(9376) => {
             Some(Listener::Hostname(pod_name.to_owned()))
         }
         _ => None,
@@ -277,12 +266,12 @@ pub(crate) fn udp_answer(
         {
             args.remove(0);
         }
-        let flag = |name: &str| crate::guestbook::flag(&args, name);
+        let text_flag = |name: &str| flag(&args, name);
         let text = request.trim();
         let lower = text.to_ascii_lowercase();
         match args.first().copied() {
             Some("netexec") => {
-                let udp_port = flag("--udp-port")
+                let udp_port = text_flag("--udp-port")
                     .and_then(|p| p.parse::<i64>().ok())
                     .unwrap_or(8081);
                 if udp_port != i64::from(port) {
@@ -312,7 +301,7 @@ pub(crate) fn udp_answer(
             }
             Some("serve-hostname") => {
                 let udp = args.iter().any(|a| *a == "--udp" || *a == "--udp=true");
-                let p = flag("--port")
+                let p = text_flag("--port")
                     .and_then(|p| p.parse::<u16>().ok())
                     .unwrap_or(9376);
                 if udp && p == port {
@@ -457,6 +446,19 @@ fn page_of(image_name: &str, c: &Value, port: u16) -> Option<(&'static str, &'st
         }
         _ => None,
     }
+}
+
+/// A flag's value in agnhost's arguments, as `--name=value` or `--name value` (cobra
+/// accepts both).
+pub(crate) fn flag<'a>(args: &[&'a str], name: &str) -> Option<&'a str> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        let rest = a.strip_prefix(name)?;
+        match rest.strip_prefix('=') {
+            Some(v) => Some(v),
+            None if rest.is_empty() => args.get(i + 1).copied(),
+            None => None,
+        }
+    })
 }
 
 /// (repository, tag) of an image reference; the tag is empty without one.
@@ -990,6 +992,7 @@ fn http_date(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn listeners() {
@@ -1150,5 +1153,27 @@ mod tests {
     fn dates() {
         let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_796_291_353);
         assert_eq!(http_date(t), "Thu, 03 Dec 2026 09:49:13 GMT");
+    }
+
+    #[test]
+    fn agnhost_flags_take_either_form() {
+        // What the e2e service tests run: `netexec --http-port 100` (cobra takes both
+        // `--flag value` and `--flag=value`).
+        for args in [
+            json!(["netexec", "--http-port", "100"]),
+            json!(["netexec", "--http-port=100"]),
+        ] {
+            let pod = json!({
+                "metadata": {"name": "pod1"},
+                "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/e2e-test-images/agnhost:2.55",
+                    "args": args, "ports": [{"containerPort": 100}]}]},
+                "status": {"containerStatuses": [{"name": "c", "state": {"running": {}}}]},
+            });
+            assert!(
+                matches!(listener(&pod, 100), Some(Listener::Netexec { .. })),
+                "{args}"
+            );
+            assert_eq!(listener(&pod, 8080), None, "{args}");
+        }
     }
 }
