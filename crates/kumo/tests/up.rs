@@ -257,6 +257,59 @@ fn kumo_up_runs_pods_on_its_node() {
             "mirror back",
             |o| o == "Running",
         );
+        // A Job whose pod has a native sidecar completes: the container finishes, the
+        // sidecar is stopped (its `sleep` ignores SIGTERM: killed after the 2 s grace).
+        let job = std::path::Path::new(&manifests)
+            .parent()
+            .unwrap()
+            .join("sidecar-job.yaml");
+        std::fs::write(
+            &job,
+            "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: withsidecar\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 2\n      initContainers:\n      - name: log\n        image: busybox:1.37\n        restartPolicy: Always\n        command: [sh, -c, 'sleep 3600']\n      containers:\n      - name: main\n        image: busybox:1.37\n        command: [sh, -c, 'sleep 1; echo done']\n",
+        )
+        .unwrap();
+        let (ok, _, err) = kubectl(&kc, &["create", "-f", job.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        until(
+            &kc,
+            &[
+                "get",
+                "job",
+                "withsidecar",
+                "-o",
+                "jsonpath={.status.succeeded}",
+            ],
+            "the Job with a sidecar completes",
+            |o| o == "1",
+        );
+        // A command the simulator has no model of is said so, not run in silence.
+        let (ok, _, err) = kubectl(
+            &kc,
+            &[
+                "create",
+                "job",
+                "py",
+                "--image=python:3.12",
+                "--",
+                "python",
+                "-c",
+                "print(1)",
+            ],
+        );
+        assert!(ok, "{err}");
+        until(
+            &kc,
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                "reason=NotSimulated",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ],
+            "the NotSimulated warning",
+            |o| o.contains("cannot run \"python -c print(1)\" of image \"python:3.12\""),
+        );
     });
     let _ = child.kill();
     let _ = child.wait();
