@@ -1,7 +1,10 @@
-//! The secure port: `/healthz` over HTTPS with a self-signed certificate made in memory at
-//! start (as kube-controller-manager does when it is given no --tls-cert-file), checked
-//! without authentication (an always-allowed path upstream). The checks can be added to
-//! while serving (controllers register theirs once they start).
+//! The secure port: HTTPS with a self-signed certificate made in memory at start (as
+//! kube-controller-manager does when it is given no --tls-cert-file). `/healthz`,
+//! `/livez` and `/readyz` are always allowed (upstream's default
+//! --authorization-always-allow-paths); anything else, `/metrics` first, goes through
+//! delegated authentication and authorization ([`crate::delegated`]): 401 for refused
+//! credentials, 403 with upstream's message when the API server says no. The checks can
+//! be added to while serving (controllers register theirs once they start).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +23,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
+use crate::delegated::{Attributes, Delegated};
 use crate::error::{Error, Result};
+use crate::metrics::Registry;
 
 /// A named health check: `Err(reason)` fails `/healthz`.
 pub type Check = Arc<dyn Fn() -> std::result::Result<(), String> + Send + Sync>;
@@ -71,11 +76,47 @@ pub fn self_signed(
     ))
 }
 
-/// Binds `addr` and serves the health endpoints until `stop`; returns the bound address.
+/// What the secure port serves beyond health: the component's metrics, to whom the API
+/// server allows.
+#[derive(Clone)]
+pub struct Secure {
+    delegated: Arc<Delegated>,
+    verifier: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    metrics: Arc<Registry>,
+}
+
+impl Secure {
+    /// Reads the cluster's authentication trust with `client` (the component's own) and
+    /// serves `metrics` under it.
+    pub async fn load(client: kube::Client, metrics: Arc<Registry>) -> Result<Secure> {
+        let (delegated, verifier) = Delegated::load(Arc::new(move || client.clone())).await?;
+        Ok(Secure {
+            delegated: Arc::new(delegated),
+            verifier,
+            metrics,
+        })
+    }
+}
+
+/// [`Secure::load`], or `None` (health only, said in the log) when the cluster's trust
+/// cannot be read.
+pub async fn secure(client: &kube::Client, metrics: &Arc<Registry>) -> Option<Secure> {
+    match Secure::load(client.clone(), metrics.clone()).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "the secure port serves health only: cannot read the cluster's authentication trust");
+            None
+        }
+    }
+}
+
+/// Binds `addr` and serves the health endpoints (and, with `secure`, the metrics) until
+/// `stop`; returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
     checks: Checks,
     mut stop: watch::Receiver<bool>,
+    secure: Option<Secure>,
 ) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr)
         .await
@@ -85,10 +126,14 @@ pub async fn serve(
         .map_err(|source| Error::Listen { addr, source })?;
     let (certs, key) = self_signed(local)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| Error::Tls(e.to_string()))?
-        .with_no_client_auth()
+        .map_err(|e| Error::Tls(e.to_string()))?;
+    let builder = match secure.as_ref().and_then(|s| s.verifier.clone()) {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder
         .with_single_cert(certs, key)
         .map_err(|e| Error::Tls(e.to_string()))?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -107,15 +152,27 @@ pub async fn serve(
             };
             let acceptor = acceptor.clone();
             let checks = checks.clone();
+            let secure = secure.clone();
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
+                let peer: Option<Arc<Vec<CertificateDer<'static>>>> = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .map(|c| Arc::new(c.iter().map(|c| c.clone().into_owned()).collect()));
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let checks = checks.clone();
+                    let (checks, secure, peer) = (checks.clone(), secure.clone(), peer.clone());
                     async move {
-                        let checks = checks.read().clone();
-                        Ok::<_, std::convert::Infallible>(answer(&req, &checks))
+                        if is_health(req.uri().path()) {
+                            let checks = checks.read().clone();
+                            return Ok::<_, std::convert::Infallible>(answer(&req, &checks));
+                        }
+                        let Some(secure) = secure else {
+                            return Ok(text(StatusCode::NOT_FOUND, "404 page not found\n".into()));
+                        };
+                        Ok(guarded(&req, &secure, peer.as_deref().map(Vec::as_slice)).await)
                     }
                 });
                 let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -124,6 +181,73 @@ pub async fn serve(
         }
     });
     Ok(local)
+}
+
+/// Whether `path` is a health endpoint (always allowed).
+fn is_health(path: &str) -> bool {
+    ["/healthz", "/livez", "/readyz"]
+        .iter()
+        .any(|h| path == *h || path.strip_prefix(h).is_some_and(|r| r.starts_with('/')))
+}
+
+/// A request beyond health: authenticated and authorized by the API server, then
+/// answered (`/metrics`) or not found.
+async fn guarded<B>(
+    req: &Request<B>,
+    secure: &Secure,
+    peer: Option<&[CertificateDer<'static>]>,
+) -> Response<Full<Bytes>> {
+    let Some(user) = secure.delegated.authenticate(req.headers(), peer).await else {
+        return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+    };
+    let path = req.uri().path().to_owned();
+    let verb = match *req.method() {
+        http::Method::GET | http::Method::HEAD => "get",
+        http::Method::POST => "post",
+        http::Method::PUT => "put",
+        http::Method::DELETE => "delete",
+        _ => "patch",
+    };
+    let attrs = Attributes::NonResource {
+        path: path.clone(),
+        verb: verb.into(),
+    };
+    if !secure.delegated.authorize(&user, &attrs).await {
+        return status(StatusCode::FORBIDDEN, "Forbidden", &attrs.forbidden(&user));
+    }
+    if path == "/metrics" && verb == "get" {
+        let mut r = text(StatusCode::OK, secure.metrics.render());
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        return r;
+    }
+    text(StatusCode::NOT_FOUND, "404 page not found\n".into())
+}
+
+/// A `Status` answer, as the generic API server writes a refusal.
+fn status(code: StatusCode, reason: &str, message: &str) -> Response<Full<Bytes>> {
+    // In the generic API server's field order (kind first, code last).
+    let quoted = |v: &str| serde_json::Value::from(v).to_string();
+    let details = if code == StatusCode::FORBIDDEN {
+        r#""details":{},"#
+    } else {
+        ""
+    };
+    let body = format!(
+        r#"{{"kind":"Status","apiVersion":"v1","metadata":{{}},"status":"Failure","message":{},"reason":{},{details}"code":{}}}"#,
+        quoted(message),
+        quoted(reason),
+        code.as_u16()
+    );
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 /// The healthz handler's answers (also as `/livez` and `/readyz`): `ok`, or the failing

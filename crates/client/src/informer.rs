@@ -212,15 +212,53 @@ struct Entry {
 pub struct InformerFactory {
     client: Client,
     informers: Mutex<HashMap<TypeId, Entry>>,
+    /// The component's metrics, which its work queues report to.
+    metrics: Arc<crate::metrics::Registry>,
 }
 
 impl InformerFactory {
     /// A factory whose informers watch through `client`.
     pub fn new(client: Client) -> Self {
+        Self::with_metrics(client, Arc::default())
+    }
+
+    /// A factory whose informers watch through `client`, and whose component reports its
+    /// metrics to `metrics`.
+    pub fn with_metrics(client: Client, metrics: Arc<crate::metrics::Registry>) -> Self {
         InformerFactory {
             client,
             informers: Mutex::new(HashMap::new()),
+            metrics,
         }
+    }
+
+    /// The component's metrics.
+    pub fn metrics(&self) -> &Arc<crate::metrics::Registry> {
+        &self.metrics
+    }
+
+    /// A work queue with client-go's default controller rate limiter, reported in the
+    /// component's metrics.
+    pub fn queue<T>(&self, name: &str) -> Arc<crate::workqueue::WorkQueue<T>>
+    where
+        T: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        self.queue_with_limiter(name, crate::workqueue::RateLimiter::default_controller())
+    }
+
+    /// A work queue with its own rate limiter, reported in the component's metrics.
+    pub fn queue_with_limiter<T>(
+        &self,
+        name: &str,
+        limiter: crate::workqueue::RateLimiter<T>,
+    ) -> Arc<crate::workqueue::WorkQueue<T>>
+    where
+        T: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        let q = crate::workqueue::WorkQueue::with_limiter(name, limiter);
+        let stats: std::sync::Weak<dyn crate::metrics::QueueStats> = Arc::downgrade(&q) as _;
+        self.metrics.register_queue(stats);
+        q
     }
 
     /// The shared informer of `K`, created on first use.

@@ -7,11 +7,13 @@
 //! kubeconfig or from ServiceAccount tokens ([`clients`]). No controller lives here.
 
 pub mod clients;
+pub mod delegated;
 pub mod error;
 pub mod events;
 pub mod healthz;
 pub mod informer;
 pub mod leader;
+pub mod metrics;
 pub mod worker;
 pub mod workqueue;
 

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -97,6 +98,24 @@ pub struct WorkQueue<T> {
     name: String,
     state: Mutex<State<T>>,
     notify: Notify,
+    /// Items added, and rate-limited re-adds (for the component's metrics).
+    adds: AtomicU64,
+    retries: AtomicU64,
+}
+
+impl<T: Hash + Eq + Clone + Send + Sync + 'static> crate::metrics::QueueStats for WorkQueue<T> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn depth(&self) -> usize {
+        self.len()
+    }
+    fn adds(&self) -> u64 {
+        self.adds.load(Ordering::Relaxed)
+    }
+    fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
 }
 
 impl<T: Hash + Eq + Clone + Send + Sync + 'static> WorkQueue<T> {
@@ -117,6 +136,8 @@ impl<T: Hash + Eq + Clone + Send + Sync + 'static> WorkQueue<T> {
                 limiter,
             }),
             notify: Notify::new(),
+            adds: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
         })
     }
 
@@ -132,6 +153,7 @@ impl<T: Hash + Eq + Clone + Send + Sync + 'static> WorkQueue<T> {
             return;
         }
         s.dirty.insert(item.clone());
+        self.adds.fetch_add(1, Ordering::Relaxed);
         if s.processing.contains(&item) {
             return;
         }
@@ -160,6 +182,7 @@ impl<T: Hash + Eq + Clone + Send + Sync + 'static> WorkQueue<T> {
 
     /// Queues `item` after its rate-limited delay (one more failure).
     pub fn add_rate_limited(self: &Arc<Self>, item: T) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
         let delay = self.state.lock().limiter.when(&item);
         self.add_after(item, delay);
     }

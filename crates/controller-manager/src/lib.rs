@@ -350,6 +350,8 @@ struct Settings {
     node_lifecycle: controllers::nodelifecycle::Settings,
     csr_signing: controllers::certificates::signer::Settings,
     hpa: controllers::podautoscaler::Settings,
+    /// The controller-manager's metrics (its work queues, its lease).
+    metrics: Arc<kumo_client::metrics::Registry>,
 }
 
 /// The kubeconfig's cluster CA, PEM (certificate-authority-data or certificate-authority).
@@ -445,8 +447,15 @@ impl ControllerManager {
                 .write()
                 .push(("leaderElection".into(), e.watchdog(leading.clone())));
         }
+        let metrics: Arc<kumo_client::metrics::Registry> = Arc::default();
+        if elector.is_some() {
+            metrics.leader_election(&le_cfg.name, leading.clone());
+        }
         let healthz_addr = match cfg.serve {
-            Some(addr) => Some(healthz::serve(addr, checks.clone(), stop_rx.clone()).await?),
+            Some(addr) => {
+                let secure = healthz::secure(&client, &metrics).await;
+                Some(healthz::serve(addr, checks.clone(), stop_rx.clone(), secure).await?)
+            }
             None => None,
         };
         let clients = Arc::new(clients::ClientBuilder::new(
@@ -466,6 +475,7 @@ impl ControllerManager {
                 node_lifecycle: cfg.node_lifecycle.clone(),
                 csr_signing: cfg.csr_signing.clone(),
                 hpa: cfg.hpa,
+                metrics,
             },
             elector,
             stop_rx,
@@ -537,7 +547,7 @@ fn start_controllers(
     stop: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
     // Informers watch with the controller-manager's own identity ("shared-informers").
-    let factory = InformerFactory::new(clients.root());
+    let factory = InformerFactory::with_metrics(clients.root(), settings.metrics.clone());
     let mut tasks = Vec::new();
     let on = |n: &str| is_enabled(n, controllers);
     if on("serviceaccount-controller") {
@@ -627,6 +637,7 @@ fn start_controllers(
     if on("garbage-collector-controller") {
         tasks.push(controllers::garbagecollector::start(
             clients.clone(),
+            &factory,
             stop.clone(),
         ));
     }

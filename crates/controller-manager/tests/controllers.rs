@@ -116,7 +116,11 @@ async fn namespaces_get_default_serviceaccount_and_root_ca() {
         ("/readyz?verbose", "readyz check passed\n"),
         ("/livez/leaderElection", "ok"),
         ("/livez/nope", "404 page not found\n"),
-        ("/healthzz", "404 page not found\n"),
+        // Anything beyond health is for whom the API server allows, not for anonymous.
+        (
+            "/healthzz",
+            r#""message":"forbidden: User \"system:anonymous\" cannot get path \"/healthzz\"","reason":"Forbidden","details":{},"code":403}"#,
+        ),
     ] {
         let out = tokio::process::Command::new("curl")
             .args(["-sk", &format!("https://{addr}{path}")])
@@ -126,6 +130,54 @@ async fn namespaces_get_default_serviceaccount_and_root_ca() {
         let body = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(body.ends_with(want), "{path}: {body}");
     }
+    // /metrics under delegated authentication and authorization, as a Prometheus
+    // scraper or the e2e MetricsGrabber reads it: the admin's client certificate may,
+    // anonymous may not, a bad token is refused.
+    let metrics = |token: Option<&str>| {
+        let kc = kc.clone();
+        let token = token.map(str::to_owned);
+        async move {
+            let kubeconfig = kube::config::Kubeconfig::read_from(&kc).unwrap();
+            let mut cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .unwrap();
+            cfg.cluster_url = format!("https://{addr}").parse().unwrap();
+            cfg.accept_invalid_certs = true;
+            cfg.root_cert = None;
+            if let Some(t) = token {
+                cfg.auth_info = kube::config::AuthInfo {
+                    token: Some(t.into()),
+                    ..Default::default()
+                };
+            }
+            let client = kube::Client::try_from(cfg).unwrap();
+            let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+            client.request_text(req).await
+        }
+    };
+    let text = metrics(None).await.expect("the admin reads /metrics");
+    assert!(
+        text.contains("workqueue_adds_total{name=\"serviceaccount\"} "),
+        "{text}"
+    );
+    assert!(
+        text.contains("leader_election_master_status{name=\"kube-controller-manager\"} 1\n"),
+        "{text}"
+    );
+    match metrics(Some("bogus")).await {
+        Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (401, "Unauthorized")),
+        other => panic!("a bad token: {other:?}"),
+    }
+    let out = tokio::process::Command::new("curl")
+        .args(["-sk", &format!("https://{addr}/metrics")])
+        .output()
+        .await
+        .unwrap();
+    let body = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        body.contains(r#"forbidden: User \"system:anonymous\" cannot get path \"/metrics\""#),
+        "{body}"
+    );
     cm.shutdown().await.unwrap();
 }
 

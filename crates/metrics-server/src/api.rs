@@ -2,23 +2,23 @@
 //! (get and list, label and field selectors, Table), with delegated authentication and
 //! authorization.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::core::v1::ConfigMap;
 use kumo_apimachinery::quantity::Quantity;
 use kumo_apimachinery::selector::{FieldSelector, LabelSelector};
 use kumo_apimachinery::status::{ApiError, GroupResource};
-use parking_lot::Mutex;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncWrite};
+
+use kumo_client::delegated::{Attributes, Delegated, User};
 
 use crate::scrape::{NodeMetrics, PodMetrics, Store, Usage};
 use crate::Error;
@@ -27,58 +27,12 @@ pub const GROUP: &str = "metrics.k8s.io";
 pub const VERSION: &str = "v1beta1";
 const GROUP_VERSION: &str = "metrics.k8s.io/v1beta1";
 
-/// How long an authorization decision is reused (the delegated authorizer's cache).
-const DECISION_TTL: Duration = Duration::from_secs(10);
-
 type Body = Full<Bytes>;
-
-/// Who asks.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct User {
-    name: String,
-    groups: Vec<String>,
-    extra: BTreeMap<String, Vec<String>>,
-}
-
-/// The aggregator's front-proxy trust: the names its client certificate may have and the
-/// headers that carry the user.
-#[derive(Clone, Debug, Default)]
-struct RequestHeader {
-    allowed_names: Vec<String>,
-    username_headers: Vec<String>,
-    group_headers: Vec<String>,
-    extra_prefixes: Vec<String>,
-}
-
-/// What a request is, for authorization.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Attributes {
-    Resource {
-        verb: String,
-        resource: String,
-        namespace: String,
-        name: String,
-    },
-    NonResource {
-        path: String,
-    },
-}
 
 /// The API, shared by every connection.
 pub struct Api {
     store: Arc<Store>,
-    client: crate::ClientFn,
-    request_header: Option<RequestHeader>,
-    decisions: Mutex<HashMap<(User, Attributes), (Instant, bool)>>,
-}
-
-/// A JSON array held in a ConfigMap value (`["X-Remote-User"]`).
-fn json_list(cm: &ConfigMap, key: &str) -> Vec<String> {
-    cm.data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .and_then(|v| serde_json::from_str(v).ok())
-        .unwrap_or_default()
+    delegated: Delegated,
 }
 
 /// A self-signed serving certificate for `localhost` (metrics-server makes one in memory
@@ -109,42 +63,15 @@ impl Api {
         client: crate::ClientFn,
         store: Arc<Store>,
     ) -> Result<(Arc<Api>, Arc<rustls::ServerConfig>), Error> {
-        let cms: kube::Api<ConfigMap> = kube::Api::namespaced(client(), "kube-system");
-        let auth = cms
-            .get("extension-apiserver-authentication")
+        let (delegated, verifier) = Delegated::load(client)
             .await
-            .map_err(Error::Authentication)?;
-        let ca = auth
-            .data
-            .as_ref()
-            .and_then(|d| d.get("requestheader-client-ca-file"))
-            .cloned();
+            .map_err(|e| Error::Authentication(e.to_string()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        let builder = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| Error::Tls(e.to_string()))?;
-        let mut request_header = None;
-        let builder = match &ca {
-            Some(pem) => {
-                let mut roots = rustls::RootCertStore::empty();
-                for c in rustls_pemfile::certs(&mut pem.as_bytes()).flatten() {
-                    roots.add(c).map_err(|e| Error::Tls(e.to_string()))?;
-                }
-                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                    Arc::new(roots),
-                    provider,
-                )
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| Error::Tls(e.to_string()))?;
-                request_header = Some(RequestHeader {
-                    allowed_names: json_list(&auth, "requestheader-allowed-names"),
-                    username_headers: json_list(&auth, "requestheader-username-headers"),
-                    group_headers: json_list(&auth, "requestheader-group-headers"),
-                    extra_prefixes: json_list(&auth, "requestheader-extra-headers-prefix"),
-                });
-                builder.with_client_cert_verifier(verifier)
-            }
+        let builder = match verifier {
+            Some(v) => builder.with_client_cert_verifier(v),
             None => builder.with_no_client_auth(),
         };
         let (certs, key) = self_signed()?;
@@ -152,12 +79,7 @@ impl Api {
             .with_single_cert(certs, key)
             .map_err(|e| Error::Tls(e.to_string()))?;
         tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let api = Arc::new(Api {
-            store,
-            client,
-            request_header,
-            decisions: Mutex::default(),
-        });
+        let api = Arc::new(Api { store, delegated });
         Ok((api, Arc::new(tls)))
     }
 
@@ -166,11 +88,19 @@ impl Api {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let proxy = self.front_proxy_name(stream.get_ref().1.peer_certificates());
+        let peer: Option<Arc<Vec<CertificateDer<'static>>>> = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .map(|c| Arc::new(c.iter().map(|c| c.clone().into_owned()).collect()));
         let api = self.clone();
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let (api, proxy) = (api.clone(), proxy.clone());
-            async move { Ok::<_, std::convert::Infallible>(api.answer(req, proxy.as_deref()).await) }
+            let (api, peer) = (api.clone(), peer.clone());
+            async move {
+                Ok::<_, std::convert::Infallible>(
+                    api.answer(req, peer.as_deref().map(Vec::as_slice)).await,
+                )
+            }
         });
         let served = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
             .serve_connection(TokioIo::new(stream), service)
@@ -180,27 +110,16 @@ impl Api {
         }
     }
 
-    /// The common name of a verified front-proxy client certificate, when it is one of
-    /// the allowed names (empty list: any).
-    fn front_proxy_name(&self, certs: Option<&[CertificateDer<'_>]>) -> Option<String> {
-        let rh = self.request_header.as_ref()?;
-        let leaf = certs?.first()?;
-        let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
-        let cn = cert
-            .subject()
-            .iter_common_name()
-            .next()
-            .and_then(|c| c.as_str().ok())?
-            .to_owned();
-        (rh.allowed_names.is_empty() || rh.allowed_names.contains(&cn)).then_some(cn)
-    }
-
-    async fn answer(&self, req: Request<Incoming>, proxy: Option<&str>) -> Response<Body> {
+    async fn answer(
+        &self,
+        req: Request<Incoming>,
+        peer: Option<&[CertificateDer<'static>]>,
+    ) -> Response<Body> {
         let path = req.uri().path().to_owned();
         if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
             return text(StatusCode::OK, "ok");
         }
-        let user = match self.authenticate(&req, proxy).await {
+        let user = match self.delegated.authenticate(req.headers(), peer).await {
             Some(u) => u,
             None => return status(&ApiError::unauthorized()),
         };
@@ -212,7 +131,7 @@ impl Api {
         }
         let query = query(&req);
         let attrs = attributes(&path, &query);
-        if !self.authorize(&user, &attrs).await {
+        if !self.delegated.authorize(&user, &attrs).await {
             return status(&forbidden(&user, &attrs));
         }
         let table = req
@@ -226,120 +145,6 @@ impl Api {
             Some(Route::Pods(ns, name)) => self.pods(ns.as_deref(), name.as_deref(), &query, table),
             None => status(&ApiError::path_not_found()),
         }
-    }
-
-    /// The user: from the front proxy's headers when its certificate was verified, else
-    /// from a bearer token by TokenReview.
-    async fn authenticate(&self, req: &Request<Incoming>, proxy: Option<&str>) -> Option<User> {
-        let headers = req.headers();
-        let all = |names: &[String]| -> Vec<String> {
-            names
-                .iter()
-                .flat_map(|n| headers.get_all(n.as_str()).iter())
-                .filter_map(|v| v.to_str().ok().map(str::to_owned))
-                .collect()
-        };
-        if let (Some(_), Some(rh)) = (proxy, &self.request_header) {
-            let name = all(&rh.username_headers).into_iter().next()?;
-            let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            for (k, v) in headers {
-                for p in &rh.extra_prefixes {
-                    if let Some(key) = k.as_str().strip_prefix(&p.to_ascii_lowercase()) {
-                        if let Ok(v) = v.to_str() {
-                            extra.entry(key.to_owned()).or_default().push(v.to_owned());
-                        }
-                    }
-                }
-            }
-            return Some(User {
-                name,
-                groups: all(&rh.group_headers),
-                extra,
-            });
-        }
-        let token = headers
-            .get(header::AUTHORIZATION)?
-            .to_str()
-            .ok()?
-            .strip_prefix("Bearer ")?
-            .trim()
-            .to_owned();
-        let review = json!({
-            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-            "spec": {"token": token},
-        });
-        let r = self
-            .post("/apis/authentication.k8s.io/v1/tokenreviews", &review)
-            .await?;
-        if r.pointer("/status/authenticated") != Some(&Value::Bool(true)) {
-            return None;
-        }
-        let u = r.pointer("/status/user")?;
-        Some(User {
-            name: u.get("username")?.as_str()?.to_owned(),
-            groups: serde_json::from_value(u.get("groups").cloned().unwrap_or(json!([])))
-                .unwrap_or_default(),
-            extra: serde_json::from_value(u.get("extra").cloned().unwrap_or(json!({})))
-                .unwrap_or_default(),
-        })
-    }
-
-    async fn post(&self, path: &str, body: &Value) -> Option<Value> {
-        let req = http::Request::post(path)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(serde_json::to_vec(body).ok()?)
-            .ok()?;
-        match (self.client)().request::<Value>(req).await {
-            Ok(v) => Some(v),
-            Err(e) => {
-                tracing::info!(error = %e, path, "metrics-server: delegated review failed");
-                None
-            }
-        }
-    }
-
-    /// A SubjectAccessReview, its answer kept for a while.
-    async fn authorize(&self, user: &User, attrs: &Attributes) -> bool {
-        let key = (user.clone(), attrs.clone());
-        if let Some((at, allowed)) = self.decisions.lock().get(&key) {
-            if at.elapsed() < DECISION_TTL {
-                return *allowed;
-            }
-        }
-        let mut spec = json!({"user": user.name, "groups": user.groups, "extra": user.extra});
-        match attrs {
-            Attributes::Resource {
-                verb,
-                resource,
-                namespace,
-                name,
-            } => {
-                spec["resourceAttributes"] = json!({
-                    "group": GROUP, "version": VERSION, "resource": resource, "verb": verb,
-                    "namespace": namespace, "name": name,
-                });
-            }
-            Attributes::NonResource { path } => {
-                spec["nonResourceAttributes"] = json!({"path": path, "verb": "get"});
-            }
-        }
-        let review = json!({
-            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec,
-        });
-        let allowed = self
-            .post(
-                "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-                &review,
-            )
-            .await
-            .and_then(|r| r.pointer("/status/allowed").and_then(Value::as_bool))
-            .unwrap_or(false);
-        let mut d = self.decisions.lock();
-        if d.len() > 4096 {
-            d.clear();
-        }
-        d.insert(key, (Instant::now(), allowed));
-        allowed
     }
 
     fn nodes(
@@ -511,18 +316,23 @@ fn attributes(path: &str, q: &HashMap<String, String>) -> Attributes {
         _ => {
             return Attributes::NonResource {
                 path: path.to_owned(),
+                verb: "get".into(),
             }
         }
     };
     let watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
     match rest {
         [resource] if *resource == "nodes" || *resource == "pods" => Attributes::Resource {
+            group: GROUP.into(),
+            version: VERSION.into(),
             verb: if watch { "watch" } else { "list" }.into(),
             resource: (*resource).to_owned(),
             namespace: namespace.to_owned(),
             name: String::new(),
         },
         [resource, name] => Attributes::Resource {
+            group: GROUP.into(),
+            version: VERSION.into(),
             verb: "get".into(),
             resource: (*resource).to_owned(),
             namespace: namespace.to_owned(),
@@ -530,6 +340,7 @@ fn attributes(path: &str, q: &HashMap<String, String>) -> Attributes {
         },
         _ => Attributes::NonResource {
             path: path.to_owned(),
+            verb: "get".into(),
         },
     }
 }
@@ -542,6 +353,7 @@ fn forbidden(user: &User, attrs: &Attributes) -> ApiError {
             resource,
             namespace,
             name,
+            ..
         } => {
             let scope = if namespace.is_empty() {
                 "at the cluster scope".to_owned()
@@ -557,7 +369,7 @@ fn forbidden(user: &User, attrs: &Attributes) -> ApiError {
                 ),
             )
         }
-        Attributes::NonResource { path } => ApiError::forbidden(
+        Attributes::NonResource { path, .. } => ApiError::forbidden(
             &GroupResource::new("", ""),
             "",
             &format!("User \"{}\" cannot get path \"{path}\"", user.name),
@@ -729,6 +541,8 @@ mod tests {
         assert_eq!(
             attributes("/apis/metrics.k8s.io/v1beta1/namespaces/a/pods", &q),
             Attributes::Resource {
+                group: GROUP.into(),
+                version: VERSION.into(),
                 verb: "list".into(),
                 resource: "pods".into(),
                 namespace: "a".into(),
@@ -738,6 +552,8 @@ mod tests {
         assert_eq!(
             attributes("/apis/metrics.k8s.io/v1beta1/nodes/n1", &q),
             Attributes::Resource {
+                group: GROUP.into(),
+                version: VERSION.into(),
                 verb: "get".into(),
                 resource: "nodes".into(),
                 namespace: String::new(),

@@ -39,7 +39,7 @@ pub enum Error {
     #[error("serving certificate: {0}")]
     Tls(String),
     #[error("reading kube-system/extension-apiserver-authentication: {0}")]
-    Authentication(#[source] kube::Error),
+    Authentication(String),
     #[error("listening on {addr}: {source}")]
     Listen {
         addr: SocketAddr,

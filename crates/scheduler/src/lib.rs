@@ -128,16 +128,24 @@ impl Scheduler {
                 }),
             ));
         }
+        let metrics: Arc<kumo_client::metrics::Registry> = Arc::default();
+        if elector.is_some() {
+            metrics.leader_election("kube-scheduler", leading.clone());
+        }
         let healthz_addr = match cfg.serve {
-            Some(addr) => Some(
-                healthz::serve(
-                    addr,
-                    Arc::new(parking_lot::RwLock::new(checks)),
-                    stop_rx.clone(),
+            Some(addr) => {
+                let secure = healthz::secure(&client, &metrics).await;
+                Some(
+                    healthz::serve(
+                        addr,
+                        Arc::new(parking_lot::RwLock::new(checks)),
+                        stop_rx.clone(),
+                        secure,
+                    )
+                    .await
+                    .map_err(|e| Error::Serve(e.to_string()))?,
                 )
-                .await
-                .map_err(|e| Error::Serve(e.to_string()))?,
-            ),
+            }
             None => None,
         };
         let task = tokio::spawn(run(client, elector, stop_rx, leading_tx));

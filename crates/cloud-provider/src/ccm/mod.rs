@@ -150,6 +150,8 @@ pub struct Context {
     pub clients: Arc<ClientBuilder>,
     /// The settings.
     pub config: Config,
+    /// Its metrics (work queues, lease), served on the secure port.
+    pub metrics: Arc<kumo_client::metrics::Registry>,
 }
 
 /// A running cloud-controller-manager.
@@ -194,8 +196,15 @@ impl CloudControllerManager {
                 .write()
                 .push(("leaderElection".into(), e.watchdog(leading.clone())));
         }
+        let metrics: Arc<kumo_client::metrics::Registry> = Arc::default();
+        if elector.is_some() {
+            metrics.leader_election("cloud-controller-manager", leading.clone());
+        }
         let healthz_addr = match cfg.serve {
-            Some(addr) => Some(healthz::serve(addr, checks, stop_rx.clone()).await?),
+            Some(addr) => {
+                let secure = healthz::secure(&client, &metrics).await;
+                Some(healthz::serve(addr, checks, stop_rx.clone(), secure).await?)
+            }
             None => None,
         };
         let clients = Arc::new(ClientBuilder::new(
@@ -208,6 +217,7 @@ impl CloudControllerManager {
             cloud,
             clients,
             config: cfg,
+            metrics,
         });
         let task = tokio::spawn(leader::run_elected(
             elector,
@@ -255,7 +265,7 @@ fn start_controllers(
     controllers: &[&'static str],
     stop: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
-    let factory = InformerFactory::new(ctx.clients.root());
+    let factory = InformerFactory::with_metrics(ctx.clients.root(), ctx.metrics.clone());
     let mut tasks = Vec::new();
     let on = |n: &str| controllers.contains(&n);
     let cloud = &ctx.cloud;

@@ -18,7 +18,6 @@ use kumo_client::error::{is_conflict, message};
 use kumo_client::events;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -67,7 +66,7 @@ pub fn start(
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let mut stop = stop;
-    let queue = WorkQueue::<String>::new("Nodes");
+    let queue = factory.queue::<String>("Nodes");
     let nodes = factory.informer::<Node>();
     let q = queue.clone();
     // Nodes that exist before the controller starts come in as additions.

@@ -56,8 +56,8 @@ pub fn start(
 ) -> JoinHandle<()> {
     // Upstream's queues only have the per-item exponential limiter (no overall bucket).
     let limiter = || RateLimiter::new(MIN_RETRY_DELAY, MAX_RETRY_DELAY, 1e9, u32::MAX);
-    let service_queue = WorkQueue::with_limiter("service", limiter());
-    let node_queue = WorkQueue::with_limiter("node", limiter());
+    let service_queue = factory.queue_with_limiter("service", limiter());
+    let node_queue = factory.queue_with_limiter("node", limiter());
     let services = factory.informer::<Service>();
     let nodes = factory.informer::<Node>();
     let q = service_queue.clone();

@@ -14,7 +14,6 @@ use tokio::task::JoinHandle;
 use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::informer::{Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// The field manager of the aggregated rules.
 pub const FIELD_MANAGER: &str = "clusterrole-aggregation-controller";
@@ -30,7 +29,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("ClusterRoleAggregator");
+    let queue = factory.queue::<String>("ClusterRoleAggregator");
     let roles = factory.informer::<ClusterRole>();
     let q = queue.clone();
     let weak = Arc::downgrade(&roles);

@@ -343,7 +343,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("cronjob");
+    let queue = factory.queue::<String>("cronjob");
     let cronjobs = factory.informer::<CronJob>();
     let jobs = factory.informer::<Job>();
     // The handlers record one event; the client exists once the controller has started.

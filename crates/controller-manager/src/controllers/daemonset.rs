@@ -512,8 +512,8 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("daemonset");
-    let node_queue = WorkQueue::<String>::new("daemonset-node-updates");
+    let queue = factory.queue::<String>("daemonset");
+    let node_queue = factory.queue::<String>("daemonset-node-updates");
     let dss = factory.informer::<DaemonSet>();
     let revs = factory.informer::<ControllerRevision>();
     let pods = factory.informer::<Pod>();

@@ -101,7 +101,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("deployment");
+    let queue = factory.queue::<String>("deployment");
     let deployments = factory.informer::<Deployment>();
     let sets = factory.informer::<ReplicaSet>();
     let pods = factory.informer::<Pod>();

@@ -267,8 +267,8 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("disruption");
-    let stale = WorkQueue::<String>::new("stale_pod_disruption");
+    let queue = factory.queue::<String>("disruption");
+    let stale = factory.queue::<String>("stale_pod_disruption");
     let pdbs = factory.informer::<PodDisruptionBudget>();
     let pods = factory.informer::<Pod>();
     let rcs = factory.informer::<ReplicationController>();

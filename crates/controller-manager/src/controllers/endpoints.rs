@@ -25,7 +25,6 @@ use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::{is_not_found, message, namespace_terminating};
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// The label marking Endpoints this controller manages.
 pub const LABEL_MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
@@ -55,7 +54,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("endpoint");
+    let queue = factory.queue::<String>("endpoint");
     let services = factory.informer::<Service>();
     let pods = factory.informer::<Pod>();
     let endpoints = factory.informer::<Endpoints>();

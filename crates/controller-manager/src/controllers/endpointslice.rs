@@ -316,7 +316,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("endpoint_slice");
+    let queue = factory.queue::<String>("endpoint_slice");
     let services = factory.informer::<Service>();
     let pods = factory.informer::<Pod>();
     let nodes = factory.informer::<Node>();

@@ -29,7 +29,6 @@ use kumo_client::error::{is_not_found, message, namespace_terminating};
 use kumo_client::events;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// The value of the managed-by label on mirrored slices.
 pub const CONTROLLER_NAME: &str = "endpointslicemirroring-controller.k8s.io";
@@ -198,7 +197,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("endpoint_slice_mirroring");
+    let queue = factory.queue::<String>("endpoint_slice_mirroring");
     let endpoints = factory.informer::<Endpoints>();
     let services = factory.informer::<Service>();
     let slices = factory.informer::<EndpointSlice>();

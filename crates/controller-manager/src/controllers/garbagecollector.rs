@@ -37,6 +37,7 @@ use tokio::task::JoinHandle;
 
 use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::{is_conflict, is_not_found, message};
+use kumo_client::informer::InformerFactory;
 use kumo_client::worker::client_for;
 use kumo_client::workqueue::WorkQueue;
 
@@ -212,7 +213,13 @@ struct Gc {
 }
 
 /// Starts the garbage collector; it stops when `stop` turns true.
-pub fn start(clients: Arc<ClientBuilder>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+pub fn start(
+    clients: Arc<ClientBuilder>,
+    factory: &InformerFactory,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let delete_q = factory.queue("garbage_collector_attempt_to_delete");
+    let orphan_q = factory.queue("garbage_collector_attempt_to_orphan");
     tokio::spawn(async move {
         tracing::info!("Starting garbage collector controller");
         let Some(client) = client_for(&clients, "generic-garbage-collector", &mut stop).await
@@ -226,8 +233,8 @@ pub fn start(clients: Arc<ClientBuilder>, mut stop: watch::Receiver<bool>) -> Jo
             graph: Mutex::new(Graph::default()),
             mapper: RwLock::new(Mapper::new()),
             changes: tx,
-            delete_q: WorkQueue::new("garbage_collector_attempt_to_delete"),
-            orphan_q: WorkQueue::new("garbage_collector_attempt_to_orphan"),
+            delete_q,
+            orphan_q,
         });
         let (ready_tx, mut ready) = watch::channel(false);
         let mut tasks = vec![

@@ -1068,8 +1068,8 @@ pub fn start(
             u32::MAX,
         )
     };
-    let queue = WorkQueue::<String>::with_limiter("job", limiter());
-    let orphans = WorkQueue::<String>::with_limiter("job_orphan_pod", limiter());
+    let queue = factory.queue_with_limiter::<String>("job", limiter());
+    let orphans = factory.queue_with_limiter::<String>("job_orphan_pod", limiter());
     let jobs = factory.informer::<Job>();
     let pods = factory.informer::<Pod>();
     let h = Arc::new(Handlers {

@@ -227,7 +227,7 @@ pub fn start(
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     // Upstream caps the namespace queue's per-item backoff at 60 s.
-    let queue = WorkQueue::with_limiter(
+    let queue = factory.queue_with_limiter(
         "namespace",
         RateLimiter::new(Duration::from_millis(5), Duration::from_secs(60), 10.0, 100),
     );

@@ -25,7 +25,6 @@ use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::message;
 use kumo_client::informer::{Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// The cluster CIDR `kumo up` allocates from (kubeadm's usual pod subnet).
 pub const DEFAULT_CLUSTER_CIDR: &str = "10.244.0.0/16";
@@ -422,7 +421,7 @@ pub fn start(
         }
     }
     let sets = Arc::new(Mutex::new(sets));
-    let queue = WorkQueue::<String>::new("cidrallocator_node");
+    let queue = factory.queue::<String>("cidrallocator_node");
     let nodes = factory.informer::<Node>();
     let q = queue.clone();
     let s = sets.clone();

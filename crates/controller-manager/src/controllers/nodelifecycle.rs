@@ -22,7 +22,6 @@ use tokio::task::JoinHandle;
 use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::informer::{Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// Upstream's --node-monitor-period, --node-monitor-grace-period and
 /// --node-startup-grace-period defaults.
@@ -102,7 +101,7 @@ pub fn start(
     settings: Settings,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("node_lifecycle_controller");
+    let queue = factory.queue::<String>("node_lifecycle_controller");
     let nodes = factory.informer::<Node>();
     let leases = factory.informer::<Lease>();
     let pods = factory.informer::<Pod>();

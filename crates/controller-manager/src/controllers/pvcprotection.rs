@@ -18,7 +18,6 @@ use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::is_not_found;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -105,7 +104,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("pvcprotection");
+    let queue = factory.queue::<String>("pvcprotection");
     let claims = factory.informer::<PersistentVolumeClaim>();
     let pods = factory.informer::<Pod>();
     let q = queue.clone();

@@ -14,7 +14,6 @@ use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::is_not_found;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 const SERVICE_ACCOUNT: &str = "pv-protection-controller";
 /// The finalizer the PersistentVolumeClaimProtection admission plugin adds to volumes.
@@ -36,7 +35,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("pvprotection");
+    let queue = factory.queue::<String>("pvprotection");
     let volumes = factory.informer::<PersistentVolume>();
     let q = queue.clone();
     volumes.add_handler(move |c| {

@@ -354,7 +354,7 @@ fn start_for<K: Owner>(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new(K::QUEUE);
+    let queue = factory.queue::<String>(K::QUEUE);
     let sets = factory.informer::<K>();
     let pods = factory.informer::<Pod>();
     let expectations = Arc::new(Expectations::default());

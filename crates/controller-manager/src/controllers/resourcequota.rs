@@ -198,7 +198,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("resourcequota_primary");
+    let queue = factory.queue::<String>("resourcequota_primary");
     let quotas = factory.informer::<ResourceQuota>();
     let pods = factory.informer::<Pod>();
     let services = factory.informer::<Service>();

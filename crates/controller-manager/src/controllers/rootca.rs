@@ -14,7 +14,6 @@ use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::{is_not_found, namespace_terminating};
 use kumo_client::informer::{Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// The ConfigMap's name.
 pub const CONFIG_MAP: &str = "kube-root-ca.crt";
@@ -36,7 +35,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("root_ca_cert_publisher");
+    let queue = factory.queue::<String>("root_ca_cert_publisher");
     let namespaces = factory.informer::<Namespace>();
     let config_maps = factory.informer::<ConfigMap>();
     let q = queue.clone();

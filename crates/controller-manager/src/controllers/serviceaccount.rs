@@ -13,7 +13,6 @@ use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::{is_already_exists, namespace_terminating};
 use kumo_client::informer::{Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// The ServiceAccounts ensured in every namespace.
 const ENSURE: &[&str] = &["default"];
@@ -30,7 +29,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("serviceaccount");
+    let queue = factory.queue::<String>("serviceaccount");
     let namespaces = factory.informer::<Namespace>();
     let accounts = factory.informer::<ServiceAccount>();
     let q = queue.clone();

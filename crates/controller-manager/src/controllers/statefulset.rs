@@ -923,7 +923,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("statefulset");
+    let queue = factory.queue::<String>("statefulset");
     let sets = factory.informer::<StatefulSet>();
     let pods = factory.informer::<Pod>();
     let claims = factory.informer::<PersistentVolumeClaim>();

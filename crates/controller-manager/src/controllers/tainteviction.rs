@@ -27,7 +27,6 @@ use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::message;
 use kumo_client::informer::{Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// The controller's name, also its events' source.
 const NAME: &str = "taint-eviction-controller";
@@ -145,7 +144,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("noexec_taint");
+    let queue = factory.queue::<String>("noexec_taint");
     let pods = factory.informer::<Pod>();
     let nodes = factory.informer::<Node>();
     let q = queue.clone();

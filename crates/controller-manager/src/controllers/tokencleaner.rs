@@ -16,7 +16,6 @@ use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::is_not_found;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers_of, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 const SERVICE_ACCOUNT: &str = "token-cleaner";
 const TOKEN_TYPE: &str = "bootstrap.kubernetes.io/token";
@@ -52,7 +51,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("token_cleaner");
+    let queue = factory.queue::<String>("token_cleaner");
     let secrets = factory.informer::<Secret>();
     let q = queue.clone();
     secrets.add_handler(move |c| match c {

@@ -84,7 +84,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("ttl_jobs_to_delete");
+    let queue = factory.queue::<String>("ttl_jobs_to_delete");
     let jobs = factory.informer::<Job>();
     let q = queue.clone();
     jobs.add_handler(move |c| match c {

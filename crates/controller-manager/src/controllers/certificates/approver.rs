@@ -23,7 +23,6 @@ use super::{KUBELET_CLIENT, SERVICE_ACCOUNT};
 use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::informer::{Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// One way a request can be approved: the subresource its requestor must be allowed to
 /// create, and the condition message.
@@ -64,7 +63,7 @@ pub fn start(
     factory: &InformerFactory,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("certificate");
+    let queue = factory.queue::<String>("certificate");
     let csrs = factory.informer::<CertificateSigningRequest>();
     let q = queue.clone();
     csrs.add_handler(move |c| match c {

@@ -33,7 +33,6 @@ use super::{
 use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::informer::{Change, Informer, InformerFactory};
 use kumo_client::worker::{client_for, run_workers, wait_for_sync, SyncError};
-use kumo_client::workqueue::WorkQueue;
 
 /// `--cluster-signing-duration`'s default: 8760h0m0s.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(8760 * 3600);
@@ -339,7 +338,7 @@ pub fn start(
         }
     };
     let duration = settings.duration;
-    let queue = WorkQueue::<String>::new("certificate");
+    let queue = factory.queue::<String>("certificate");
     let csrs = factory.informer::<CertificateSigningRequest>();
     let q = queue.clone();
     csrs.add_handler(move |c| match c {

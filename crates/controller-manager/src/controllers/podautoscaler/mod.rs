@@ -121,7 +121,7 @@ pub fn start(
     settings: Settings,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let queue = WorkQueue::<String>::new("horizontalpodautoscaler");
+    let queue = factory.queue::<String>("horizontalpodautoscaler");
     let hpas = factory.informer::<HorizontalPodAutoscaler>();
     let pods = factory.informer::<Pod>();
     let scheduled: Arc<Mutex<HashSet<String>>> = Arc::default();
