@@ -862,21 +862,7 @@ fn websocket_log(mut req: Request<Incoming>, resp: Response<Body>) -> Response<B
             return;
         };
         let mut io = TokioIo::new(upgraded);
-        let frame = |opcode: u8, payload: &[u8]| {
-            let mut f = vec![0x80 | opcode];
-            let n = payload.len();
-            if n < 126 {
-                f.push(n as u8);
-            } else if n <= 0xffff {
-                f.push(126);
-                f.extend_from_slice(&(n as u16).to_be_bytes());
-            } else {
-                f.push(127);
-                f.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-            f.extend_from_slice(payload);
-            f
-        };
+        let frame = kumo_apimachinery::websocket::frame;
         while let Some(Ok(f)) = body.frame().await {
             let Ok(data) = f.into_data() else { continue };
             let msg = if base64 {

@@ -10,7 +10,6 @@
 pub mod cache;
 pub mod cli;
 pub mod error;
-pub mod events;
 pub mod helpers;
 pub mod plugins;
 pub mod queue;
@@ -222,7 +221,7 @@ async fn scheduling(client: Client, mut stop: watch::Receiver<bool>) {
     let pods = factory.informer::<Pod>();
     let nodes = factory.informer::<Node>();
     let namespaces = factory.informer::<Namespace>();
-    let recorder = events::Recorder::new(
+    let recorder = kumo_client::events_v1::Recorder::new(
         client.clone(),
         SCHEDULER_NAME,
         format!("{SCHEDULER_NAME}-{}", hostname()),

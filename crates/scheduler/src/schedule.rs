@@ -18,10 +18,10 @@ use parking_lot::Mutex;
 use serde_json::json;
 
 use crate::cache::{Cache, NodeInfo, PodInfo, Snapshot};
-use crate::events::Recorder;
 use crate::helpers::pod_key;
 use crate::plugins::{self, Code, Status};
 use crate::queue::{QueuedPod, SchedulingQueue};
+use kumo_client::events_v1::Recorder;
 
 /// The scheduler's name in events and the pods it is responsible for.
 pub const SCHEDULER_NAME: &str = "default-scheduler";

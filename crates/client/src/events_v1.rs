@@ -1,6 +1,7 @@
-//! Events through the events.k8s.io/v1 API, as the scheduler's event recorder writes
-//! them: one Event per (object, reason, action, note) and, for repeats within six
-//! minutes, a `series` count on the existing one.
+//! Events through the events.k8s.io/v1 API, as client-go's tools/events recorder writes
+//! them (the scheduler's): one Event per (object, reason, action, note) and, for repeats
+//! within six minutes, a `series` count on the existing one. The legacy core/v1
+//! recorder is [`crate::events`].
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 /// How often expired series entries are dropped.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
-/// Records the scheduler's events.
+/// Records a component's events.
 pub struct Recorder {
     client: Client,
     controller: String,
