@@ -17,6 +17,13 @@ pub enum DialError {
 
 /// The pod network, from the node.
 pub trait PodNetwork: Send + Sync {
+    /// The node's pod range (`spec.podCIDR`, else the kubelet's `--pod-cidr`), as the
+    /// kubelet hands it to the runtime (the CRI's UpdateRuntimeConfig) for the CNI's IPAM.
+    fn set_pod_cidr(&self, cidr: &str);
+    /// Sets up the network of the sandbox of pod `uid` (CNI ADD): its address.
+    fn set_up(&self, uid: &str) -> Result<std::net::IpAddr, String>;
+    /// Tears the network of pod `uid`'s sandbox down (CNI DEL): its address is free again.
+    fn tear_down(&self, uid: &str);
     /// Whether a server of `pod` listens on `port` at the pod's own address (for a
     /// host-network pod: a server of its containers, not whatever else the node runs).
     fn serves(&self, pod: &Value, port: u16) -> bool;

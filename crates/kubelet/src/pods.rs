@@ -187,10 +187,10 @@ struct Workers {
     runtime: Arc<dyn Runtime>,
     node_uid: String,
     workers: HashMap<String, Worker>,
-    next_ip: u32,
-    pod_cidr: Option<(Ipv4Addr, u8)>,
-    /// The node's spec.podCIDR, once read.
-    pod_cidr_known: Option<(Ipv4Addr, u8)>,
+    /// The pod network (it gives the pods their addresses).
+    network: Arc<dyn kumo_cri::PodNetwork>,
+    /// The node's spec.podCIDR was read (and handed to the pod network).
+    pod_cidr_known: bool,
     /// Images pulled on this node (for "already present on machine").
     pulled: std::collections::HashSet<String>,
     /// What each pod's environment refers to (see `env`), by pod uid.
@@ -290,20 +290,21 @@ pub async fn run(
         client.clone(),
         cfg.node_name.clone(),
         runtime.clone(),
-        network,
+        network.clone(),
         cfg.node_ip.into_iter().collect(),
         wake.clone(),
     );
+    // The kubelet's --pod-cidr until the Node has a spec.podCIDR.
+    network.set_pod_cidr(&cfg.pod_cidr);
     let mut w = Workers {
         client,
         prober,
-        pod_cidr: parse_cidr(&cfg.pod_cidr),
-        pod_cidr_known: None,
+        network,
+        pod_cidr_known: false,
         cfg,
         runtime,
         node_uid,
         workers: HashMap::new(),
-        next_ip: 0,
         pulled: std::collections::HashSet::new(),
         sources: HashMap::new(),
         quiet_found: Vec::new(),
@@ -318,7 +319,7 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
         // The pod range is read until the node has one (spec.podCIDR never changes once set).
-        if w.pod_cidr_known.is_none()
+        if !w.pod_cidr_known
             && last_node_read.is_none_or(|t: Instant| t.elapsed() > Duration::from_secs(10))
         {
             last_node_read = Some(Instant::now());
@@ -370,9 +371,11 @@ impl Workers {
     async fn read_pod_cidr(&mut self) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         if let Ok(n) = nodes.get(&self.cfg.node_name).await {
-            if let Some(c) = n.spec.and_then(|s| s.pod_cidr).and_then(|c| parse_cidr(&c)) {
-                self.pod_cidr = Some(c);
-                self.pod_cidr_known = Some(c);
+            if let Some(c) = n.spec.and_then(|s| s.pod_cidr) {
+                if parse_cidr(&c).is_some() {
+                    self.network.set_pod_cidr(&c);
+                    self.pod_cidr_known = true;
+                }
             }
         }
     }
@@ -384,29 +387,15 @@ impl Workers {
             .unwrap_or_else(|| "127.0.0.1".into())
     }
 
-    /// The next free address of the node's pod range, as the CNI's host-local IPAM gives
-    /// them: from .2 (.1 is the bridge) to the last before the broadcast address, in turn,
-    /// skipping those this kubelet's pods hold.
-    fn allocate_ip(&mut self) -> String {
-        let (base, len) = self.pod_cidr.unwrap_or((Ipv4Addr::new(10, 244, 0, 0), 24));
-        let size = 1u32 << (32 - u32::from(len.min(30)));
-        let usable = size - 3;
-        let in_use: std::collections::HashSet<&str> = self
-            .workers
-            .values()
-            .filter_map(|w| w.ip.as_deref())
-            .collect();
-        let mut pick = None;
-        for _ in 0..usable {
-            let ip = Ipv4Addr::from(u32::from(base) + 2 + self.next_ip % usable).to_string();
-            self.next_ip = self.next_ip.wrapping_add(1);
-            if !in_use.contains(ip.as_str()) {
-                pick = Some(ip);
-                break;
+    /// The address of a new pod's sandbox: the pod network's (CNI ADD).
+    fn allocate_ip(&mut self, uid: &str) -> String {
+        match self.network.set_up(uid) {
+            Ok(ip) => ip.to_string(),
+            Err(e) => {
+                tracing::warn!(pod = uid, error = %e, "setting up the pod's network");
+                String::new()
             }
         }
-        // A full range: upstream's IPAM fails the sandbox; the sim shares the first one.
-        pick.unwrap_or_else(|| Ipv4Addr::from(u32::from(base) + 2).to_string())
     }
 
     /// One pass over the node's pods: `api_pods` to sync, `steady` (uids, each with a
@@ -1042,6 +1031,7 @@ impl Workers {
             if let Some(sb) = &w.sandbox {
                 self.runtime.remove_pod_sandbox(sb);
             }
+            self.network.tear_down(uid);
         }
     }
 
@@ -1054,7 +1044,7 @@ impl Workers {
             let ip = if host_network {
                 self.host_ip()
             } else {
-                self.allocate_ip()
+                self.allocate_ip(&uid)
             };
             self.workers.insert(
                 uid.clone(),

@@ -1171,6 +1171,11 @@ mod tests {
     struct NoNetwork;
 
     impl kumo_cri::PodNetwork for NoNetwork {
+        fn set_pod_cidr(&self, _: &str) {}
+        fn set_up(&self, _: &str) -> Result<std::net::IpAddr, String> {
+            Err("no network".into())
+        }
+        fn tear_down(&self, _: &str) {}
         fn serves(&self, _: &Value, _: u16) -> bool {
             false
         }
