@@ -81,18 +81,6 @@ struct CpuMeter {
 const IDLE_NANOCORES: u64 = 1_000_000;
 const IDLE_MEMORY: u64 = 8 << 20;
 
-/// CPU time a server of `image` spends per request: registry.k8s.io/hpa-example (the
-/// HorizontalPodAutoscaler walkthrough's php-apache, a loop of square roots per request)
-/// about 100 ms, anything else 1 ms.
-fn cpu_per_request(image: &str) -> Duration {
-    let repo = image.split([':', '@']).next().unwrap_or(image);
-    if repo.ends_with("/hpa-example") || repo == "hpa-example" {
-        Duration::from_millis(100)
-    } else {
-        Duration::from_millis(1)
-    }
-}
-
 impl SimContainer {
     fn context(&self, files: &Arc<fs::Store>, id: &str) -> shell::Context {
         context(files, &self.sandbox, id, &self.config)
@@ -190,7 +178,7 @@ fn program(
     }
     let mut exit = None;
     let mut writes = Vec::new();
-    let argv = shell::image_argv(&config.image, &config.command, &config.args);
+    let argv = images::image_argv(&config.image, &config.command, &config.args);
     if let Some(steps) = shell::container_program(&argv, &ctx) {
         let mut at = Duration::ZERO;
         for step in steps {
@@ -407,57 +395,6 @@ impl Sim {
     }
 }
 
-/// Files of an image's root filesystem the sim provides: agnhost's `/localhost.crt` and
-/// `/localhost.key` (a self-signed pair for `localhost`, made once per process: its
-/// `porter` and `grpc-health-checking` serve TLS with them; the StatefulSet e2e tests
-/// probe the first through `test-webserver`), and the update-demo images' `/data.json`
-/// (nautilus and kitten are agnhost with a picture and that file), and the
-/// `/etc/os-release` of these Alpine-based images. Image volumes show the same files.
-pub fn image_files(image: &str) -> Vec<(String, String)> {
-    let repo = image.split('@').next().unwrap_or(image);
-    let repo = repo
-        .rsplit_once(':')
-        .filter(|(_, t)| !t.contains('/'))
-        .map_or(repo, |(r, _)| r);
-    let name = repo.rsplit('/').next().unwrap_or(repo);
-    let mut files = Vec::new();
-    if matches!(name, "agnhost" | "nautilus" | "kitten") {
-        let (cert, key) = localhost_pair();
-        files.push(("/localhost.crt".to_owned(), cert.clone()));
-        files.push(("/localhost.key".to_owned(), key.clone()));
-        files.push((
-            "/etc/os-release".to_owned(),
-            "NAME=\"Alpine Linux\"\nID=alpine\nVERSION_ID=3.21.3\nPRETTY_NAME=\"Alpine Linux v3.21\"\nHOME_URL=\"https://alpinelinux.org/\"\nBUG_REPORT_URL=\"https://gitlab.alpinelinux.org/alpine/aports/-/issues\"\n".to_owned(),
-        ));
-    }
-    if matches!(name, "nautilus" | "kitten") {
-        files.push((
-            "/data.json".to_owned(),
-            format!("{{\n  \"image\": \"{name}.jpg\"\n}}\n"),
-        ));
-        files.push((format!("/{name}.jpg"), String::new()));
-    }
-    files
-}
-
-/// The self-signed certificate and key for `localhost` the agnhost image ships.
-fn localhost_pair() -> &'static (String, String) {
-    static PAIR: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
-    PAIR.get_or_init(|| {
-        let made = rcgen::KeyPair::generate().and_then(|key| {
-            let params = rcgen::CertificateParams::new(vec![
-                "localhost".to_owned(),
-                "127.0.0.1".to_owned(),
-            ])?;
-            Ok((params.self_signed(&key)?.pem(), key.serialize_pem()))
-        });
-        made.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "generating agnhost's localhost certificate");
-            (String::new(), String::new())
-        })
-    })
-}
-
 /// Whether the container's first process is one that has no SIGTERM handler: a shell
 /// (also busybox's default command) or `sleep`, with no `trap` in its script.
 fn ignores_sigterm(config: &ContainerConfig) -> bool {
@@ -523,7 +460,7 @@ impl Runtime for Sim {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let program_start = SystemTime::now();
         // The files the image ships that the e2e tests rely on.
-        for (path, content) in image_files(&config.image) {
+        for (path, content) in images::image_files(&config.image) {
             self.files.put(
                 &format!(
                     "{}{}",
@@ -546,7 +483,7 @@ impl Runtime for Sim {
             program_start,
             None,
         );
-        let argv = shell::image_argv(&config.image, &config.command, &config.args);
+        let argv = images::image_argv(&config.image, &config.command, &config.args);
         let not_simulated = (!images::emulated(&config.image, &argv, config.command.is_empty())
             && annotation(
                 &config.annotations,
@@ -738,7 +675,7 @@ impl Runtime for Sim {
             None => {
                 let idle = (IDLE_NANOCORES as u128 * elapsed.as_nanos() / 1_000_000_000) as u64;
                 let served = requests.saturating_sub(c.cpu.requests);
-                idle + served * cpu_per_request(&c.config.image).as_nanos() as u64
+                idle + served * images::cpu_per_request(&c.config.image).as_nanos() as u64
             }
         };
         if let Some(limit) = c.config.cpu_limit_millis {

@@ -110,7 +110,7 @@ fn image_listener(
             .collect()
     };
     // The command line with the image's entrypoint and cmd where the spec has none.
-    let argv = crate::runtime::shell::image_argv(image, &strings("command"), &strings("args"));
+    let argv = crate::runtime::images::image_argv(image, &strings("command"), &strings("args"));
     let mut args: Vec<&str> = argv.iter().map(String::as_str).collect();
     // `command: [/agnhost, serve-hostname]` names the binary the image's entrypoint is.
     if args
@@ -413,39 +413,11 @@ fn listener_of(pod: &Value, port: u16, running_only: bool) -> Option<Listener> {
         }
         // Another image's declared port is answered only when the catalogue knows what
         // serves there: the simulator does not make up a server.
-        if let Some((server, body)) = page_of(name, c, port) {
+        if let Some((server, body)) = crate::runtime::images::page_of(name, c, port) {
             return Some(Listener::Page { server, body });
         }
     }
     None
-}
-
-/// The page a catalogued image serves on `port` (container spec `c`): its `Server` header
-/// and body. Web servers on 80; CoreDNS's health (8080) and ready (8181) endpoints;
-/// metrics-server's `/readyz` and `/livez` on its `--secure-port` (the requests that
-/// matter, the API server's, reach the in-process metrics server through the network).
-fn page_of(image_name: &str, c: &Value, port: u16) -> Option<(&'static str, &'static str)> {
-    match (image_name, port) {
-        ("httpd", 80) => Some((
-            "Apache/2.4.38 (Unix)",
-            "<html><body><h1>It works!</h1></body></html>\n",
-        )),
-        // registry.k8s.io/hpa-example: php-apache whose index.php computes and says OK.
-        ("hpa-example", 80) => Some(("Apache/2.4.10 (Debian)", "OK!")),
-        ("coredns", 8080 | 8181) => Some(("", "OK")),
-        ("metrics-server", p) => {
-            let secure = c["args"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .find_map(|a| a.strip_prefix("--secure-port="))
-                .and_then(|v| v.parse::<u16>().ok())
-                .unwrap_or(10250);
-            (p == secure).then_some(("", "ok"))
-        }
-        _ => None,
-    }
 }
 
 /// A flag's value in agnhost's arguments, as `--name=value` or `--name value` (cobra

@@ -243,7 +243,7 @@ impl View {
             // An image volume shows the files the image ships (the image catalogue's).
             Source::Image(reference) => Loc::Projected(
                 std::borrow::Cow::Owned(
-                    super::image_files(reference)
+                    super::images::image_files(reference)
                         .into_iter()
                         .map(|(p, c)| (p.trim_start_matches('/').to_owned(), (c, 0o644)))
                         .collect(),

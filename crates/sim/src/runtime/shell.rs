@@ -160,38 +160,6 @@ impl Context {
     }
 }
 
-/// The image config the sim knows of `image`: (entrypoint, cmd).
-fn image_config(image: &str) -> (Vec<String>, Vec<String>) {
-    let repo = image.split(['@']).next().unwrap_or(image);
-    let repo = repo
-        .rsplit_once(':')
-        .filter(|(_, t)| !t.contains('/'))
-        .map_or(repo, |(r, _)| r);
-    let name = repo.rsplit('/').next().unwrap_or(repo);
-    let v = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    match name {
-        "agnhost" => (v(&["/agnhost"]), v(&["pause"])),
-        // The update-demo images: agnhost serving their files.
-        "nautilus" | "kitten" => (v(&["/agnhost"]), v(&["test-webserver"])),
-        "busybox" => (Vec::new(), v(&["sh"])),
-        "pause" => (v(&["/pause"]), Vec::new()),
-        // The e2e image whose setuid-root `nnp` prints its effective uid.
-        "nonewprivs" => (Vec::new(), v(&["nnp"])),
-        _ => (Vec::new(), Vec::new()),
-    }
-}
-
-/// The command line a container runs: its command and args over the image's entrypoint
-/// and cmd, as container runtimes merge them.
-pub fn image_argv(image: &str, command: &[String], args: &[String]) -> Vec<String> {
-    if !command.is_empty() {
-        return command.iter().chain(args).cloned().collect();
-    }
-    let (entrypoint, cmd) = image_config(image);
-    let tail = if args.is_empty() { &cmd } else { args };
-    entrypoint.iter().chain(tail).cloned().collect()
-}
-
 /// A Go duration such as `20s`, `1m30s`, `500ms`.
 fn go_duration(s: &str) -> Option<Duration> {
     let mut total = 0f64;
@@ -3632,7 +3600,11 @@ mod tests {
                 no_new_privs,
                 ..ctx()
             };
-            let argv = image_argv("registry.k8s.io/e2e-test-images/nonewprivs:1.4", &[], &[]);
+            let argv = crate::runtime::images::image_argv(
+                "registry.k8s.io/e2e-test-images/nonewprivs:1.4",
+                &[],
+                &[],
+            );
             exec_program(&argv, &c).unwrap_or_default()
         };
         assert_eq!(
@@ -3763,7 +3735,7 @@ mod tests {
     #[test]
     fn agnhost_and_image_defaults() {
         let c = ctx();
-        let merged = image_argv(
+        let merged = crate::runtime::images::image_argv(
             "registry.k8s.io/e2e-test-images/agnhost:2.56",
             &[],
             &argv(&["entrypoint-tester", "override", "arguments"]),
@@ -3778,7 +3750,11 @@ mod tests {
                 Step::Exit(0)
             ])
         );
-        let defaults = image_argv("registry.k8s.io/e2e-test-images/agnhost:2.56", &[], &[]);
+        let defaults = crate::runtime::images::image_argv(
+            "registry.k8s.io/e2e-test-images/agnhost:2.56",
+            &[],
+            &[],
+        );
         assert_eq!(defaults, ["/agnhost", "pause"]);
         let steps = container_program(
             &argv(&[
