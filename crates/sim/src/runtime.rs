@@ -415,6 +415,98 @@ fn ignores_sigterm(config: &ContainerConfig) -> bool {
             .any(|a| a.contains("trap "))
 }
 
+/// The handler a container's shell script sets for SIGTERM as a quoted command
+/// (`trap '<handler>' TERM`, also `SIGTERM` or `15`), if any. A bare word (`trap exit
+/// TERM`, a function's name) is left to the old rule: the process ends at once.
+fn term_trap(config: &ContainerConfig) -> Option<String> {
+    static TRAP: std::sync::LazyLock<Option<regex::Regex>> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r#"trap\s+(?:'([^']*)'|"([^"]*)")\s+([A-Za-z0-9 ]+)"#).ok()
+    });
+    let script = config
+        .command
+        .iter()
+        .chain(&config.args)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(" ");
+    TRAP.as_ref()?.captures_iter(&script).find_map(|c| {
+        let on_term = c[3]
+            .split_whitespace()
+            .any(|s| matches!(s, "TERM" | "SIGTERM" | "15"));
+        on_term.then(|| c.get(1).or(c.get(2)).map_or("", |m| m.as_str()).to_owned())
+    })
+}
+
+impl Sim {
+    /// SIGTERM to a running container whose script traps it: the handler runs (in the
+    /// container, from now, outside the lock as every program) and the process exits as
+    /// the handler does, or runs on to SIGKILL at the end of `grace` if the handler does
+    /// not exit or takes longer. False when the container has no such handler.
+    fn run_term_trap(&self, id: &str, grace: Duration) -> Result<bool, RuntimeError> {
+        let (handler, ctx, started_at) = {
+            let mut all = self.lock();
+            let c = all
+                .get_mut(id)
+                .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+            Self::advance(c);
+            let State::Running { started_at } = c.status.state else {
+                return Ok(false);
+            };
+            let Some(handler) = term_trap(&c.config) else {
+                return Ok(false);
+            };
+            (handler, c.context(&self.files, id), started_at)
+        };
+        let now = SystemTime::now();
+        let mut ctx = ctx;
+        ctx.net = self.net.clone();
+        let argv = vec!["sh".to_owned(), "-c".to_owned(), handler];
+        let mut took = Duration::ZERO;
+        let mut code = None;
+        let mut output = Vec::new();
+        // A handler the shell cannot run at all leaves SIGTERM as it was.
+        let Ok(steps) = shell::exec_program(&argv, &ctx) else {
+            return Ok(false);
+        };
+        for step in steps {
+            match step {
+                Step::Out(stream, text) => output.push((took, stream, text)),
+                Step::Sleep(d) => took += d,
+                Step::Exit(c) => {
+                    code = Some(c);
+                    break;
+                }
+                Step::Forever | Step::Suspend(_) => {
+                    took = grace;
+                    break;
+                }
+                Step::Write { .. } => {}
+            }
+        }
+        let since_start = now.duration_since(started_at).unwrap_or_default();
+        let mut all = self.lock();
+        let Some(c) = all.get_mut(id) else {
+            return Ok(true);
+        };
+        for (at, stream, text) in output {
+            let at = since_start + at;
+            // The output is kept in time order (reads stop at the first line to come).
+            let i = c.output.partition_point(|(t, _, _)| *t <= at);
+            c.output.insert(i, (at, stream, text));
+        }
+        let exit = match code {
+            // A handler that exits in time ends the process with its code.
+            Some(code) if took < grace => (since_start + took, code),
+            // Else SIGKILL at the deadline.
+            _ => (since_start + grace, 137),
+        };
+        if c.exit.is_none_or(|(at, _)| at > exit.0) {
+            c.exit = Some(exit);
+        }
+        Ok(true)
+    }
+}
+
 impl Runtime for Sim {
     fn version(&self) -> (String, String) {
         ("sim".into(), "0.1.0".into())
@@ -571,6 +663,9 @@ impl Runtime for Sim {
     }
 
     fn stop_container(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        if !grace.is_zero() && self.run_term_trap(id, grace)? {
+            return Ok(());
+        }
         let mut all = self.lock();
         let c = all
             .get_mut(id)
@@ -1160,6 +1255,57 @@ mod tests {
         assert!(matches!(
             sim.container_status(&web).expect("status").state,
             State::Exited { exit_code: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn a_term_trap_runs_its_handler_within_the_grace_period() {
+        let sim = Sim::default();
+        let sb = sim.run_pod_sandbox("trap");
+        let make = |name: &str, script: &str| {
+            let id = sim.create_container(
+                &sb,
+                &ContainerConfig {
+                    name: name.into(),
+                    image: "busybox".into(),
+                    command: vec!["sh".into(), "-c".into(), script.into()],
+                    ..Default::default()
+                },
+                "busybox",
+            );
+            sim.start_container(&id).expect("start");
+            id
+        };
+        // A handler that says goodbye and exits: the process ends at once with its code.
+        let bye = make("bye", "trap 'echo bye; exit 3' TERM; sleep 3600");
+        sim.stop_container(&bye, Duration::from_secs(30))
+            .expect("stop");
+        assert!(matches!(
+            sim.container_status(&bye).expect("status").state,
+            State::Exited { exit_code: 3, .. }
+        ));
+        assert!(sim.read_logs(&bye).expect("logs").contains("bye"));
+        // A handler that takes its time: still running until it is done.
+        let slow = make("slow", "trap \"sleep 1; exit 0\" SIGTERM; sleep 3600");
+        sim.stop_container(&slow, Duration::from_secs(30))
+            .expect("stop");
+        assert!(matches!(
+            sim.container_status(&slow).expect("status").state,
+            State::Running { .. }
+        ));
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(matches!(
+            sim.container_status(&slow).expect("status").state,
+            State::Exited { exit_code: 0, .. }
+        ));
+        // Longer than the grace period: SIGKILL at its end.
+        let late = make("late", "trap 'sleep 60; exit 0' TERM; sleep 3600");
+        sim.stop_container(&late, Duration::from_millis(200))
+            .expect("stop");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(matches!(
+            sim.container_status(&late).expect("status").state,
+            State::Exited { exit_code: 137, .. }
         ));
     }
 }
