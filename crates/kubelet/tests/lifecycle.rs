@@ -10,18 +10,11 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{k, node_kubeconfig, until_within};
+use common::{create, k, node_kubeconfig, until_within};
 use kumo_kubelet::server::ServerConfig;
 use kumo_kubelet::KubeletConfig;
 
 const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.55";
-
-async fn create(admin: &std::path::Path, dir: &std::path::Path, name: &str, yaml: &str) {
-    let f = dir.join(format!("{name}.yaml"));
-    std::fs::write(&f, yaml).unwrap();
-    let (ok, _, err) = k(admin, &["create", "-f", f.to_str().unwrap()]).await;
-    assert!(ok, "{err}");
-}
 
 async fn running(admin: &std::path::Path, name: &str) -> String {
     until_within(

@@ -7,35 +7,16 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use common::{k, node_kubeconfig, until_within};
-use kumo_kubelet::server::ServerConfig;
-use kumo_kubelet::KubeletConfig;
-
-async fn create(admin: &std::path::Path, dir: &std::path::Path, name: &str, yaml: &str) {
-    let f = dir.join(format!("{name}.yaml"));
-    std::fs::write(&f, yaml).unwrap();
-    let (ok, _, err) = k(admin, &["create", "-f", f.to_str().unwrap()]).await;
-    assert!(ok, "{err}");
-}
+use common::{create, k, until_within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_simulated_runtime_runs_what_it_is_given_and_says_what_it_cannot() {
     let (server, dir) = common::start_apiserver().await;
     let admin = server.admin_kubeconfig.clone();
     common::default_service_account(&admin, dir.path()).await;
-    let mut kcfg = KubeletConfig::new(node_kubeconfig(dir.path(), &admin, "h1"), "h1");
-    kcfg.runtime = Some(kumo_sim::factory(None));
-    kcfg.status_update_frequency = Duration::from_secs(1);
-    kcfg.server = Some(ServerConfig {
-        address: Ipv4Addr::LOCALHOST.into(),
-        port: 0,
-        client_ca_file: Some(dir.path().join("pki").join("ca.crt")),
-        ..Default::default()
-    });
-    common::spawn_kubelet(kcfg);
+    common::start_serving_kubelet(dir.path(), &admin, "h1").await;
     common::node_ready(&admin, "h1").await;
 
     // An init container that fails after 2 s: it fails then, not at once, and is

@@ -159,3 +159,12 @@ pub async fn start_serving_kubelet(data_dir: &Path, admin: &Path, node: &str) ->
     .parse()
     .unwrap()
 }
+
+/// Writes `yaml` to `dir/<name>.yaml` and creates it with kubectl.
+#[allow(dead_code)]
+pub async fn create(admin: &Path, dir: &Path, name: &str, yaml: &str) {
+    let f = dir.join(format!("{name}.yaml"));
+    std::fs::write(&f, yaml).unwrap();
+    let (ok, _, err) = k(admin, &["create", "-f", f.to_str().unwrap()]).await;
+    assert!(ok, "{err}");
+}
