@@ -1160,6 +1160,23 @@ impl Workers {
                 });
             }
         }
+        // One container advanced by `step` with this pod's context.
+        let mut run =
+            |w: &mut Worker, events: &mut Vec<Record>, c: &Value, policy: &str, role: Role| {
+                step(
+                    &*runtime,
+                    prober,
+                    &sandbox,
+                    w,
+                    pod,
+                    c,
+                    &annotations,
+                    policy,
+                    role,
+                    pulled,
+                    events,
+                )
+            };
         if !terminal && mount_failures.is_empty() {
             // Init containers one at a time, each to a successful exit; a sidecar
             // (restartPolicy Always) only has to be started before the next one begins.
@@ -1167,44 +1184,21 @@ impl Workers {
                 let mut all_done = true;
                 for c in &inits {
                     if is_sidecar(c) {
-                        step(
-                            &*runtime,
-                            prober,
-                            &sandbox,
-                            w,
-                            pod,
-                            c,
-                            &annotations,
-                            "Always",
-                            Role::Sidecar,
-                            pulled,
-                            &mut events,
-                        );
+                        run(w, &mut events, c, "Always", Role::Sidecar);
                         if !started(&*runtime, prober, w, &annotations, c) {
                             all_done = false;
                             break;
                         }
                         continue;
                     }
-                    let done = step(
-                        &*runtime,
-                        prober,
-                        &sandbox,
-                        w,
-                        pod,
-                        c,
-                        &annotations,
-                        // Init containers restart on failure, unless the pod never
-                        // restarts anything.
-                        if restart_policy == "Never" {
-                            "Never"
-                        } else {
-                            "OnFailure"
-                        },
-                        Role::Init,
-                        pulled,
-                        &mut events,
-                    );
+                    // Init containers restart on failure, unless the pod never restarts
+                    // anything.
+                    let policy = if restart_policy == "Never" {
+                        "Never"
+                    } else {
+                        "OnFailure"
+                    };
+                    let done = run(w, &mut events, c, policy, Role::Init);
                     if !done {
                         all_done = false;
                         break;
@@ -1221,52 +1215,16 @@ impl Workers {
                     stop_sidecars(&*runtime, w, pod, &sidecars, &mut events);
                 } else {
                     for c in sidecars {
-                        step(
-                            &*runtime,
-                            prober,
-                            &sandbox,
-                            w,
-                            pod,
-                            c,
-                            &annotations,
-                            "Always",
-                            Role::Sidecar,
-                            pulled,
-                            &mut events,
-                        );
+                        run(w, &mut events, c, "Always", Role::Sidecar);
                     }
                 }
             }
             if w.init_done {
                 for c in &mains {
-                    step(
-                        &*runtime,
-                        prober,
-                        &sandbox,
-                        w,
-                        pod,
-                        c,
-                        &annotations,
-                        &restart_policy,
-                        Role::Regular,
-                        pulled,
-                        &mut events,
-                    );
+                    run(w, &mut events, c, &restart_policy, Role::Regular);
                 }
                 for c in &ephemerals {
-                    step(
-                        &*runtime,
-                        prober,
-                        &sandbox,
-                        w,
-                        pod,
-                        c,
-                        &annotations,
-                        "Never",
-                        Role::Regular,
-                        pulled,
-                        &mut events,
-                    );
+                    run(w, &mut events, c, "Never", Role::Regular);
                 }
             }
         }
