@@ -1,8 +1,8 @@
 //! The container runtime interface kumo's kubelet drives, shaped like the CRI
 //! (k8s.io/cri-api): pod sandboxes, image pulls, containers with their status, stats,
 //! logs and exec, and ([`network`]) the pod network it reaches pods through. The kubelet
-//! knows only this; a runtime implements it (the simulator today; containerd through the
-//! CRI next).
+//! knows only this; a runtime implements it: the simulator (kumo-sim), or any CRI v1
+//! runtime over gRPC (kumo-cri-remote: containerd).
 
 pub mod network;
 
@@ -50,6 +50,77 @@ pub struct ContainerConfig {
     pub cpu_limit_millis: Option<u64>,
     /// `resources.limits.memory` in bytes.
     pub memory_limit_bytes: Option<u64>,
+    /// `workingDir` (the image's when empty).
+    pub working_dir: String,
+    /// `securityContext.readOnlyRootFilesystem`.
+    pub read_only_root_filesystem: bool,
+    /// `securityContext.capabilities`: added and dropped, as written (`NET_ADMIN`, `ALL`).
+    pub capabilities_add: Vec<String>,
+    pub capabilities_drop: Vec<String>,
+    /// `stdin`, `stdinOnce` and `tty`.
+    pub stdin: bool,
+    pub stdin_once: bool,
+    pub tty: bool,
+}
+
+/// What a pod sandbox is made with (the CRI's PodSandboxConfig, as the kubelet fills it).
+#[derive(Clone, Debug, Default)]
+pub struct SandboxConfig {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub attempt: u32,
+    /// The pod's host name; empty for a host-network pod (which keeps the node's).
+    pub hostname: String,
+    /// The resolver configuration (from the pod's dnsPolicy and dnsConfig); `None` for the
+    /// node's own (host network with the default policy).
+    pub dns: Option<DnsConfig>,
+    /// The containers' `hostPort`s.
+    pub port_mappings: Vec<PortMapping>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub host_network: bool,
+    pub host_pid: bool,
+    pub host_ipc: bool,
+    /// `securityContext.sysctls`.
+    pub sysctls: BTreeMap<String, String>,
+    /// The pod's cgroup (`<cgroup root>/kubepods/<qos>/pod<uid>`).
+    pub cgroup_parent: String,
+}
+
+/// A sandbox's resolver configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DnsConfig {
+    pub servers: Vec<String>,
+    pub searches: Vec<String>,
+    pub options: Vec<String>,
+}
+
+impl DnsConfig {
+    /// Reads a resolv.conf's `nameserver`, `search` and `options` lines.
+    pub fn from_resolv_conf(text: &str) -> Self {
+        let mut dns = DnsConfig::default();
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            match words.next() {
+                Some("nameserver") => dns.servers.extend(words.map(str::to_owned)),
+                Some("search") => dns.searches.extend(words.map(str::to_owned)),
+                Some("options") => dns.options.extend(words.map(str::to_owned)),
+                _ => {}
+            }
+        }
+        dns
+    }
+}
+
+/// A host port mapped to a container port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortMapping {
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    pub container_port: u16,
+    pub host_port: u16,
+    pub host_ip: String,
 }
 
 /// A running container's resource usage, as the CRI's ContainerStats gives it.
@@ -88,6 +159,8 @@ pub struct ContainerStatus {
     pub state: State,
     /// Once exited: the termination message (from its file, or the end of its logs).
     pub message: Option<String>,
+    /// Once exited: why, when the runtime knows (`OOMKilled`, `Completed`, `Error`).
+    pub reason: Option<String>,
 }
 
 /// Errors a runtime reports.
@@ -102,6 +175,9 @@ pub enum RuntimeError {
     /// The command could not be started (runc's message).
     #[error("{0}")]
     Exec(String),
+    /// A call to a remote runtime failed: gRPC's status, as Go's grpc prints it.
+    #[error("rpc error: code = {code} desc = {message}")]
+    Rpc { code: String, message: String },
 }
 
 /// The CRI-shaped runtime interface (a subset: what the kubelet's pod workers use).
@@ -115,11 +191,27 @@ pub trait Runtime: Send + Sync {
         annotations: &BTreeMap<String, String>,
         container: &str,
     ) -> Result<String, RuntimeError>;
-    /// Creates a pod sandbox; returns its id.
-    fn run_pod_sandbox(&self, pod_uid: &str) -> String;
+    /// The reference of `image` when the runtime has it (the CRI's ImageStatus), so that an
+    /// `IfNotPresent` image is not pulled again; `None`: not present, or the runtime keeps
+    /// no images (the kubelet then pulls).
+    fn image_status(&self, _image: &str) -> Option<String> {
+        None
+    }
+    /// Creates a pod sandbox (with its network, where the runtime sets it up); returns its id.
+    fn run_pod_sandbox(&self, config: &SandboxConfig) -> Result<String, RuntimeError>;
+    /// The address the runtime's network gave sandbox `id` (its PodSandboxStatus); `None`
+    /// when the runtime leaves the pod network to the kubelet's [`PodNetwork`].
+    fn pod_sandbox_ip(&self, _id: &str) -> Option<std::net::IpAddr> {
+        None
+    }
     /// Stops and removes a sandbox with every container in it.
     fn remove_pod_sandbox(&self, sandbox: &str);
-    fn create_container(&self, sandbox: &str, config: &ContainerConfig, image_ref: &str) -> String;
+    fn create_container(
+        &self,
+        sandbox: &str,
+        config: &ContainerConfig,
+        image_ref: &str,
+    ) -> Result<String, RuntimeError>;
     fn start_container(&self, id: &str) -> Result<(), RuntimeError>;
     /// Stops a container: SIGTERM now, SIGKILL when `grace` has passed. Returns without
     /// waiting for the exit, which the container's state shows once it happened (a
@@ -177,16 +269,28 @@ pub trait Runtime: Send + Sync {
     ) -> Result<Vec<ExecStep>, RuntimeError>;
     /// Whether `cmd` reads its stdin (so an exec collects it first).
     fn exec_reads_stdin(&self, cmd: &[String]) -> bool;
+    /// Starts `cmd` in container `id` as a live process whose streams are carried while it
+    /// runs (the CRI's Exec through the runtime's streaming server), or with `cmd` `None`
+    /// attaches to the container's own process (Attach). `None`: the runtime has no live
+    /// streams; the kubelet then plays [`Self::exec`]'s steps out.
+    fn stream(
+        &self,
+        _id: &str,
+        _cmd: Option<&[String]>,
+        _streams: StreamRequest,
+    ) -> Option<Result<LiveStream, RuntimeError>> {
+        None
+    }
     /// Whether an interactive exec of `cmd` has read all it will with `input` so far (a
     /// shell that came to `exit`), so the exec may run without its stdin being closed.
     fn exec_input_complete(&self, _cmd: &[String], _input: &[u8]) -> bool {
         false
     }
-    /// The result of exec probe `cmd` in container `id` as of `at`: `Some(passed)`, or
-    /// `None` when the runtime cannot tell (the probe then counts as passing).
     /// Gives a running container the current content of its ConfigMap, Secret and
     /// downward API volumes (`config` is its config as the kubelet builds it now).
     fn refresh_volumes(&self, _id: &str, _config: &ContainerConfig) {}
+    /// The result of exec probe `cmd` in container `id` as of `at`: `Some(passed)`, or
+    /// `None` when the runtime cannot tell (the probe then counts as passing).
     fn probe_exec(
         &self,
         _id: &str,
@@ -218,6 +322,27 @@ pub enum ExecStep {
     Exit(i32),
     /// The process runs until it is stopped.
     Forever,
+}
+
+/// Which streams a live exec or attach carries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamRequest {
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+    pub tty: bool,
+}
+
+/// A live exec or attach: bytes in and out while the process runs, then how it ended.
+pub struct LiveStream {
+    /// Bytes for the process's stdin (when asked for); dropping it closes stdin.
+    pub stdin: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
+    /// The terminal's size as `(width, height)` (with a TTY).
+    pub resize: Option<tokio::sync::mpsc::Sender<(u16, u16)>>,
+    /// What the process writes, in order.
+    pub output: tokio::sync::mpsc::Receiver<(Stream, Vec<u8>)>,
+    /// How it ended: its exit code, or why the stream broke.
+    pub exit: tokio::sync::oneshot::Receiver<Result<i32, String>>,
 }
 
 /// Where a line of output goes.

@@ -51,9 +51,23 @@ pub struct Args {
     /// The pod range to use while the Node has no spec.podCIDR (default 10.244.0.0/24).
     #[arg(long)]
     pub pod_cidr: Option<String>,
-    /// The container runtime; `sim` simulates containers.
+    /// The container runtime; `sim` simulates containers (unless
+    /// --container-runtime-endpoint names a CRI runtime).
     #[arg(long, default_value = "sim", value_parser = ["sim"])]
     pub runtime: String,
+    /// A CRI v1 runtime's socket (`unix:///run/containerd/containerd.sock`): pods run
+    /// there, as real containers, instead of on the simulator.
+    #[arg(long)]
+    pub container_runtime_endpoint: Option<String>,
+    /// Where the kubelet keeps its pods' files (volumes, termination messages).
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    pub root_dir: PathBuf,
+    /// Where the pods' logs go (the runtime writes them there).
+    #[arg(long, default_value = "/var/log/pods")]
+    pub pod_logs_dir: PathBuf,
+    /// The cgroup the pods' cgroups go under (`<root>/kubepods/...`).
+    #[arg(long, default_value = "/")]
+    pub cgroup_root: String,
     /// CPU capacity the sim runtime reports.
     #[arg(long, default_value = "4")]
     pub sim_cpu: String,
@@ -224,6 +238,7 @@ impl Args {
         });
         cfg.cpu = self.sim_cpu;
         cfg.memory = self.sim_memory;
+        cfg.cgroup_root = self.cgroup_root;
         Ok(cfg)
     }
 }

@@ -712,7 +712,24 @@ pub fn container_config(
             .and_then(Value::as_str)
             .and_then(kumo_apimachinery::quantity::Quantity::parse)
     };
+    let capabilities = |k: &str| -> Vec<String> {
+        spec.pointer(&format!("/securityContext/capabilities/{k}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect()
+    };
+    let spec_flag = |p: &str| spec.pointer(p).and_then(Value::as_bool).unwrap_or(false);
     Ok(ContainerConfig {
+        working_dir: str_at(spec, "/workingDir"),
+        read_only_root_filesystem: spec_flag("/securityContext/readOnlyRootFilesystem"),
+        capabilities_add: capabilities("add"),
+        capabilities_drop: capabilities("drop"),
+        stdin: spec_flag("/stdin"),
+        stdin_once: spec_flag("/stdinOnce"),
+        tty: spec_flag("/tty"),
         user,
         cpu_request_millis: spec
             .pointer("/resources/requests/cpu")

@@ -24,6 +24,7 @@ pub mod pods;
 pub mod portforward;
 pub mod prober;
 mod resolv;
+mod sandbox;
 pub mod server;
 pub mod static_pods;
 pub mod stats;
@@ -114,6 +115,9 @@ pub struct KubeletConfig {
     pub server: Option<server::ServerConfig>,
     /// What the node runs its pods on: the container runtime and the pod network.
     pub runtime: Option<kumo_cri::RuntimeFactory>,
+    /// `--cgroup-root`: pods' cgroups go under `<root>/kubepods` (nodes sharing a machine
+    /// each take a root of their own).
+    pub cgroup_root: String,
 }
 
 impl KubeletConfig {
@@ -142,6 +146,7 @@ impl KubeletConfig {
             static_pod_rescan: static_pods::RESCAN,
             server: None,
             runtime: None,
+            cgroup_root: "/".into(),
         }
     }
 }

@@ -129,6 +129,20 @@ pub fn status(cfg: &KubeletConfig, runtime: &dyn Runtime, old: Option<&Value>) -
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     };
+    // The machine's own OS when containers run on it; the simulator says what it is.
+    fn os_image(runtime: &str) -> String {
+        if runtime == "sim" {
+            return "kumo (simulated runtime)".into();
+        }
+        std::fs::read_to_string("/etc/os-release")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                    .map(|v| v.trim_matches('"').to_owned())
+            })
+            .unwrap_or_else(|| "Linux".into())
+    }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default();
@@ -151,7 +165,7 @@ pub fn status(cfg: &KubeletConfig, runtime: &dyn Runtime, old: Option<&Value>) -
             "systemUUID": machine_id,
             "bootID": BOOT_ID.as_str(),
             "kernelVersion": kernel,
-            "osImage": "kumo (simulated runtime)",
+            "osImage": os_image(&rt_name),
             "containerRuntimeVersion": format!("{rt_name}://{rt_version}"),
             "kubeletVersion": KUBELET_VERSION,
             "operatingSystem": "linux",

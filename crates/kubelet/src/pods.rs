@@ -139,6 +139,8 @@ const MOUNT_EVENT_INTERVAL: Duration = Duration::from_secs(10);
 /// What the kubelet keeps of one pod.
 struct Worker {
     sandbox: Option<String>,
+    /// When a sandbox that failed is tried again.
+    sandbox_retry: Option<Instant>,
     ip: Option<String>,
     start_time: String,
     started: Instant,
@@ -174,6 +176,9 @@ struct Steady {
 /// How long a status written but not yet seen back through the watch goes before it is
 /// written again (upstream's status manager reconciles every 10 s).
 const STATUS_RECONCILE: Duration = Duration::from_secs(10);
+
+/// How long after a sandbox failed to be created the kubelet tries again.
+const SANDBOX_RETRY: Duration = Duration::from_secs(5);
 
 /// How long a deleted mirror pod stays away before the kubelet creates its replacement.
 const MIRROR_RECREATE_DELAY: Duration = Duration::from_secs(1);
@@ -1041,16 +1046,12 @@ impl Workers {
         let uid = s(pod, "/metadata/uid").to_owned();
         let host_network = pod.pointer("/spec/hostNetwork").and_then(Value::as_bool) == Some(true);
         if !self.workers.contains_key(&uid) {
-            let ip = if host_network {
-                self.host_ip()
-            } else {
-                self.allocate_ip(&uid)
-            };
             self.workers.insert(
                 uid.clone(),
                 Worker {
                     sandbox: None,
-                    ip: Some(ip),
+                    sandbox_retry: None,
+                    ip: None,
                     start_time: rfc3339(SystemTime::now()),
                     started: Instant::now(),
                     deadline_exceeded: false,
@@ -1062,6 +1063,48 @@ impl Workers {
                     terminating: None,
                 },
             );
+        }
+        let mut events = Vec::new();
+        // The sandbox first (the runtime's network gives it its address, else the
+        // kubelet's pod network); one that fails is tried again after a pause, the pod
+        // waiting in ContainerCreating meanwhile.
+        let retry_due = self.workers.get(&uid).is_some_and(|w| {
+            w.sandbox.is_none() && w.sandbox_retry.is_none_or(|t| Instant::now() >= t)
+        });
+        if retry_due {
+            let config = crate::sandbox::config(pod, &self.cfg.cgroup_root);
+            match self.runtime.run_pod_sandbox(&config) {
+                Ok(id) => {
+                    let ip = if host_network {
+                        self.host_ip()
+                    } else {
+                        match self.runtime.pod_sandbox_ip(&id) {
+                            Some(ip) => ip.to_string(),
+                            None => self.allocate_ip(&uid),
+                        }
+                    };
+                    if let Some(w) = self.workers.get_mut(&uid) {
+                        w.ip = Some(ip);
+                        w.sandbox = Some(id);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %uid, error = %e, "creating the pod's sandbox");
+                    events.push(Record {
+                        kind: "Pod",
+                        namespace: s(pod, "/metadata/namespace").to_owned(),
+                        name: s(pod, "/metadata/name").to_owned(),
+                        uid: uid.clone(),
+                        field_path: None,
+                        warning: true,
+                        reason: "FailedCreatePodSandBox".into(),
+                        message: format!("Failed to create pod sandbox: {e}"),
+                    });
+                    if let Some(w) = self.workers.get_mut(&uid) {
+                        w.sandbox_retry = Some(Instant::now() + SANDBOX_RETRY);
+                    }
+                }
+            }
         }
         let annotations: BTreeMap<String, String> = pod
             .pointer("/metadata/annotations")
@@ -1079,15 +1122,12 @@ impl Workers {
         .to_owned();
         let phase_now = s(pod, "/status/phase").to_owned();
         let runtime = self.runtime.clone();
-        let mut events = Vec::new();
         let Some(w) = self.workers.get_mut(&uid) else {
             return json!({});
         };
         let pulled = &mut self.pulled;
         let prober = &self.prober;
-        if w.sandbox.is_none() {
-            w.sandbox = Some(runtime.run_pod_sandbox(&uid));
-        }
+        let has_sandbox = w.sandbox.is_some();
         let sandbox = w.sandbox.clone().unwrap_or_default();
         // activeDeadlineSeconds: past it, every container is stopped and the pod fails.
         let deadline = pod
@@ -1177,7 +1217,7 @@ impl Workers {
                     events,
                 )
             };
-        if !terminal && mount_failures.is_empty() {
+        if !terminal && mount_failures.is_empty() && has_sandbox {
             // Init containers one at a time, each to a successful exit; a sidecar
             // (restartPolicy Always) only has to be started before the next one begins.
             if !w.init_done {
@@ -1513,11 +1553,11 @@ fn step(
         }
         // Remember the exit, then wait out the back-off before starting again.
         c.last = Some(terminated_json(
+            &runtime.version().0,
             exit_code,
             started_at,
             finished_at,
-            &id,
-            st.message.as_deref(),
+            &st,
         ));
         c.id = None;
         c.backoff = if c.backoff.is_zero() {
@@ -1541,6 +1581,21 @@ fn step(
         return false;
     }
     if c.backoff_until.is_some_and(|t| Instant::now() < t) {
+        // A pull that failed waits out its back-off as ImagePullBackOff, said once per
+        // failure (upstream's image manager on the syncs within the back-off).
+        if let Some((reason, message)) = &c.waiting {
+            if reason == "ErrImagePull" {
+                let message =
+                    format!("Back-off pulling image \"{image}\": ErrImagePull: {message}");
+                c.waiting = Some(("ImagePullBackOff".into(), message));
+                events.push(ev(
+                    false,
+                    "BackOff",
+                    format!("Back-off pulling image \"{image}\""),
+                ));
+                events.push(ev(true, "Failed", "Error: ImagePullBackOff".into()));
+            }
+        }
         return false;
     }
     // Pulled once per node unless the policy says always (or the tag is latest/absent).
@@ -1553,12 +1608,20 @@ fn step(
         "" => "IfNotPresent",
         p => p,
     };
-    let present = pulled.contains(&image) && policy != "Always";
+    // An image the runtime already has is not pulled unless the policy says Always.
+    let known = (policy != "Always")
+        .then(|| runtime.image_status(&image))
+        .flatten();
+    let present = known.is_some() || (pulled.contains(&image) && policy != "Always");
     if !present {
         events.push(ev(false, "Pulling", format!("Pulling image \"{image}\"")));
     }
     let started_pull = Instant::now();
-    match runtime.pull_image(&image, annotations, &name) {
+    let result = match known {
+        Some(r) => Ok(r),
+        None => runtime.pull_image(&image, annotations, &name),
+    };
+    match result {
         Ok(r) => {
             c.image_ref = r;
             if present {
@@ -1584,15 +1647,7 @@ fn step(
                 format!("Failed to pull image \"{image}\": {e}"),
             ));
             events.push(ev(true, "Failed", "Error: ErrImagePull".into()));
-            let first = !matches!(&c.waiting, Some((r, _)) if r == "ErrImagePull" || r == "ImagePullBackOff");
-            c.waiting = Some(if first {
-                ("ErrImagePull".into(), e.to_string())
-            } else {
-                (
-                    "ImagePullBackOff".into(),
-                    format!("Back-off pulling image \"{image}\""),
-                )
-            });
+            c.waiting = Some(("ErrImagePull".into(), e.to_string()));
             c.backoff = if c.backoff.is_zero() {
                 BACKOFF_START
             } else {
@@ -1614,7 +1669,15 @@ fn step(
                 return false;
             }
         };
-    let id = runtime.create_container(sandbox, &config, &c.image_ref);
+    let id = match runtime.create_container(sandbox, &config, &c.image_ref) {
+        Ok(id) => id,
+        Err(e) => {
+            events.push(ev(true, "Failed", format!("Error: {e}")));
+            c.waiting = Some(("CreateContainerError".into(), e.to_string()));
+            c.backoff_until = Some(Instant::now() + CONFIG_ERROR_RETRY);
+            return false;
+        }
+    };
     events.push(ev(false, "Created", format!("Created container: {name}")));
     // A simulated runtime that has no model of the command says so, once per container.
     if let Some(command) = runtime.not_simulated(&id).filter(|_| !c.told_not_simulated) {
@@ -1625,7 +1688,21 @@ fn step(
             format!("The simulated runtime cannot run {command:?} of image {image:?}: the container runs without doing anything until it is stopped"),
         ));
     }
-    if runtime.start_container(&id).is_ok() {
+    if let Err(e) = runtime.start_container(&id) {
+        // Upstream's RunContainerError: the container waits with the runtime's message
+        // and is tried again after the back-off.
+        events.push(ev(true, "Failed", format!("Error: {e}")));
+        c.waiting = Some(("RunContainerError".into(), e.to_string()));
+        c.restart_count += 1;
+        c.backoff = if c.backoff.is_zero() {
+            BACKOFF_START
+        } else {
+            (c.backoff * 2).min(BACKOFF_MAX)
+        };
+        c.backoff_until = Some(Instant::now() + c.backoff);
+        return false;
+    }
+    {
         events.push(ev(false, "Started", format!("Started container {name}")));
         // The postStart hook runs once the container started; if it fails, the
         // container is killed (and restarted as its policy says).
@@ -1750,21 +1827,28 @@ fn exec_probe_failing(
     })
 }
 
+/// The `terminated` state of an exited container (`scheme`: the runtime's name, as the
+/// container ID's prefix).
 fn terminated_json(
+    scheme: &str,
     exit_code: i32,
     started_at: SystemTime,
     finished_at: SystemTime,
-    id: &str,
-    message: Option<&str>,
+    st: &kumo_cri::ContainerStatus,
 ) -> Value {
+    let reason = st
+        .reason
+        .as_deref()
+        .filter(|r| !r.is_empty())
+        .unwrap_or(if exit_code == 0 { "Completed" } else { "Error" });
     let mut t = json!({"terminated": {
         "exitCode": exit_code,
-        "reason": if exit_code == 0 { "Completed" } else { "Error" },
+        "reason": reason,
         "startedAt": rfc3339(started_at),
         "finishedAt": rfc3339(finished_at),
-        "containerID": format!("sim://{id}"),
+        "containerID": format!("{scheme}://{}", st.id),
     }});
-    if let Some(m) = message.filter(|m| !m.is_empty()) {
+    if let Some(m) = st.message.as_deref().filter(|m| !m.is_empty()) {
         t["terminated"]["message"] = json!(m);
     }
     t
@@ -1814,7 +1898,7 @@ fn pod_status(
         match live {
             Some(st) => {
                 v["imageID"] = json!(st.image_ref);
-                v["containerID"] = json!(format!("sim://{}", st.id));
+                v["containerID"] = json!(format!("{}://{}", runtime.version().0, st.id));
                 // InPlacePodVerticalScaling: what the runtime applies and what is
                 // allocated; the sim applies the spec's resources at once, so a resize
                 // completes with the next status.
@@ -1859,11 +1943,11 @@ fn pod_status(
                         finished_at,
                     } => {
                         v["state"] = terminated_json(
+                            &runtime.version().0,
                             exit_code,
                             started_at,
                             finished_at,
-                            &st.id,
-                            st.message.as_deref(),
+                            &st,
                         );
                         // An init container that succeeded is ready (upstream's status).
                         let ready = init && exit_code == 0;

@@ -1226,11 +1226,39 @@ struct StreamOpts {
     json_status: bool,
 }
 
-/// A server-side WebSocket connection (RFC 6455), just what the stream protocols use.
+impl StreamOpts {
+    fn request(self) -> kumo_cri::StreamRequest {
+        kumo_cri::StreamRequest {
+            stdin: self.stdin,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            tty: self.tty,
+        }
+    }
+}
+
+/// A server-side WebSocket connection (RFC 6455), just what the stream protocols use. Its
+/// reading and writing halves may be used from two tasks (a live exec reads stdin while
+/// its output is written).
 struct Ws<S> {
-    io: S,
+    rd: tokio::io::ReadHalf<S>,
+    wr: WsWriter<S>,
+}
+
+/// The writing half of a [`Ws`].
+struct WsWriter<S> {
+    io: Arc<tokio::sync::Mutex<tokio::io::WriteHalf<S>>>,
     /// `base64.channel.k8s.io`: text messages, the channel as an ASCII digit.
     base64: bool,
+}
+
+impl<S> Clone for WsWriter<S> {
+    fn clone(&self) -> Self {
+        WsWriter {
+            io: self.io.clone(),
+            base64: self.base64,
+        }
+    }
 }
 
 /// A message from the client.
@@ -1239,12 +1267,29 @@ enum WsMessage {
     Closed,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Ws<S> {
+impl<S: AsyncRead + AsyncWrite> Ws<S> {
     fn new(io: S, base64: bool) -> Self {
-        Ws { io, base64 }
+        let (rd, wr) = tokio::io::split(io);
+        Ws {
+            rd,
+            wr: WsWriter {
+                io: Arc::new(tokio::sync::Mutex::new(wr)),
+                base64,
+            },
+        }
     }
 
-    async fn send_frame(&mut self, opcode: u8, payload: &[u8]) -> std::io::Result<()> {
+    async fn send(&mut self, channel: u8, data: &[u8]) -> std::io::Result<()> {
+        self.wr.send(channel, data).await
+    }
+
+    async fn close(&mut self) {
+        self.wr.close().await
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite> WsWriter<S> {
+    async fn send_frame(&self, opcode: u8, payload: &[u8]) -> std::io::Result<()> {
         let mut frame = vec![0x80 | opcode];
         let n = payload.len();
         if n < 126 {
@@ -1257,12 +1302,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Ws<S> {
             frame.extend_from_slice(&(n as u64).to_be_bytes());
         }
         frame.extend_from_slice(payload);
-        self.io.write_all(&frame).await?;
-        self.io.flush().await
+        let mut io = self.io.lock().await;
+        io.write_all(&frame).await?;
+        io.flush().await
     }
 
     /// Sends `data` on stream `channel`.
-    async fn send(&mut self, channel: u8, data: &[u8]) -> std::io::Result<()> {
+    async fn send(&self, channel: u8, data: &[u8]) -> std::io::Result<()> {
         if self.base64 {
             let text = format!(
                 "{}{}",
@@ -1277,17 +1323,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Ws<S> {
         self.send_frame(0x2, &msg).await
     }
 
-    async fn close(&mut self) {
+    async fn close(&self) {
         let _ = self.send_frame(0x8, &1000u16.to_be_bytes()).await;
-        let _ = self.io.shutdown().await;
+        let _ = self.io.lock().await.shutdown().await;
     }
+}
 
+impl<S: AsyncRead + AsyncWrite> Ws<S> {
     /// The next data message (pings answered, fragments joined).
     async fn recv(&mut self) -> WsMessage {
         let mut message = Vec::new();
         loop {
             let mut head = [0u8; 2];
-            if self.io.read_exact(&mut head).await.is_err() {
+            if self.rd.read_exact(&mut head).await.is_err() {
                 return WsMessage::Closed;
             }
             let fin = head[0] & 0x80 != 0;
@@ -1296,13 +1344,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Ws<S> {
             let mut len = u64::from(head[1] & 0x7f);
             if len == 126 {
                 let mut b = [0u8; 2];
-                if self.io.read_exact(&mut b).await.is_err() {
+                if self.rd.read_exact(&mut b).await.is_err() {
                     return WsMessage::Closed;
                 }
                 len = u64::from(u16::from_be_bytes(b));
             } else if len == 127 {
                 let mut b = [0u8; 8];
-                if self.io.read_exact(&mut b).await.is_err() {
+                if self.rd.read_exact(&mut b).await.is_err() {
                     return WsMessage::Closed;
                 }
                 len = u64::from_be_bytes(b);
@@ -1312,11 +1360,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Ws<S> {
                 return WsMessage::Closed;
             }
             let mut mask = [0u8; 4];
-            if masked && self.io.read_exact(&mut mask).await.is_err() {
+            if masked && self.rd.read_exact(&mut mask).await.is_err() {
                 return WsMessage::Closed;
             }
             let mut payload = vec![0u8; len as usize];
-            if self.io.read_exact(&mut payload).await.is_err() {
+            if self.rd.read_exact(&mut payload).await.is_err() {
                 return WsMessage::Closed;
             }
             if masked {
@@ -1327,13 +1375,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Ws<S> {
             match opcode {
                 0x8 => return WsMessage::Closed,
                 0x9 => {
-                    let _ = self.send_frame(0xA, &payload).await;
+                    let _ = self.wr.send_frame(0xA, &payload).await;
                 }
                 0xA => {}
                 _ => {
                     message.extend_from_slice(&payload);
                     if fin {
-                        if self.base64 {
+                        if self.wr.base64 {
                             // '0'+channel, then base64.
                             let Some((c, rest)) = message.split_first() else {
                                 return WsMessage::Data(message);
@@ -1383,7 +1431,7 @@ fn internal_status(message: &str) -> Value {
 }
 
 /// Sends the ready signal: an empty message on the lowest writable channel.
-async fn ready<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut Ws<S>, o: StreamOpts) -> bool {
+async fn ready<S: AsyncRead + AsyncWrite>(ws: &mut Ws<S>, o: StreamOpts) -> bool {
     let channel = if o.stdout {
         1
     } else if o.stderr {
@@ -1396,7 +1444,7 @@ async fn ready<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut Ws<S>, o: StreamOpts)
 
 /// Reads stdin until the client closes it (v5's close signal, or the connection), or
 /// until a shell reading it has come to an `exit`.
-async fn read_stdin<S: AsyncRead + AsyncWrite + Unpin>(
+async fn read_stdin<S: AsyncRead + AsyncWrite>(
     ws: &mut Ws<S>,
     runtime: &dyn Runtime,
     cmd: &[String],
@@ -1418,11 +1466,11 @@ async fn read_stdin<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Waits until the client goes away.
-async fn until_closed<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut Ws<S>) {
+async fn until_closed<S: AsyncRead + AsyncWrite>(ws: &mut Ws<S>) {
     while let WsMessage::Data(_) = ws.recv().await {}
 }
 
-async fn exec_session<S: AsyncRead + AsyncWrite + Unpin>(
+async fn exec_session<S: AsyncRead + AsyncWrite + Send + 'static>(
     mut ws: Ws<S>,
     runtime: Arc<dyn Runtime>,
     id: String,
@@ -1431,6 +1479,14 @@ async fn exec_session<S: AsyncRead + AsyncWrite + Unpin>(
 ) {
     if !ready(&mut ws, o).await {
         return;
+    }
+    match runtime.stream(&id, Some(&cmd), o.request()) {
+        Some(Ok(live)) => return pump(ws, live, Some(&cmd), o).await,
+        Some(Err(e)) => {
+            let status = internal_status(&e.to_string());
+            return finish(&ws.wr, status, o).await;
+        }
+        None => {}
     }
     let input = if o.stdin && runtime.exec_reads_stdin(&cmd) {
         Some(read_stdin(&mut ws, &*runtime, &cmd).await)
@@ -1475,6 +1531,12 @@ async fn exec_session<S: AsyncRead + AsyncWrite + Unpin>(
         Err(RuntimeError::Exec(message)) => internal_status(&message),
         Err(e) => internal_status(&e.to_string()),
     };
+    finish(&ws.wr, status, o).await;
+}
+
+/// Ends a stream: the Status on the error channel (its message only, before v4), then the
+/// close.
+async fn finish<S: AsyncRead + AsyncWrite>(ws: &WsWriter<S>, status: Value, o: StreamOpts) {
     if o.json_status {
         let _ = ws.send(3, status.to_string().as_bytes()).await;
     } else if status["status"] == "Failure" {
@@ -1484,8 +1546,72 @@ async fn exec_session<S: AsyncRead + AsyncWrite + Unpin>(
     ws.close().await;
 }
 
+/// Carries a live exec or attach: the client's stdin and terminal sizes to the process,
+/// its output to the client, then how it ended (`cmd`: the exec's command, `None` for an
+/// attach).
+async fn pump<S: AsyncRead + AsyncWrite + Send + 'static>(
+    mut ws: Ws<S>,
+    mut live: kumo_cri::LiveStream,
+    cmd: Option<&[String]>,
+    o: StreamOpts,
+) {
+    let writer = ws.wr.clone();
+    let (stdin, resize) = (live.stdin.take(), live.resize.take());
+    // The client's messages: stdin (channel 0; v5's close signal 255 closes it), terminal
+    // sizes (channel 4, JSON `{"Width":..,"Height":..}`).
+    let reader = tokio::spawn(async move {
+        let mut stdin = stdin;
+        loop {
+            match ws.recv().await {
+                WsMessage::Data(m) => match m.split_first() {
+                    Some((0, data)) => {
+                        if let Some(tx) = &stdin {
+                            if tx.send(data.to_vec()).await.is_err() {
+                                stdin = None;
+                            }
+                        }
+                    }
+                    Some((255, [0])) => stdin = None,
+                    Some((4, data)) => {
+                        let size: Value = serde_json::from_slice(data).unwrap_or_default();
+                        let dim = |k: &str| size[k].as_u64().and_then(|v| u16::try_from(v).ok());
+                        if let (Some(tx), Some(w), Some(h)) = (&resize, dim("Width"), dim("Height"))
+                        {
+                            let _ = tx.send((w, h)).await;
+                        }
+                    }
+                    _ => {}
+                },
+                WsMessage::Closed => return,
+            }
+        }
+    });
+    while let Some((stream, data)) = live.output.recv().await {
+        // With a TTY, stderr is the terminal too.
+        let channel = match stream {
+            Stream::Stderr if !o.tty => 2,
+            _ => 1,
+        };
+        let wanted = if channel == 1 { o.stdout } else { o.stderr };
+        if wanted && writer.send(channel, &data).await.is_err() {
+            reader.abort();
+            return;
+        }
+    }
+    let status = match live.exit.await {
+        Ok(Ok(code)) => match cmd {
+            Some(cmd) => exit_status(cmd, code),
+            None => json!({"metadata": {}, "status": "Success"}),
+        },
+        Ok(Err(message)) => internal_status(&message),
+        Err(_) => internal_status("the runtime's stream ended"),
+    };
+    reader.abort();
+    finish(&writer, status, o).await;
+}
+
 /// Attach: the container's output from now on, until it exits or the client leaves.
-async fn attach_session<S: AsyncRead + AsyncWrite + Unpin>(
+async fn attach_session<S: AsyncRead + AsyncWrite + Send + 'static>(
     mut ws: Ws<S>,
     runtime: Arc<dyn Runtime>,
     id: String,
@@ -1493,6 +1619,14 @@ async fn attach_session<S: AsyncRead + AsyncWrite + Unpin>(
 ) {
     if !ready(&mut ws, o).await {
         return;
+    }
+    match runtime.stream(&id, None, o.request()) {
+        Some(Ok(live)) => return pump(ws, live, None, o).await,
+        Some(Err(e)) => {
+            let status = internal_status(&e.to_string());
+            return finish(&ws.wr, status, o).await;
+        }
+        None => {}
     }
     // The sim replays what the process wrote before the attach: its output starts the
     // instant it starts, before any client could attach.

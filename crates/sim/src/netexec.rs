@@ -223,18 +223,25 @@ mod tests {
         let dp = Arc::new(Dataplane::default());
         let sim: Arc<dyn Runtime> = Arc::new(Sim::with_dataplane(Some(dp.clone())));
         dp.add_runtime(Arc::downgrade(&sim));
-        let sb = sim.run_pod_sandbox("u1");
-        let image = "registry.k8s.io/e2e-test-images/agnhost:2.55";
-        let id = sim.create_container(
-            &sb,
-            &ContainerConfig {
-                name: "c".into(),
-                image: image.into(),
-                args: vec!["netexec".into()],
+        let sb = sim
+            .run_pod_sandbox(&kumo_cri::SandboxConfig {
+                uid: "u1".into(),
                 ..Default::default()
-            },
-            image,
-        );
+            })
+            .unwrap();
+        let image = "registry.k8s.io/e2e-test-images/agnhost:2.55";
+        let id = sim
+            .create_container(
+                &sb,
+                &ContainerConfig {
+                    name: "c".into(),
+                    image: image.into(),
+                    args: vec!["netexec".into()],
+                    ..Default::default()
+                },
+                image,
+            )
+            .unwrap();
         sim.start_container(&id).expect("start");
         let ip: IpAddr = [10, 244, 0, 9].into();
         dp.set_pod(

@@ -37,7 +37,7 @@ pub use shell::Step;
 
 pub use kumo_cri::{
     cri_time, ContainerConfig, ContainerStats, ContainerStatus, ExecStep, Runtime, RuntimeError,
-    State, Stream,
+    SandboxConfig, State, Stream,
 };
 
 use std::collections::{BTreeMap, HashMap};
@@ -533,8 +533,8 @@ impl Runtime for Sim {
         Ok(digest(image))
     }
 
-    fn run_pod_sandbox(&self, pod_uid: &str) -> String {
-        format!("sandbox-{pod_uid}")
+    fn run_pod_sandbox(&self, config: &SandboxConfig) -> Result<String, RuntimeError> {
+        Ok(format!("sandbox-{}", config.uid))
     }
 
     fn remove_pod_sandbox(&self, sandbox: &str) {
@@ -548,7 +548,12 @@ impl Runtime for Sim {
         self.files.remove_prefix(&fs::View::sandbox_prefix(sandbox));
     }
 
-    fn create_container(&self, sandbox: &str, config: &ContainerConfig, image_ref: &str) -> String {
+    fn create_container(
+        &self,
+        sandbox: &str,
+        config: &ContainerConfig,
+        image_ref: &str,
+    ) -> Result<String, RuntimeError> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let program_start = SystemTime::now();
         // The files the image ships that the e2e tests rely on.
@@ -615,6 +620,7 @@ impl Runtime for Sim {
                     image_ref: image_ref.to_owned(),
                     state: State::Created,
                     message: None,
+                    reason: None,
                 },
                 sandbox: sandbox.to_owned(),
                 config: {
@@ -632,7 +638,7 @@ impl Runtime for Sim {
                 not_simulated,
             },
         );
-        id
+        Ok(id)
     }
 
     fn start_container(&self, id: &str) -> Result<(), RuntimeError> {
@@ -1039,7 +1045,12 @@ mod tests {
         let dp = crate::net::Dataplane::new();
         crate::net::add_cluster_dns(&dp);
         let sim = Sim::with_dataplane(Some(dp.clone()));
-        let sb = sim.run_pod_sandbox("u1");
+        let sb = sim
+            .run_pod_sandbox(&kumo_cri::SandboxConfig {
+                uid: "u1".into(),
+                ..Default::default()
+            })
+            .unwrap();
         let mut files = BTreeMap::new();
         files.insert(
             "/etc/resolv.conf".to_owned(),
@@ -1055,7 +1066,7 @@ mod tests {
             files,
             ..Default::default()
         };
-        let id = sim.create_container(&sb, &config, "busybox");
+        let id = sim.create_container(&sb, &config, "busybox").unwrap();
         sim.start_container(&id).expect("start");
         // Found nothing at first; the Service appears while the loop runs.
         std::thread::sleep(Duration::from_millis(1500));
@@ -1103,29 +1114,38 @@ mod tests {
             "0".to_owned(),
         );
         a.insert("sim.kumo.io/exit-code/job".to_owned(), "3".to_owned());
-        let sb = sim.run_pod_sandbox("u1");
+        let sb = sim
+            .run_pod_sandbox(&kumo_cri::SandboxConfig {
+                uid: "u1".into(),
+                ..Default::default()
+            })
+            .unwrap();
         let image = sim.pull_image("nginx:1.29", &a, "web").expect("pull");
         assert!(image.starts_with("docker.io/library/nginx@sha256:"));
-        let web = sim.create_container(
-            &sb,
-            &ContainerConfig {
-                name: "web".into(),
-                image: "nginx".into(),
-                annotations: a.clone(),
-                ..Default::default()
-            },
-            &image,
-        );
-        let job = sim.create_container(
-            &sb,
-            &ContainerConfig {
-                name: "job".into(),
-                image: "busybox".into(),
-                annotations: a.clone(),
-                ..Default::default()
-            },
-            &image,
-        );
+        let web = sim
+            .create_container(
+                &sb,
+                &ContainerConfig {
+                    name: "web".into(),
+                    image: "nginx".into(),
+                    annotations: a.clone(),
+                    ..Default::default()
+                },
+                &image,
+            )
+            .unwrap();
+        let job = sim
+            .create_container(
+                &sb,
+                &ContainerConfig {
+                    name: "job".into(),
+                    image: "busybox".into(),
+                    annotations: a.clone(),
+                    ..Default::default()
+                },
+                &image,
+            )
+            .unwrap();
         sim.start_container(&web).expect("start");
         sim.start_container(&job).expect("start");
         assert!(matches!(
@@ -1151,23 +1171,30 @@ mod tests {
     #[test]
     fn sysctl_reads_the_sysctls_the_kubelet_wrote() {
         let sim = Sim::default();
-        let sb = sim.run_pod_sandbox("u3");
+        let sb = sim
+            .run_pod_sandbox(&kumo_cri::SandboxConfig {
+                uid: "u3".into(),
+                ..Default::default()
+            })
+            .unwrap();
         let mut files = BTreeMap::new();
         files.insert(
             "/proc/sys/kernel/shm_rmid_forced".to_owned(),
             "1\n".to_owned(),
         );
-        let c = sim.create_container(
-            &sb,
-            &ContainerConfig {
-                name: "c".into(),
-                image: "busybox".into(),
-                command: vec!["sleep".into(), "infinity".into()],
-                files,
-                ..Default::default()
-            },
-            "busybox",
-        );
+        let c = sim
+            .create_container(
+                &sb,
+                &ContainerConfig {
+                    name: "c".into(),
+                    image: "busybox".into(),
+                    command: vec!["sleep".into(), "infinity".into()],
+                    files,
+                    ..Default::default()
+                },
+                "busybox",
+            )
+            .unwrap();
         sim.start_container(&c).expect("start");
         let run = |args: &[&str]| {
             let cmd: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
@@ -1202,18 +1229,25 @@ mod tests {
     #[test]
     fn agnhost_ships_its_certificate_and_pid1_shells_die_by_sigkill() {
         let sim = Sim::default();
-        let sb = sim.run_pod_sandbox("u2");
-        let agnhost = "registry.k8s.io/e2e-test-images/agnhost:2.55";
-        let web = sim.create_container(
-            &sb,
-            &ContainerConfig {
-                name: "webserver".into(),
-                image: agnhost.into(),
-                args: vec!["test-webserver".into()],
+        let sb = sim
+            .run_pod_sandbox(&kumo_cri::SandboxConfig {
+                uid: "u2".into(),
                 ..Default::default()
-            },
-            agnhost,
-        );
+            })
+            .unwrap();
+        let agnhost = "registry.k8s.io/e2e-test-images/agnhost:2.55";
+        let web = sim
+            .create_container(
+                &sb,
+                &ContainerConfig {
+                    name: "webserver".into(),
+                    image: agnhost.into(),
+                    args: vec!["test-webserver".into()],
+                    ..Default::default()
+                },
+                agnhost,
+            )
+            .unwrap();
         sim.start_container(&web).expect("start");
         assert_eq!(sim.file_exists(&web, "/localhost.crt"), Some(true));
         // What the StatefulSet e2e tests do to break the readiness probe.
@@ -1226,16 +1260,18 @@ mod tests {
         assert_eq!(sim.file_exists(&web, "/tmp/localhost.crt"), Some(true));
         assert_eq!(sim.file_exists("nope", "/localhost.crt"), None);
 
-        let sleeper = sim.create_container(
-            &sb,
-            &ContainerConfig {
-                name: "sleeper".into(),
-                image: "busybox".into(),
-                command: vec!["sh".into(), "-c".into(), "sleep 3600".into()],
-                ..Default::default()
-            },
-            "busybox",
-        );
+        let sleeper = sim
+            .create_container(
+                &sb,
+                &ContainerConfig {
+                    name: "sleeper".into(),
+                    image: "busybox".into(),
+                    command: vec!["sh".into(), "-c".into(), "sleep 3600".into()],
+                    ..Default::default()
+                },
+                "busybox",
+            )
+            .unwrap();
         sim.start_container(&sleeper).expect("start");
         // SIGTERM is ignored: it runs to the end of the grace period, then SIGKILL.
         sim.stop_container(&sleeper, Duration::from_millis(300))
@@ -1261,18 +1297,25 @@ mod tests {
     #[test]
     fn a_term_trap_runs_its_handler_within_the_grace_period() {
         let sim = Sim::default();
-        let sb = sim.run_pod_sandbox("trap");
+        let sb = sim
+            .run_pod_sandbox(&kumo_cri::SandboxConfig {
+                uid: "trap".into(),
+                ..Default::default()
+            })
+            .unwrap();
         let make = |name: &str, script: &str| {
-            let id = sim.create_container(
-                &sb,
-                &ContainerConfig {
-                    name: name.into(),
-                    image: "busybox".into(),
-                    command: vec!["sh".into(), "-c".into(), script.into()],
-                    ..Default::default()
-                },
-                "busybox",
-            );
+            let id = sim
+                .create_container(
+                    &sb,
+                    &ContainerConfig {
+                        name: name.into(),
+                        image: "busybox".into(),
+                        command: vec!["sh".into(), "-c".into(), script.into()],
+                        ..Default::default()
+                    },
+                    "busybox",
+                )
+                .unwrap();
             sim.start_container(&id).expect("start");
             id
         };

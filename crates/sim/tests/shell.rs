@@ -1,6 +1,7 @@
 //! The sim runtime's containers run their scripts over the pod's simulated files: what
 //! one container writes to an emptyDir the next one reads, a restart sees what the last
 //! attempt left, exec probes read the files as of their time.
+#![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, SystemTime};
 
@@ -27,7 +28,9 @@ fn config(name: &str, script: &str) -> ContainerConfig {
 }
 
 fn run(sim: &Sim, sandbox: &str, c: &ContainerConfig) -> String {
-    let id = sim.create_container(sandbox, c, "busybox@sha256:x");
+    let id = sim
+        .create_container(sandbox, c, "busybox@sha256:x")
+        .unwrap();
     sim.start_container(&id).expect("start");
     id
 }
@@ -42,7 +45,12 @@ fn exit_code(sim: &Sim, id: &str) -> Option<i32> {
 #[test]
 fn containers_share_the_pods_files() {
     let sim = Sim::default();
-    let sb = sim.run_pod_sandbox("u1");
+    let sb = sim
+        .run_pod_sandbox(&kumo_cri::SandboxConfig {
+            uid: "u1".into(),
+            ..Default::default()
+        })
+        .unwrap();
     let init = run(
         &sim,
         &sb,
@@ -70,12 +78,22 @@ fn containers_share_the_pods_files() {
     let second = run(&sim, &sb, &config("job", script));
     assert_eq!(exit_code(&sim, &second), Some(0));
     // Another pod has its own emptyDir.
-    let other = sim.run_pod_sandbox("u2");
+    let other = sim
+        .run_pod_sandbox(&kumo_cri::SandboxConfig {
+            uid: "u2".into(),
+            ..Default::default()
+        })
+        .unwrap();
     let third = run(&sim, &other, &config("job", script));
     assert_eq!(exit_code(&sim, &third), Some(1));
     // Removing the sandbox forgets its files.
     sim.remove_pod_sandbox(&sb);
-    let sb = sim.run_pod_sandbox("u1");
+    let sb = sim
+        .run_pod_sandbox(&kumo_cri::SandboxConfig {
+            uid: "u1".into(),
+            ..Default::default()
+        })
+        .unwrap();
     let again = run(&sim, &sb, &config("job", script));
     assert_eq!(exit_code(&sim, &again), Some(1));
 }
@@ -83,7 +101,12 @@ fn containers_share_the_pods_files() {
 #[test]
 fn exec_probes_see_the_files_of_their_time() {
     let sim = Sim::default();
-    let sb = sim.run_pod_sandbox("u1");
+    let sb = sim
+        .run_pod_sandbox(&kumo_cri::SandboxConfig {
+            uid: "u1".into(),
+            ..Default::default()
+        })
+        .unwrap();
     let id = run(
         &sim,
         &sb,
@@ -112,7 +135,12 @@ fn exec_probes_see_the_files_of_their_time() {
 #[test]
 fn projected_files_follow_their_source() {
     let sim = Sim::default();
-    let sb = sim.run_pod_sandbox("u1");
+    let sb = sim
+        .run_pod_sandbox(&kumo_cri::SandboxConfig {
+            uid: "u1".into(),
+            ..Default::default()
+        })
+        .unwrap();
     let files = |v: &str| {
         let mut m = std::collections::BTreeMap::new();
         m.insert("data-1".to_owned(), (v.to_owned(), 0o644));
