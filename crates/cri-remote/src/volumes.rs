@@ -1,0 +1,272 @@
+//! The node-side files of a container's mounts (the kubelet's volume manager, for the
+//! volumes it makes itself): emptyDirs under the pod's directory, the files of ConfigMap,
+//! Secret, downward API and projected volumes written there, the managed `/etc/hosts`
+//! and the termination-message file; and the cleanup when the pod ends.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use kumo_cri::{ContainerConfig, Source};
+
+/// One bind mount of a container.
+pub struct HostMount {
+    pub container_path: String,
+    pub host_path: PathBuf,
+    pub read_only: bool,
+}
+
+/// What a container's mounts need on the node.
+pub struct Prepared {
+    pub mounts: Vec<HostMount>,
+    /// The file mounted at its terminationMessagePath.
+    pub termination_file: PathBuf,
+}
+
+/// The directory of a `Source::Files` mount: one per container and mount path, so a
+/// refresh writes where the container reads.
+fn files_dir(pod_dir: &Path, container: &str, mount_path: &str) -> PathBuf {
+    let key: String = mount_path
+        .trim_matches('/')
+        .chars()
+        .map(|c| if c == '/' { '~' } else { c })
+        .collect();
+    pod_dir
+        .join("volumes")
+        .join("kumo.dev~files")
+        .join(container)
+        .join(key)
+}
+
+/// Writes `files` (relative path → (content, mode)) into `dir`, removing what is not
+/// among them.
+fn write_files(
+    dir: &Path,
+    files: &std::collections::BTreeMap<String, (String, u32)>,
+) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (rel, (content, mode)) in files {
+        let rel = rel.trim_start_matches('/');
+        if rel.split('/').any(|p| p == "..") {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("file path {rel:?} leaves its volume"),
+            ));
+        }
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        // Written beside and renamed, so a reader never sees half a file.
+        let tmp = path.with_extension("kumo-tmp");
+        std::fs::write(&tmp, content)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(*mode))?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    // Files that left the volume go.
+    let keep: std::collections::HashSet<PathBuf> = files
+        .keys()
+        .map(|r| dir.join(r.trim_start_matches('/')))
+        .collect();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)?.flatten() {
+            let p = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p);
+            } else if !keep.contains(&p) {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn join_sub_path(base: PathBuf, sub_path: &str) -> io::Result<PathBuf> {
+    if sub_path.is_empty() {
+        return Ok(base);
+    }
+    if sub_path.starts_with('/') || sub_path.split('/').any(|p| p == "..") {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("subPath {sub_path:?} leaves its volume"),
+        ));
+    }
+    Ok(base.join(sub_path))
+}
+
+/// Makes what `config`'s mounts need under `pod_dir`.
+pub fn prepare(pod_dir: &Path, config: &ContainerConfig) -> io::Result<Prepared> {
+    let mut mounts = Vec::new();
+    for m in &config.mounts {
+        // readOnlyRootFilesystem is the container's flag, not a mount.
+        if m.path == "/" {
+            continue;
+        }
+        let host_path = match &m.source {
+            Source::EmptyDir(name) => {
+                let dir = pod_dir
+                    .join("volumes")
+                    .join("kubernetes.io~empty-dir")
+                    .join(name);
+                std::fs::create_dir_all(&dir)?;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
+                let p = join_sub_path(dir, &m.sub_path)?;
+                if !m.sub_path.is_empty() {
+                    std::fs::create_dir_all(&p)?;
+                }
+                p
+            }
+            Source::HostPath(p) => join_sub_path(PathBuf::from(p), &m.sub_path)?,
+            Source::Files(files) => {
+                let dir = files_dir(pod_dir, &config.name, &m.path);
+                write_files(&dir, files)?;
+                join_sub_path(dir, &m.sub_path)?
+            }
+            Source::Image(image) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("image volume {image:?}: the runtime mounts no image volumes"),
+                ));
+            }
+        };
+        mounts.push(HostMount {
+            container_path: m.path.clone(),
+            host_path,
+            read_only: m.read_only,
+        });
+    }
+    // The /etc/hosts the kubelet manages (the pod's names, or the node's for host
+    // network); the other files of the config are the simulator's.
+    if let Some(hosts) = config.files.get("/etc/hosts") {
+        let path = pod_dir.join("etc-hosts");
+        std::fs::create_dir_all(pod_dir)?;
+        std::fs::write(&path, hosts)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        if !mounts.iter().any(|m| m.container_path == "/etc/hosts") {
+            mounts.push(HostMount {
+                container_path: "/etc/hosts".into(),
+                host_path: path,
+                read_only: false,
+            });
+        }
+    }
+    let dir = pod_dir.join("containers").join(&config.name);
+    std::fs::create_dir_all(&dir)?;
+    let termination_file = dir.join(config.attempt.to_string());
+    std::fs::write(&termination_file, "")?;
+    std::fs::set_permissions(&termination_file, std::fs::Permissions::from_mode(0o666))?;
+    if !config.termination_message_path.is_empty() {
+        mounts.push(HostMount {
+            container_path: config.termination_message_path.clone(),
+            host_path: termination_file.clone(),
+            read_only: false,
+        });
+    }
+    Ok(Prepared {
+        mounts,
+        termination_file,
+    })
+}
+
+/// Writes the current content of `config`'s file volumes where its container reads them.
+pub fn refresh(pod_dir: &Path, config: &ContainerConfig) -> io::Result<()> {
+    for m in &config.mounts {
+        if let Source::Files(files) = &m.source {
+            // A subPath mount is a copy taken at start, as upstream's: not updated.
+            if m.sub_path.is_empty() && m.path != "/" {
+                write_files(&files_dir(pod_dir, &config.name, &m.path), files)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes cgroup `path` (e.g. `/kumo/n1/kubepods/besteffort/pod<uid>`) from every
+/// hierarchy, deepest first; a cgroup with processes left stays.
+pub fn remove_cgroup(path: &str) {
+    let rel = path.trim_matches('/');
+    if rel.is_empty() {
+        return;
+    }
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    for h in hierarchies.flatten() {
+        remove_cgroup_tree(&h.path().join(rel));
+    }
+}
+
+/// rmdir of a cgroup directory and the cgroups below it.
+pub fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Removes a pod's directory (its volumes' files, hosts and termination files).
+pub fn remove_pod_dir(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        if e.kind() != io::ErrorKind::NotFound {
+            tracing::warn!(dir = %dir.display(), error = %e, "removing the pod's directory");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kumo_cri::Mount;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn file_volumes_are_written_refreshed_and_kept_inside_their_directory() {
+        let pod = tempfile_dir("files");
+        let mut files = BTreeMap::new();
+        files.insert("a".to_owned(), ("1".to_owned(), 0o644));
+        files.insert("d/b".to_owned(), ("2".to_owned(), 0o600));
+        let mut config = ContainerConfig {
+            name: "c".into(),
+            termination_message_path: "/dev/termination-log".into(),
+            mounts: vec![Mount {
+                path: "/etc/config".into(),
+                source: Source::Files(files.clone()),
+                read_only: true,
+                sub_path: String::new(),
+                tmpfs: false,
+            }],
+            ..Default::default()
+        };
+        let p = prepare(&pod, &config).expect("prepare");
+        let dir = &p.mounts[0].host_path;
+        assert_eq!(std::fs::read_to_string(dir.join("d/b")).unwrap(), "2");
+        let mode = std::fs::metadata(dir.join("d/b"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(p.mounts[1].container_path, "/dev/termination-log");
+        files.remove("a");
+        files.insert("d/b".to_owned(), ("3".to_owned(), 0o600));
+        config.mounts[0].source = Source::Files(files);
+        refresh(&pod, &config).expect("refresh");
+        assert!(!dir.join("a").exists());
+        assert_eq!(std::fs::read_to_string(dir.join("d/b")).unwrap(), "3");
+        config.mounts[0].source =
+            Source::Files([("../x".to_owned(), (String::new(), 0o644))].into());
+        assert!(prepare(&pod, &config).is_err());
+        remove_pod_dir(&pod);
+        assert!(!pod.exists());
+    }
+
+    fn tempfile_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kumo-cri-remote-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+}
