@@ -1,0 +1,313 @@
+//! kumo's offline images, packed here from the machine's own files so that a node runs pods
+//! with no registry: an OCI image layout in a tar (oci-layout, index.json, blobs) with one
+//! uncompressed layer, a config, a manifest and one index entry per name the image answers
+//! to (containerd's `io.containerd.image.name`), as `ctr images import` takes it.
+//!
+//! - `pause.tar`: the sandbox image under upstream's name (registry.k8s.io/pause:3.10.2).
+//!   Not upstream's pause binary: busybox's shell as PID 1, which waits and exits on SIGTERM
+//!   or SIGINT as pause does.
+//! - `busybox.tar`: Debian's busybox-static (1.35) with its applets, under the names the
+//!   e2e suite and `kubectl run --image=busybox` use.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Where Debian's busybox-static puts its binary.
+pub const BUSYBOX: &str = "/bin/busybox";
+
+/// One file of an image's layer.
+enum Entry {
+    Dir(&'static str, u32),
+    File(String, Vec<u8>, u32),
+    Symlink(String, &'static str),
+}
+
+/// An image to pack: its layer's entries, entrypoint and cmd, and its names.
+struct Image {
+    entries: Vec<Entry>,
+    entrypoint: Option<Vec<&'static str>>,
+    cmd: Option<Vec<&'static str>>,
+    names: Vec<&'static str>,
+}
+
+fn sha256(data: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, data);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn header(kind: tar::EntryType, path: &str, mode: u32, size: u64) -> io::Result<tar::Header> {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_path(path)?;
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_cksum();
+    Ok(h)
+}
+
+/// The layer: a reproducible tar of the entries.
+fn layer(entries: &[Entry]) -> io::Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        match e {
+            Entry::Dir(path, mode) => {
+                let h = header(tar::EntryType::Directory, &format!("{path}/"), *mode, 0)?;
+                b.append(&h, io::empty())?;
+            }
+            Entry::File(path, data, mode) => {
+                let h = header(tar::EntryType::Regular, path, *mode, data.len() as u64)?;
+                b.append(&h, data.as_slice())?;
+            }
+            Entry::Symlink(path, target) => {
+                let mut h = header(tar::EntryType::Symlink, path, 0o777, 0)?;
+                h.set_link_name(target)?;
+                h.set_cksum();
+                b.append(&h, io::empty())?;
+            }
+        }
+    }
+    b.into_inner()
+}
+
+/// The OCI archive of `image`.
+fn archive(image: &Image) -> io::Result<Vec<u8>> {
+    let layer = layer(&image.entries)?;
+    let layer_digest = sha256(&layer);
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Entrypoint": image.entrypoint,
+            "Cmd": image.cmd,
+            "WorkingDir": "/",
+        },
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "kumo"}],
+    })
+    .to_string()
+    .into_bytes();
+    let config_digest = sha256(&config);
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": format!("sha256:{config_digest}"),
+            "size": config.len(),
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar",
+            "digest": format!("sha256:{layer_digest}"),
+            "size": layer.len(),
+        }],
+    })
+    .to_string()
+    .into_bytes();
+    let manifest_digest = sha256(&manifest);
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": image.names.iter().map(|name| serde_json::json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": format!("sha256:{manifest_digest}"),
+            "size": manifest.len(),
+            "annotations": {
+                "io.containerd.image.name": name,
+                "org.opencontainers.image.ref.name": name.rsplit(':').next().unwrap_or(name),
+            },
+        })).collect::<Vec<_>>(),
+    })
+    .to_string()
+    .into_bytes();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, data: &[u8]| -> io::Result<()> {
+        let h = header(tar::EntryType::Regular, path, 0o644, data.len() as u64)?;
+        b.append(&h, data)
+    };
+    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    add("index.json", &index)?;
+    for (digest, data) in [
+        (&layer_digest, &layer),
+        (&config_digest, &config),
+        (&manifest_digest, &manifest),
+    ] {
+        add(&format!("blobs/sha256/{digest}"), data)?;
+    }
+    b.into_inner()
+}
+
+/// Whether an ELF64 executable names a program interpreter (is dynamically linked).
+fn has_interpreter(elf: &[u8]) -> bool {
+    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u64_at = |o: usize| {
+        elf.get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    (0..usize::from(phnum)).any(|i| {
+        let at = phoff as usize + i * usize::from(phentsize);
+        elf.get(at..at + 4) == Some(&3u32.to_le_bytes()[..])
+    })
+}
+
+/// A minimal root file system around Debian's static busybox.
+fn busybox_entries() -> io::Result<Vec<Entry>> {
+    let busybox = std::fs::read(BUSYBOX).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("reading {BUSYBOX} (apt-get install busybox-static): {e}"),
+        )
+    })?;
+    // A dynamically linked busybox (Debian's `busybox` package) would find no libc in
+    // the image.
+    if has_interpreter(&busybox) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{BUSYBOX} is dynamically linked: apt-get install busybox-static"),
+        ));
+    }
+    let list = std::process::Command::new(BUSYBOX).arg("--list").output()?;
+    let mut entries = vec![
+        Entry::Dir("bin", 0o755),
+        Entry::Dir("dev", 0o755),
+        Entry::Dir("etc", 0o755),
+        Entry::Dir("home", 0o755),
+        Entry::Dir("proc", 0o555),
+        Entry::Dir("root", 0o700),
+        Entry::Dir("sys", 0o555),
+        Entry::Dir("tmp", 0o1777),
+        Entry::Dir("var", 0o755),
+        Entry::File("bin/busybox".into(), busybox, 0o755),
+        Entry::File(
+            "etc/passwd".into(),
+            b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n"
+                .to_vec(),
+            0o644,
+        ),
+        Entry::File(
+            "etc/group".into(),
+            b"root:x:0:\nnobody:x:65534:\n".to_vec(),
+            0o644,
+        ),
+    ];
+    for applet in String::from_utf8_lossy(&list.stdout).split_whitespace() {
+        if applet != "busybox" && !applet.contains('/') {
+            entries.push(Entry::Symlink(format!("bin/{applet}"), "busybox"));
+        }
+    }
+    Ok(entries)
+}
+
+/// The images kumo packs: `(file name, image)`.
+fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
+    let mut pause = busybox_entries()?;
+    // PID 1 gets no default signal handlers: the traps make SIGTERM and SIGINT end it.
+    pause.push(Entry::File(
+        "pause".into(),
+        b"#!/bin/sh\ntrap 'exit 0' TERM INT\nwhile :; do sleep 3600 & wait $!; done\n".to_vec(),
+        0o755,
+    ));
+    Ok(vec![
+        (
+            "pause.tar",
+            Image {
+                entries: pause,
+                entrypoint: Some(vec!["/pause"]),
+                cmd: None,
+                names: vec![crate::PAUSE_IMAGE],
+            },
+        ),
+        (
+            "busybox.tar",
+            Image {
+                entries: busybox_entries()?,
+                entrypoint: None,
+                cmd: Some(vec!["sh"]),
+                names: vec![
+                    "registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+                    "docker.io/library/busybox:1.37",
+                    "docker.io/library/busybox:latest",
+                ],
+            },
+        ),
+    ])
+}
+
+/// Packs kumo's offline images into `dir` (anew each time: a few MB, a few ms) and
+/// returns their archives.
+pub fn build(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut out = Vec::new();
+    for (file, image) in offline_images()? {
+        let path = dir.join(file);
+        let tmp = dir.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, archive(&image)?)?;
+        std::fs::rename(&tmp, &path)?;
+        out.push(path);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dynamically_linked_program_is_told_from_a_static_one() {
+        let ls = std::fs::read("/bin/ls").unwrap();
+        assert!(has_interpreter(&ls));
+        if let Ok(b) = std::fs::read(BUSYBOX) {
+            assert!(!has_interpreter(&b), "{BUSYBOX} should be busybox-static");
+        }
+        assert!(!has_interpreter(b"not an elf"));
+    }
+
+    #[test]
+    fn an_archive_is_an_oci_layout_whose_digests_hold() {
+        let image = Image {
+            entries: vec![
+                Entry::Dir("bin", 0o755),
+                Entry::File("bin/x".into(), b"hi".to_vec(), 0o755),
+            ],
+            entrypoint: Some(vec!["/bin/x"]),
+            cmd: None,
+            names: vec!["example.com/x:1", "example.com/x:latest"],
+        };
+        let bytes = archive(&image).unwrap();
+        let mut files = std::collections::BTreeMap::new();
+        let mut a = tar::Archive::new(bytes.as_slice());
+        for e in a.entries().unwrap() {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().display().to_string();
+            let mut data = Vec::new();
+            io::Read::read_to_end(&mut e, &mut data).unwrap();
+            files.insert(path, data);
+        }
+        for (path, data) in &files {
+            if let Some(d) = path.strip_prefix("blobs/sha256/") {
+                assert_eq!(sha256(data), d, "{path}");
+            }
+        }
+        let index: serde_json::Value = serde_json::from_slice(&files["index.json"]).unwrap();
+        let names: Vec<&str> = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                m["annotations"]["io.containerd.image.name"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(names, ["example.com/x:1", "example.com/x:latest"]);
+        // The same input packs to the same bytes.
+        assert_eq!(archive(&image).unwrap(), bytes);
+    }
+}
