@@ -45,6 +45,8 @@ pub struct ClusterConfig {
     pub cloud: Option<CloudSettings>,
     /// kubeadm's addons (CoreDNS and the kube-proxy DaemonSet, see [`crate::addons`]).
     pub addons: bool,
+    /// What the nodes run their pods on.
+    pub runtime: crate::machine::RuntimeKind,
 }
 
 /// The cloud part of a cluster.
@@ -107,6 +109,7 @@ impl ClusterConfig {
             kubelet: true,
             cloud: None,
             addons: true,
+            runtime: crate::machine::RuntimeKind::Sim,
         }
     }
 
@@ -217,7 +220,10 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     api_cfg.pod_network = Some(Arc::new(PodNetwork(dataplane.clone())));
     api_cfg.store = cfg.store.clone();
     let api = kumo_apiserver::ApiServer::start(api_cfg).await?;
-    if cfg.addons {
+    // On the real runtime the addons' pods would need their images and the cluster's
+    // network (issue: the real network); the control plane runs in this process either way.
+    let real = cfg.runtime == crate::machine::RuntimeKind::Containerd;
+    if cfg.addons && !real {
         let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
         crate::addons::ensure(&admin)
             .await
@@ -239,7 +245,7 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             sched_addr,
         ));
     }
-    if cfg.kubelet || cfg.cloud.is_some() {
+    if (cfg.kubelet || cfg.cloud.is_some()) && !real {
         // The control-plane node's static pods stand for the components, probed where
         // they serve (known once they listen).
         let endpoints = crate::controlplane::Endpoints {
@@ -265,7 +271,21 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             .with_context(|| format!("creating {}", manifests.display()))?;
         let mut k = kumo_kubelet::KubeletConfig::new(&kc, &cfg.node_name);
         k.pod_manifest_path = Some(manifests);
-        k.runtime = Some(kumo_sim::factory(Some(dataplane.clone())));
+        match cfg.runtime {
+            crate::machine::RuntimeKind::Sim => {
+                k.runtime = Some(kumo_sim::factory(Some(dataplane.clone())));
+            }
+            crate::machine::RuntimeKind::Containerd => {
+                let (data_dir, node) = (cfg.data_dir.clone(), cfg.node_name.clone());
+                let machine =
+                    tokio::task::spawn_blocking(move || crate::machine::boot(&data_dir, &node))
+                        .await
+                        .context("booting the node's machine")??;
+                k.runtime = Some(machine.factory);
+                k.cgroup_root = machine.cgroup_root;
+                (k.cpu, k.memory) = crate::machine::host_capacity();
+            }
+        }
         // The node's InternalIP is an address of the simulated network, as a kubeadm
         // machine's is of its LAN: pods reach its NodePorts and host ports through the
         // dataplane, and a pod's 127.0.0.1 stays its own. Nothing dials it on the host: the
@@ -392,7 +412,8 @@ async fn start_cloud(
     let server = server_url(&api.admin_kubeconfig)?;
     let hypervisor = Arc::new(
         KubeletHypervisor::new(&cfg.data_dir, server, &api.admin_kubeconfig, dial)
-            .with_dataplane(dataplane.clone()),
+            .with_dataplane(dataplane.clone())
+            .with_runtime(cfg.runtime),
     );
     let mut cloud_cfg = kumo_cloud::CloudConfig::new(cfg.cloud_dir());
     cloud_cfg.hypervisor = hypervisor.clone();

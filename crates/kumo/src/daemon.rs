@@ -267,6 +267,10 @@ pub fn foreground(dir: &Path) -> Result<()> {
             _ = int.recv() => "SIGINT",
         };
         println!("kumo: {name} received, stopping");
+        // Real nodes' machines (containerd, their pods, namespaces) do not end with this
+        // process: they are taken down first.
+        let machines = dir.clone();
+        let _ = tokio::task::spawn_blocking(move || kumo::machine::power_off_all(&machines)).await;
         unmerge(&dir);
         release(&dir, me);
         std::process::exit(0);
@@ -402,10 +406,12 @@ pub fn down(dir: &Path) -> Result<()> {
     let dir = dir.to_owned();
     let Some(pid) = read_pid(&dir) else {
         println!("kumo is not running on {} (no {PID_FILE})", dir.display());
+        kumo::machine::power_off_all(&dir);
         unmerge(&dir);
         return Ok(());
     };
     if !alive(pid) || !is_kumo_up(pid) {
+        kumo::machine::power_off_all(&dir);
         unmerge(&dir);
         let _ = std::fs::remove_file(dir.join(PID_FILE));
         println!(
@@ -435,6 +441,8 @@ pub fn down(dir: &Path) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     release(&dir, pid);
+    // What a killed kumo could not take down itself: its nodes' machines.
+    kumo::machine::power_off_all(&dir);
     if merged(&dir).is_some() {
         unmerge(&dir);
     } else if let Some((file, ctx)) = was_merged {

@@ -109,6 +109,8 @@ pub struct KubeletHypervisor {
     running: Mutex<HashMap<String, Running>>,
     /// The pods' network the kubelets share, if any.
     dataplane: Option<std::sync::Arc<kumo_sim::net::Dataplane>>,
+    /// What the instances run their pods on.
+    runtime: crate::machine::RuntimeKind,
 }
 
 impl KubeletHypervisor {
@@ -127,12 +129,20 @@ impl KubeletHypervisor {
             dial,
             running: Mutex::new(HashMap::new()),
             dataplane: None,
+            runtime: crate::machine::RuntimeKind::Sim,
         }
     }
 
     /// Kubelets whose pods share `dataplane` (the cluster's pod network).
     pub fn with_dataplane(mut self, dataplane: std::sync::Arc<kumo_sim::net::Dataplane>) -> Self {
         self.dataplane = Some(dataplane);
+        self
+    }
+
+    /// Runs the instances' pods on `runtime` (each instance a machine of its own with
+    /// containerd).
+    pub fn with_runtime(mut self, runtime: crate::machine::RuntimeKind) -> Self {
+        self.runtime = runtime;
         self
     }
 
@@ -310,7 +320,18 @@ impl Hypervisor for KubeletHypervisor {
             // Booted already (a cloud restarted in this process resumes its instances).
             return Ok(());
         }
-        let (cfg, control_plane, join) = self.kubelet_config(inst).map_err(HypervisorError)?;
+        let (mut cfg, control_plane, join) = self.kubelet_config(inst).map_err(HypervisorError)?;
+        if self.runtime == crate::machine::RuntimeKind::Containerd {
+            // The instance's machine: its namespace and containerd, before its kubelet.
+            let (data_dir, node) = (self.data_dir.clone(), inst.name.clone());
+            let machine =
+                tokio::task::spawn_blocking(move || crate::machine::boot(&data_dir, &node))
+                    .await
+                    .map_err(|e| HypervisorError(format!("booting the machine: {e}")))?
+                    .map_err(|e| HypervisorError(format!("booting the machine: {e:#}")))?;
+            cfg.runtime = Some(machine.factory);
+            cfg.cgroup_root = machine.cgroup_root;
+        }
         let (stop, stop_rx) = watch::channel(false);
         let dial = self.dial.clone();
         let admin = control_plane.then(|| self.admin_kubeconfig.clone());
@@ -338,6 +359,13 @@ impl Hypervisor for KubeletHypervisor {
         let joined = tokio::task::spawn_blocking(move || r.thread.join()).await;
         if let Ok(mut m) = self.dial.write() {
             m.remove(&r.node);
+        }
+        if self.runtime == crate::machine::RuntimeKind::Containerd {
+            // Powered off: the machine's pods and containerd go with it.
+            let (data_dir, node) = (self.data_dir.clone(), r.node.clone());
+            let _ =
+                tokio::task::spawn_blocking(move || crate::machine::power_off(&data_dir, &node))
+                    .await;
         }
         tracing::info!(instance = %inst.id, node = %r.node, "kubelet halted");
         match joined {

@@ -7,3 +7,4 @@ pub mod cluster;
 pub mod controlplane;
 pub mod hypervisor;
 pub mod kubeconfig;
+pub mod machine;

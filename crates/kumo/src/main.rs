@@ -42,7 +42,8 @@ enum Command {
     ControllerManager(ControllerManagerArgs),
     /// The scheduler alone: binds pods to nodes through the API server (--kubeconfig).
     Scheduler(kumo_scheduler::cli::Args),
-    /// The node agent alone: registers a Node and runs its pods on the sim runtime.
+    /// The node agent alone: registers a Node and runs its pods on a CRI runtime
+    /// (--container-runtime-endpoint) or the sim runtime.
     Kubelet(Box<kumo_kubelet::cli::Args>),
     /// The local cloud: `kumo cloud serve`, and its client commands (instances, lbs,
     /// routes, policy, faults, ...).
@@ -74,6 +75,16 @@ enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Load images into the nodes' runtime, as `kind load`: `kumo load image-archive FILE...`.
+    Load {
+        #[command(subcommand)]
+        what: Load,
+    },
+    /// A node's machine, as ssh to it would: `kumo node exec NODE -- crictl ps`.
+    Node {
+        #[command(subcommand)]
+        what: NodeCommand,
+    },
     /// Whether kumo runs, the API server's health, the components' leases and the nodes.
     Status {
         #[command(flatten)]
@@ -103,6 +114,43 @@ enum Command {
         /// Only the scenarios whose name contains this.
         #[arg(long)]
         only: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum Load {
+    /// Import OCI or docker image archives into every node's containerd (and nodes that
+    /// boot later), so pods use them without a registry.
+    ImageArchive {
+        /// The archives (`docker save`, `skopeo copy ... oci-archive:FILE`, ...).
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+        /// The data directory (default: that of --name).
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        /// The cluster's name, as given to `kumo up --name`.
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodeCommand {
+    /// Run a command on a node (--runtime containerd): in its network namespace, with its
+    /// containerd as the CRI endpoint of `crictl` and the address of `ctr`. Works while the
+    /// API server is down.
+    Exec {
+        /// The node's name.
+        node: String,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+        /// The data directory (default: that of --name).
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        /// The cluster's name, as given to `kumo up --name`.
+        #[arg(long)]
+        name: Option<String>,
     },
 }
 
@@ -178,6 +226,12 @@ struct ApiserverArgs {
     /// etcd endpoints, comma-separated, for --store etcd.
     #[arg(long, value_delimiter = ',')]
     etcd_servers: Vec<String>,
+    /// What the nodes run their pods on: `sim` (simulated containers, no process runs) or
+    /// `containerd` (real containers: each node a network namespace of its own with its
+    /// containerd and runc, driven through the CRI; needs root and
+    /// `apt-get install containerd runc containernetworking-plugins busybox-static`).
+    #[arg(long, default_value = "sim", value_parser = ["sim", "containerd"])]
+    runtime: String,
     /// An audit.k8s.io/v1 Policy file; requests are audited only with one.
     #[arg(long)]
     audit_policy_file: Option<std::path::PathBuf>,
@@ -302,6 +356,12 @@ struct UpArgs {
     /// etcd endpoints, comma-separated, for --store etcd.
     #[arg(long, value_delimiter = ',')]
     etcd_servers: Vec<String>,
+    /// What the nodes run their pods on: `sim` (simulated containers, no process runs) or
+    /// `containerd` (real containers: each node a network namespace of its own with its
+    /// containerd and runc, driven through the CRI; needs root and
+    /// `apt-get install containerd runc containernetworking-plugins busybox-static`).
+    #[arg(long, default_value = "sim", value_parser = ["sim", "containerd"])]
+    runtime: String,
     /// Also show the components' logs on the terminal (-v info, -vv debug); they always
     /// go to <data-dir>/kumo.log. RUST_LOG sets the filter.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
@@ -367,8 +427,23 @@ async fn up(args: UpArgs) -> Result<()> {
     if let Some(n) = &args.node_name {
         cfg.node_name = n.clone();
     }
+    cfg.runtime = args
+        .runtime
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!(e))?;
+    let real = cfg.runtime == kumo::machine::RuntimeKind::Containerd;
+    if real {
+        kumo_node::prerequisites()?;
+    }
     let cluster = kumo::cluster::start(cfg).await?;
     let server = &cluster.api;
+    if real {
+        println!(
+            "kumo: runtime containerd: the control plane runs in this process (no static pods); \
+             cluster DNS, Service routing and pod traffic between nodes are not on the real \
+             runtime yet (pods reach only their own node)"
+        );
+    }
     println!(
         "kumo: API server ready at https://{} in {} ms (state in {})",
         server.local_addr,
@@ -434,11 +509,23 @@ async fn up(args: UpArgs) -> Result<()> {
         println!(
             "kumo: controller-manager, scheduler and kubelet started, each with its own identity"
         );
-        println!(
-            "kumo: node {} (simulated containers); static pods: put manifests in {}",
-            cluster.config.node_name,
-            cluster.config.static_pod_path().display()
-        );
+        if real {
+            println!(
+                "kumo: node {} (containerd: real containers in network namespace {}); `kumo node exec {} -- crictl ps` lists them",
+                cluster.config.node_name,
+                kumo_node::recorded(&cluster.config.data_dir.join("nodes"))
+                    .first()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
+                cluster.config.node_name,
+            );
+        } else {
+            println!(
+                "kumo: node {} (simulated containers); static pods: put manifests in {}",
+                cluster.config.node_name,
+                cluster.config.static_pod_path().display()
+            );
+        }
         println!("kumo: no cloud (--no-cloud)");
     }
     let name = args.cluster_name();
@@ -656,7 +743,20 @@ fn other(command: Command) -> Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            Ok(rt.block_on(kumo_kubelet::cli::run(*args, kumo_sim::factory(None)))?)
+            let factory = match &args.container_runtime_endpoint {
+                Some(endpoint) => {
+                    let runtime =
+                        kumo_cri_remote::RemoteRuntime::connect(kumo_cri_remote::Options {
+                            socket: kumo_cri_remote::socket_of(endpoint).to_owned(),
+                            root_dir: args.root_dir.clone(),
+                            pod_logs_dir: args.pod_logs_dir.clone(),
+                            netns: None,
+                        })?;
+                    kumo_cri_remote::factory(std::sync::Arc::new(runtime))
+                }
+                None => kumo_sim::factory(None),
+            };
+            Ok(rt.block_on(kumo_kubelet::cli::run(*args, factory))?)
         }
         Command::Scheduler(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -697,6 +797,39 @@ fn other(command: Command) -> Result<()> {
         Command::Certs { what } => certs::run(what),
         Command::Down { data_dir, name } => {
             daemon::down(&daemon::data_dir(data_dir, name.as_deref())?)
+        }
+        Command::Load {
+            what:
+                Load::ImageArchive {
+                    files,
+                    data_dir,
+                    name,
+                },
+        } => {
+            let dir = daemon::data_dir(data_dir, name.as_deref())?;
+            let nodes = kumo::machine::load_image_archives(&dir, &files)?;
+            if nodes.is_empty() {
+                println!("kumo: no running node; the images load into nodes as they boot");
+            } else {
+                println!("kumo: loaded into {}", nodes.join(", "));
+            }
+            Ok(())
+        }
+        Command::Node {
+            what:
+                NodeCommand::Exec {
+                    node,
+                    command,
+                    data_dir,
+                    name,
+                },
+        } => {
+            let dir = daemon::data_dir(data_dir, name.as_deref())?;
+            let mut cmd = kumo_node::exec_command(&kumo::machine::node_dir(&dir, &node), &command)?;
+            let status = cmd
+                .status()
+                .map_err(|e| anyhow::anyhow!("running {command:?} on {node}: {e}"))?;
+            std::process::exit(status.code().unwrap_or(1));
         }
         Command::Status { cluster } => {
             let rt = tokio::runtime::Builder::new_multi_thread()

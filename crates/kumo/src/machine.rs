@@ -1,0 +1,147 @@
+//! What a node runs its pods on: the simulator (`--runtime sim`, every node in this
+//! process's shared simulated network), or a machine of its own (`--runtime containerd`):
+//! a network namespace with its containerd, which the kubelet drives through the CRI.
+//! Nodes' machines live in `<data-dir>/nodes/<node>/` and are torn down when the node
+//! goes (an instance halted, `kumo down`, the process's end).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+/// The container runtime of a cluster's nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RuntimeKind {
+    /// The simulator: no process runs; every container is a model.
+    #[default]
+    Sim,
+    /// containerd and runc through the CRI, one containerd per node.
+    Containerd,
+}
+
+impl std::str::FromStr for RuntimeKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sim" => Ok(RuntimeKind::Sim),
+            "containerd" => Ok(RuntimeKind::Containerd),
+            _ => Err(format!("unknown runtime {s:?} (sim, containerd)")),
+        }
+    }
+}
+
+/// A booted node machine, as the kubelet is configured for it.
+pub struct Machine {
+    pub factory: kumo_cri::RuntimeFactory,
+    /// The kubelet's `--cgroup-root`.
+    pub cgroup_root: String,
+}
+
+/// The directory of node `node`'s machine.
+pub fn node_dir(data_dir: &Path, node: &str) -> PathBuf {
+    data_dir.join("nodes").join(node)
+}
+
+/// Where kumo packs its offline images (pause, busybox) for the nodes to import.
+pub fn images_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("images")
+}
+
+/// Boots node `node`'s machine: its namespace and containerd (with kumo's images and
+/// those loaded with `kumo load image-archive` before), and the CRI client the kubelet
+/// drives it with. Blocking (about a second).
+pub fn boot(data_dir: &Path, node: &str) -> Result<Machine> {
+    let dir = node_dir(data_dir, node);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut images =
+        kumo_node::images::build(&images_dir(data_dir)).context("packing kumo's offline images")?;
+    images.extend(loaded_archives(data_dir));
+    let host = kumo_node::NodeHost::start(&kumo_node::NodeSpec {
+        name: node.to_owned(),
+        dir: dir.clone(),
+        images,
+    })?;
+    let runtime = kumo_cri_remote::RemoteRuntime::connect(kumo_cri_remote::Options {
+        socket: host.socket(),
+        root_dir: dir.join("kubelet"),
+        pod_logs_dir: dir.join("log").join("pods"),
+        netns: Some(host.netns_path()),
+    })?;
+    Ok(Machine {
+        factory: kumo_cri_remote::factory(Arc::new(runtime)),
+        cgroup_root: host.record().cgroup_root.clone(),
+    })
+}
+
+/// Powers node `node`'s machine off: its pods, containerd and namespace go.
+pub fn power_off(data_dir: &Path, node: &str) {
+    if let Err(e) = kumo_node::teardown(&node_dir(data_dir, node)) {
+        tracing::warn!(node, error = %e, "tearing the node's machine down");
+    }
+}
+
+/// Powers off every node machine recorded under `data_dir`.
+pub fn power_off_all(data_dir: &Path) {
+    for dir in kumo_node::recorded(&data_dir.join("nodes")) {
+        if let Err(e) = kumo_node::teardown(&dir) {
+            tracing::warn!(node = %dir.display(), error = %e, "tearing the node's machine down");
+        }
+    }
+}
+
+/// The directory `kumo load image-archive` keeps archives in, for nodes that boot later.
+fn loaded_dir(data_dir: &Path) -> PathBuf {
+    images_dir(data_dir).join("loaded")
+}
+
+fn loaded_archives(data_dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(loaded_dir(data_dir)) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    v.sort();
+    v
+}
+
+/// `kumo load image-archive`: imports each archive into every running node's containerd
+/// and keeps a copy for nodes that boot later. Returns the nodes it went to.
+pub fn load_image_archives(data_dir: &Path, archives: &[PathBuf]) -> Result<Vec<String>> {
+    let keep = loaded_dir(data_dir);
+    std::fs::create_dir_all(&keep).with_context(|| format!("creating {}", keep.display()))?;
+    let nodes = kumo_node::recorded(&data_dir.join("nodes"));
+    let mut names = Vec::new();
+    for archive in archives {
+        let name = archive
+            .file_name()
+            .with_context(|| format!("{} is not a file", archive.display()))?;
+        std::fs::copy(archive, keep.join(name))
+            .with_context(|| format!("copying {}", archive.display()))?;
+        for dir in &nodes {
+            let socket = dir.join("containerd").join("containerd.sock");
+            kumo_node::import(&socket, archive).with_context(|| {
+                format!("importing {} into {}", archive.display(), dir.display())
+            })?;
+        }
+    }
+    for dir in &nodes {
+        if let Some(n) = dir.file_name() {
+            names.push(n.to_string_lossy().into_owned());
+        }
+    }
+    Ok(names)
+}
+
+/// The machine's CPUs and memory (what a node on this host has), as quantities.
+pub fn host_capacity() -> (String, String) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mem_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(8 << 20);
+    (cpus.to_string(), format!("{mem_kib}Ki"))
+}

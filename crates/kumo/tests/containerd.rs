@@ -1,0 +1,470 @@
+//! `kumo up --runtime containerd`: each node a network namespace of its own with its
+//! containerd, the pods real processes in real cgroups, driven by the kubelet through the
+//! CRI, and everything seen through the stock kubectl and crictl. The host's network is
+//! the same after, and `kumo down` leaves no process, mount, namespace or cgroup.
+//! Needs root and Debian's containerd, runc, containernetworking-plugins and
+//! busybox-static (scripts/test installs them), and crictl (scripts/reference build).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn kubectl(kc: &Path, args: &[&str]) -> Out {
+    kubectl_in(kc, args, None)
+}
+
+fn kubectl_in(kc: &Path, args: &[&str], stdin: Option<&str>) -> Out {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", kc)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn ok(kc: &Path, args: &[&str]) -> String {
+    let o = kubectl(kc, args);
+    assert!(o.ok, "kubectl {args:?}: {}", o.stderr);
+    o.stdout
+}
+
+/// Polls `f` until it gives Some, failing after `secs` with `what`.
+fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn jsonpath(kc: &Path, what: &str, path: &str) -> String {
+    kubectl(kc, &["get", what, "-o", &format!("jsonpath={path}")]).stdout
+}
+
+/// The host's own links, addresses and routes (without counters and lifetimes).
+fn host_network() -> String {
+    let mut out = String::new();
+    for args in [
+        &["-o", "link", "show"][..],
+        &["-o", "addr", "show"],
+        &["route", "show", "table", "all"],
+        &["rule", "show"],
+    ] {
+        let o = Command::new("ip").args(args).output().unwrap();
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            let words: Vec<&str> = line
+                .split_whitespace()
+                .filter(|w| !w.starts_with("valid_lft") && !w.starts_with("preferred_lft"))
+                .collect();
+            out.push_str(&words.join(" "));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The processes whose command line mentions `dir` (containerd and its shims are started
+/// with paths under the data directory).
+fn processes_under(dir: &Path) -> Vec<String> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(&needle) && pid != std::process::id() {
+            found.push(format!("{pid}: {text}"));
+        }
+    }
+    found
+}
+
+fn crictl() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.reference/bin/crictl");
+    assert!(
+        p.is_file(),
+        "{} missing: scripts/reference build makes it",
+        p.display()
+    );
+    p
+}
+
+const PODS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: calc}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'echo "six times seven is $((6*7))"; echo "limit $(cat /sys/fs/cgroup/memory/memory.limit_in_bytes)"; sleep 3600']
+    resources: {limits: {memory: 32Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: oom}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'x=$(head -c 100000000 /dev/zero | tr "\0" a); echo survived']
+    resources: {limits: {memory: 32Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: init}
+spec:
+  initContainers:
+  - {name: fails, image: "busybox:1.37", command: [sh, -c, 'sleep 2; exit 1']}
+  containers:
+  - {name: c, image: "busybox:1.37", command: [sleep, "3600"]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: sidecar}
+spec:
+  initContainers:
+  - {name: side, image: "busybox:1.37", restartPolicy: Always, command: [sh, -c, 'while true; do echo beside; sleep 1; done']}
+  containers:
+  - {name: c, image: "busybox:1.37", command: [sleep, "3600"]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: missing}
+spec:
+  containers:
+  - {name: c, image: "registry.example.invalid/nothing:1", imagePullPolicy: IfNotPresent}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web}
+spec:
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'mkdir -p /www; echo hello-from-the-pod > /www/index.html; httpd -p 8080 -h /www; trap "exit 0" TERM; while true; do sleep 1; done']
+    ports: [{containerPort: 8080}]
+    readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
+    lifecycle: {preStop: {exec: {command: [sleep, "5"]}}}
+"#;
+
+#[test]
+fn pods_run_as_real_containers_on_containerd() {
+    kumo_node::prerequisites().expect("the containerd runtime's prerequisites");
+    let crictl = crictl();
+    let before = host_network();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("c");
+    let kumo = env!("CARGO_BIN_EXE_kumo");
+    let up = Command::new(kumo)
+        .args([
+            "up",
+            "-d",
+            "--runtime",
+            "containerd",
+            "--nodes",
+            "1",
+            "--port",
+            "0",
+        ])
+        .args(["--kubeconfig-update=false", "--data-dir"])
+        .arg(&data)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&up.stdout).into_owned();
+    let kc = data.join("admin.conf");
+    let result = std::panic::catch_unwind(|| exercise(&kc, &data, &crictl, &printed));
+    // What the nodes' machines are, to check they are gone after.
+    let records: Vec<serde_json::Value> = ["kumo-control-plane", "kumo-worker"]
+        .iter()
+        .filter_map(|n| std::fs::read_to_string(data.join("nodes").join(n).join("node.json")).ok())
+        .filter_map(|t| serde_json::from_str(&t).ok())
+        .collect();
+    let down = Command::new(kumo)
+        .args(["down", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    if let Err(e) = result {
+        let log = std::fs::read_to_string(data.join("kumo.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        eprintln!(
+            "kumo up printed:\n{printed}\nlog tail:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+        std::panic::resume_unwind(e);
+    }
+    assert!(up.status.success(), "kumo up: {printed}");
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    // Nothing of the nodes' machines is left.
+    let left = processes_under(&data);
+    assert!(left.is_empty(), "processes left: {left:#?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&*data.to_string_lossy()),
+        "mounts left: {mounts}"
+    );
+    assert_eq!(records.len(), 2, "both nodes recorded their machines");
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let netns = String::from_utf8_lossy(&netns.stdout);
+    for r in &records {
+        let name = r["netns"].as_str().unwrap();
+        assert!(!netns.contains(name), "namespace {name} left");
+        let cgroup = format!(
+            "/sys/fs/cgroup/memory{}",
+            r["cgroup_root"].as_str().unwrap()
+        );
+        assert!(!Path::new(&cgroup).exists(), "{cgroup} left");
+    }
+    for n in ["kumo-control-plane", "kumo-worker"] {
+        assert!(
+            !data.join("nodes").join(n).join("node.json").exists(),
+            "{n} still recorded"
+        );
+    }
+    assert_eq!(host_network(), before, "the host's network changed");
+}
+
+fn exercise(kc: &Path, data: &Path, crictl: &Path, printed: &str) {
+    assert!(printed.contains("kumo: ready"), "{printed}");
+    // The nodes say what runs their pods.
+    let wide = ok(kc, &["get", "nodes", "-o", "wide"]);
+    assert!(wide.contains("containerd://1.6."), "{wide}");
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let kernel = kernel.trim();
+    let applied = kubectl_in(kc, &["apply", "-f", "-"], Some(PODS));
+    assert!(applied.ok, "{}", applied.stderr);
+    // A busybox pod's logs are what its shell computed; its cgroup carries its limit.
+    let logs = eventually(60, "calc's logs", || {
+        let o = kubectl(kc, &["logs", "calc"]);
+        (o.ok && o.stdout.contains("limit ")).then_some(o.stdout)
+    });
+    assert!(logs.contains("six times seven is 42"), "{logs}");
+    assert!(logs.contains(&format!("limit {}", 32 << 20)), "{logs}");
+    // exec runs in the container, on the machine's kernel.
+    let uname = ok(kc, &["exec", "calc", "--", "uname", "-r"]);
+    assert_eq!(uname.trim(), kernel);
+    // An interactive exec carries stdin to the process and its exit code back.
+    let piped = kubectl_in(
+        kc,
+        &[
+            "exec",
+            "-i",
+            "calc",
+            "--",
+            "sh",
+            "-c",
+            "read line; echo \"got $line\"; exit 7",
+        ],
+        Some("hello\n"),
+    );
+    assert!(
+        piped.stdout.contains("got hello"),
+        "{}{}",
+        piped.stdout,
+        piped.stderr
+    );
+    assert!(piped.stderr.contains("exit code 7"), "{}", piped.stderr);
+    // Past its limit, a container is OOMKilled.
+    let reason = eventually(60, "oom to be killed", || {
+        let r = jsonpath(
+            kc,
+            "pod/oom",
+            "{.status.containerStatuses[0].state.terminated.reason}",
+        );
+        (!r.is_empty()).then_some(r)
+    });
+    assert_eq!(reason, "OOMKilled");
+    // An init container that fails is retried.
+    eventually(60, "the init container's retry", || {
+        let n = jsonpath(
+            kc,
+            "pod/init",
+            "{.status.initContainerStatuses[0].restartCount}",
+        );
+        (n.parse::<u32>().unwrap_or(0) >= 1).then_some(())
+    });
+    let last = jsonpath(
+        kc,
+        "pod/init",
+        "{.status.initContainerStatuses[0].lastState.terminated.exitCode}",
+    );
+    assert_eq!(last, "1");
+    // A sidecar runs beside the main container.
+    eventually(60, "the sidecar pod to be ready", || {
+        let ready = jsonpath(kc, "pod/sidecar", "{.status.containerStatuses[0].ready}");
+        let side = jsonpath(
+            kc,
+            "pod/sidecar",
+            "{.status.initContainerStatuses[0].started}",
+        );
+        (ready == "true" && side == "true").then_some(())
+    });
+    let beside = ok(kc, &["logs", "sidecar", "-c", "side"]);
+    assert!(beside.contains("beside"), "{beside}");
+    // `logs -f` follows the file as the runtime writes it.
+    let mut follow = Command::new("kubectl")
+        .args(["logs", "-f", "sidecar", "-c", "side", "--since=1s"])
+        .env("KUBECONFIG", kc)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = follow.stdout.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(out)
+            .lines()
+            .take(3)
+            .filter_map(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    eventually(20, "three followed lines", || {
+        lines.is_finished().then_some(())
+    });
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let lines = lines.join().unwrap();
+    assert_eq!(lines, ["beside", "beside", "beside"]);
+    // A missing image with no registry: ErrImagePull, then ImagePullBackOff, with the
+    // runtime's message.
+    let events = eventually(60, "image pull back-off events", || {
+        let e = kubectl(
+            kc,
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=missing",
+            ],
+        )
+        .stdout;
+        (e.contains("Error: ErrImagePull") && e.contains("Back-off pulling image")).then_some(e)
+    });
+    assert!(
+        events.contains("failed to pull and unpack image"),
+        "{events}"
+    );
+    assert!(events.contains("Error: ImagePullBackOff"), "{events}");
+    // port-forward reaches the pod's server from the host's loopback.
+    eventually(60, "web to be ready", || {
+        (jsonpath(kc, "pod/web", "{.status.containerStatuses[0].ready}") == "true").then_some(())
+    });
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut forward = Command::new("kubectl")
+        .args(["port-forward", "pod/web", &format!("{port}:8080")])
+        .env("KUBECONFIG", kc)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let page = eventually(20, "the page through port-forward", || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        text.contains("hello-from-the-pod").then_some(text)
+    });
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert!(
+        page.starts_with("HTTP/1.") && page.contains(" 200 OK"),
+        "{page}"
+    );
+    // crictl on the node lists the containers, as on a real node.
+    let node = jsonpath(kc, "pod/web", "{.spec.nodeName}");
+    let ps = Command::new(env!("CARGO_BIN_EXE_kumo"))
+        .args(["node", "exec", &node, "--data-dir"])
+        .arg(data)
+        .arg("--")
+        .arg(crictl)
+        .arg("ps")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        ps.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ps.stderr)
+    );
+    for name in ["calc", "web", "sidecar"] {
+        assert!(listed.contains(name), "{name} not in crictl ps:\n{listed}");
+    }
+    // Deleting a pod with a 5 s preStop takes at least that, and leaves nothing behind.
+    let web_uid = jsonpath(kc, "pod/web", "{.metadata.uid}");
+    let started = Instant::now();
+    ok(kc, &["delete", "pod", "web", "--wait=true"]);
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(5), "deleted in {took:?}");
+    assert!(
+        took < Duration::from_secs(25),
+        "deleted in {took:?}: SIGTERM was not heeded"
+    );
+    eventually(20, "web's sandbox to go", || {
+        let o = Command::new(env!("CARGO_BIN_EXE_kumo"))
+            .args(["node", "exec", &node, "--data-dir"])
+            .arg(data)
+            .arg("--")
+            .arg(crictl)
+            .args(["pods", "-q", "--name", "web"])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .is_empty()
+            .then_some(())
+    });
+    let cgroups = std::fs::read_dir("/sys/fs/cgroup/memory/kumo")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect::<Vec<_>>();
+    for node_root in cgroups {
+        let pod_cgroup = node_root
+            .join("kubepods")
+            .join("besteffort")
+            .join(format!("pod{web_uid}"));
+        assert!(!pod_cgroup.exists(), "{} left", pod_cgroup.display());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&web_uid), "web's mounts left");
+}
