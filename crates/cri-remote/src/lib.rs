@@ -396,6 +396,7 @@ impl Runtime for RemoteRuntime {
     fn pull_image(
         &self,
         image: &str,
+        auth: Option<&kumo_cri::PullAuth>,
         _annotations: &BTreeMap<String, String>,
         _container: &str,
     ) -> Result<String, RuntimeError> {
@@ -405,7 +406,13 @@ impl Runtime for RemoteRuntime {
                 image: image.to_owned(),
                 ..Default::default()
             }),
-            auth: None,
+            auth: auth.map(|a| cri::AuthConfig {
+                username: a.username.clone(),
+                password: a.password.clone(),
+                auth: a.auth.clone(),
+                server_address: a.server_address.clone(),
+                ..Default::default()
+            }),
             sandbox_config: None,
         };
         self.block(async move {
@@ -933,6 +940,93 @@ impl Runtime for RemoteRuntime {
 }
 
 impl RemoteRuntime {
+    /// The kubelet's image garbage collection (upstream's image GC manager, with its
+    /// thresholds as percentages of the image filesystem): when the filesystem holding the
+    /// images is fuller than `high` %, images no container uses (the sandbox image aside)
+    /// are removed, the largest first, until it is at `low` % or below. Returns the
+    /// images removed.
+    pub fn collect_images(&self, high: u8, low: u8) -> Result<Vec<String>, RuntimeError> {
+        let mut images = self.images.clone();
+        let mut rt = self.rt();
+        let (fs, listed, containers) = self.block(async move {
+            let fs = images
+                .image_fs_info(cri::ImageFsInfoRequest {})
+                .await
+                .map_err(rpc)?
+                .into_inner()
+                .image_filesystems;
+            let listed = images
+                .list_images(cri::ListImagesRequest { filter: None })
+                .await
+                .map_err(rpc)?
+                .into_inner()
+                .images;
+            let containers = rt
+                .list_containers(cri::ListContainersRequest::default())
+                .await
+                .map_err(rpc)?
+                .into_inner()
+                .containers;
+            Ok((fs, listed, containers))
+        })?;
+        let Some(mount) = fs
+            .first()
+            .and_then(|f| f.fs_id.as_ref())
+            .map(|id| id.mountpoint.clone())
+        else {
+            return Ok(Vec::new());
+        };
+        let stat = nix::sys::statvfs::statvfs(mount.as_str())
+            .map_err(|e| RuntimeError::Exec(format!("statfs {mount}: {e}")))?;
+        let block = stat.fragment_size();
+        let capacity = (stat.blocks() * block) as f64;
+        let mut used = capacity - (stat.blocks_available() * block) as f64;
+        if capacity <= 0.0 || used * 100.0 / capacity <= f64::from(high) {
+            return Ok(Vec::new());
+        }
+        let in_use: std::collections::HashSet<&str> = containers
+            .iter()
+            .flat_map(|c| {
+                [
+                    c.image_ref.as_str(),
+                    c.image.as_ref().map_or("", |i| i.image.as_str()),
+                ]
+            })
+            .collect();
+        let mut unused: Vec<&cri::Image> = listed
+            .iter()
+            .filter(|i| !i.pinned && !in_use.contains(i.id.as_str()))
+            .filter(|i| !i.repo_tags.iter().any(|t| t.contains("/pause:")))
+            .collect();
+        unused.sort_by_key(|i| std::cmp::Reverse(i.size));
+        let mut removed = Vec::new();
+        for image in unused {
+            if used * 100.0 / capacity <= f64::from(low) {
+                break;
+            }
+            let mut images = self.images.clone();
+            let req = cri::RemoveImageRequest {
+                image: Some(cri::ImageSpec {
+                    image: image.id.clone(),
+                    ..Default::default()
+                }),
+            };
+            self.block(async move { images.remove_image(req).await.map_err(rpc) })?;
+            used -= image.size as f64;
+            removed.push(
+                image
+                    .repo_tags
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| image.id.clone()),
+            );
+        }
+        if !removed.is_empty() {
+            tracing::info!(images = ?removed, "image garbage collection");
+        }
+        Ok(removed)
+    }
+
     /// Removes the exited instances of container `name` of pod `uid` beyond the last
     /// [`KEEP_EXITED`] (the kubelet's container garbage collection); `current` stays.
     fn collect_garbage(&self, uid: &str, name: &str, current: &str) {
@@ -979,6 +1073,19 @@ impl RemoteRuntime {
 /// A node on the runtime at `options.socket`: its CRI client and the pod network of its
 /// namespace (the same client for every kubelet start).
 pub fn factory(runtime: Arc<RemoteRuntime>) -> RuntimeFactory {
+    // Image garbage collection every 5 minutes (upstream's ImageGCPeriod) at 85 % / 80 %
+    // (imageGCHighThresholdPercent, imageGCLowThresholdPercent), for as long as the client
+    // lives.
+    let weak = Arc::downgrade(&runtime);
+    let _ = std::thread::Builder::new()
+        .name("image-gc".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(300));
+            let Some(rt) = weak.upgrade() else { return };
+            if let Err(e) = rt.collect_images(85, 80) {
+                tracing::warn!(error = %e, "image garbage collection");
+            }
+        });
     RuntimeFactory(Arc::new(move || {
         let network = Arc::new(network::NetnsNetwork::new(runtime.clone()));
         NodeRuntime {

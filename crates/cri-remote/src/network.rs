@@ -53,26 +53,52 @@ impl NetnsNetwork {
         )
     }
 
+    /// `GET path` at `addr`: the status code, redirects to the same host followed (up
+    /// to 10, as upstream's prober; one elsewhere ends the request with its 3xx).
     fn http_get(&self, addr: SocketAddr, path: &str) -> Result<u16, DialError> {
-        let stream = self.dial(addr)?;
-        let path = if path.starts_with('/') {
+        let mut path = if path.starts_with('/') {
             path.to_owned()
         } else {
             format!("/{path}")
         };
         let host = addr.to_string();
-        self.runtime
-            .run(async move {
-                tokio::time::timeout(HTTP_TIMEOUT, get(stream, host, path))
-                    .await
-                    .unwrap_or(Err(DialError::Unreachable))
-            })
-            .unwrap_or(Err(DialError::Unreachable))
+        for _ in 0..10 {
+            let stream = self.dial(addr)?;
+            let (h, p) = (host.clone(), path.clone());
+            let (code, location) = self
+                .runtime
+                .run(async move {
+                    tokio::time::timeout(HTTP_TIMEOUT, get(stream, h, p))
+                        .await
+                        .unwrap_or(Err(DialError::Unreachable))
+                })
+                .unwrap_or(Err(DialError::Unreachable))?;
+            match location.as_deref().and_then(|l| same_host_path(l, &host)) {
+                Some(next) if (300..400).contains(&code) => path = next,
+                _ => return Ok(code),
+            }
+        }
+        Ok(302)
     }
 }
 
-/// `GET path` over an open connection: the answer's status code.
-async fn get(stream: std::net::TcpStream, host: String, path: String) -> Result<u16, DialError> {
+/// The path a redirect's `Location` leads to when it stays on `host` (a path, or a URL
+/// naming the same host and port).
+fn same_host_path(location: &str, host: &str) -> Option<String> {
+    if location.starts_with('/') {
+        return Some(location.to_owned());
+    }
+    let rest = location.strip_prefix("http://")?;
+    let (h, p) = rest.split_once('/').unwrap_or((rest, ""));
+    (h == host).then(|| format!("/{p}"))
+}
+
+/// `GET path` over an open connection: the answer's status code and `Location`.
+async fn get(
+    stream: std::net::TcpStream,
+    host: String,
+    path: String,
+) -> Result<(u16, Option<String>), DialError> {
     let lost = |_| DialError::Unreachable;
     stream.set_nonblocking(true).map_err(lost)?;
     let stream = tokio::net::TcpStream::from_std(stream).map_err(lost)?;
@@ -91,7 +117,12 @@ async fn get(stream: std::net::TcpStream, host: String, path: String) -> Result<
         .send_request(req)
         .await
         .map_err(|_| DialError::Refused)?;
-    Ok(resp.status().as_u16())
+    let location = resp
+        .headers()
+        .get(http::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Ok((resp.status().as_u16(), location))
 }
 
 impl PodNetwork for NetnsNetwork {
@@ -163,5 +194,22 @@ impl RemoteRuntime {
     /// Spawns `f` on the client's runtime.
     pub(crate) fn detach(&self, f: impl std::future::Future<Output = ()> + Send + 'static) {
         self.spawn(f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_redirects_to_the_same_host_are_followed() {
+        let host = "10.244.0.5:8080";
+        assert_eq!(
+            super::same_host_path("/healthz", host).as_deref(),
+            Some("/healthz")
+        );
+        assert_eq!(
+            super::same_host_path("http://10.244.0.5:8080/x?y=1", host).as_deref(),
+            Some("/x?y=1")
+        );
+        assert_eq!(super::same_host_path("http://0.0.0.0/healthz", host), None);
     }
 }

@@ -63,6 +63,17 @@ pub struct ContainerConfig {
     pub tty: bool,
 }
 
+/// A registry credential for a pull (the CRI's AuthConfig).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PullAuth {
+    pub username: String,
+    pub password: String,
+    /// `base64(username:password)`, as docker config files keep it.
+    pub auth: String,
+    /// The registry it is for.
+    pub server_address: String,
+}
+
 /// What a pod sandbox is made with (the CRI's PodSandboxConfig, as the kubelet fills it).
 #[derive(Clone, Debug, Default)]
 pub struct SandboxConfig {
@@ -184,10 +195,12 @@ pub enum RuntimeError {
 pub trait Runtime: Send + Sync {
     /// `(runtime name, runtime version)`, e.g. `("sim", "0.1.0")`.
     fn version(&self) -> (String, String);
-    /// Pulls an image; returns its digest reference.
+    /// Pulls an image (with `auth`, a registry credential of the pod's imagePullSecrets);
+    /// returns its digest reference.
     fn pull_image(
         &self,
         image: &str,
+        auth: Option<&PullAuth>,
         annotations: &BTreeMap<String, String>,
         container: &str,
     ) -> Result<String, RuntimeError>;

@@ -63,6 +63,17 @@ fn referenced(pod: &Value) -> (Vec<String>, Vec<String>) {
             }
         }
     }
+    // The registry credentials the pod's images are pulled with.
+    for s in pod
+        .pointer("/spec/imagePullSecrets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(n) = s.get("name").and_then(Value::as_str) {
+            secrets.push(n.to_owned());
+        }
+    }
     // ConfigMap and Secret volumes, the service account's projected one too (its
     // `kube-root-ca.crt`).
     for v in pod

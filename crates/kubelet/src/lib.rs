@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod bootstrap;
 pub mod cli;
+mod credentials;
 pub mod env;
 pub mod events;
 mod expansion;

@@ -1619,7 +1619,21 @@ fn step(
     let started_pull = Instant::now();
     let result = match known {
         Some(r) => Ok(r),
-        None => runtime.pull_image(&image, annotations, &name),
+        None => {
+            // Each credential of the pod's imagePullSecrets that matches the registry, the
+            // most specific first, until one works; without any, an anonymous pull.
+            let credentials = crate::credentials::for_image(pod, &image);
+            let mut result = None;
+            for auth in &credentials {
+                let r = runtime.pull_image(&image, Some(auth), annotations, &name);
+                let ok = r.is_ok();
+                result = Some(r);
+                if ok {
+                    break;
+                }
+            }
+            result.unwrap_or_else(|| runtime.pull_image(&image, None, annotations, &name))
+        }
     };
     match result {
         Ok(r) => {

@@ -515,6 +515,7 @@ impl Runtime for Sim {
     fn pull_image(
         &self,
         image: &str,
+        _auth: Option<&kumo_cri::PullAuth>,
         annotations: &BTreeMap<String, String>,
         container: &str,
     ) -> Result<String, RuntimeError> {
@@ -1120,7 +1121,7 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
-        let image = sim.pull_image("nginx:1.29", &a, "web").expect("pull");
+        let image = sim.pull_image("nginx:1.29", None, &a, "web").expect("pull");
         assert!(image.starts_with("docker.io/library/nginx@sha256:"));
         let web = sim
             .create_container(
@@ -1163,7 +1164,7 @@ mod tests {
             State::Exited { exit_code: 0, .. }
         ));
         a.insert("sim.kumo.io/pull".to_owned(), "fail".to_owned());
-        assert!(sim.pull_image("nginx", &a, "web").is_err());
+        assert!(sim.pull_image("nginx", None, &a, "web").is_err());
         sim.remove_pod_sandbox(&sb);
         assert!(sim.container_status(&web).is_err());
     }
