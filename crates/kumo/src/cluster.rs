@@ -217,7 +217,12 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&cfg.data_dir);
     api_cfg.bind = std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), cfg.port);
     api_cfg.kubelet_dial_overrides = dial.clone();
-    api_cfg.pod_network = Some(Arc::new(PodNetwork(dataplane.clone())));
+    api_cfg.pod_network = Some(match cfg.runtime {
+        crate::machine::RuntimeKind::Sim => Arc::new(PodNetwork(dataplane.clone())),
+        crate::machine::RuntimeKind::Containerd => {
+            Arc::new(crate::machine::MachinesNetwork::new(&cfg.data_dir))
+        }
+    });
     api_cfg.store = cfg.store.clone();
     let api = kumo_apiserver::ApiServer::start(api_cfg).await?;
     // On the real runtime the addons' pods would need their images and the cluster's

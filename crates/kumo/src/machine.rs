@@ -145,3 +145,52 @@ pub fn host_capacity() -> (String, String) {
         .unwrap_or(8 << 20);
     (cpus.to_string(), format!("{mem_kib}Ki"))
 }
+
+/// The pod network of the nodes' machines, as the API server's pod and service proxies
+/// reach it: a pod's address is dialed from inside the namespace of the node whose pods
+/// have it (each node's namespace routes only its own pod range, so the others answer
+/// "network unreachable" at once).
+#[derive(Debug)]
+pub struct MachinesNetwork {
+    nodes_dir: PathBuf,
+}
+
+impl MachinesNetwork {
+    pub fn new(data_dir: &Path) -> Self {
+        MachinesNetwork {
+            nodes_dir: data_dir.join("nodes"),
+        }
+    }
+
+    fn dial(&self, to: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
+        let mut last = std::io::Error::from(std::io::ErrorKind::NetworkUnreachable);
+        for dir in kumo_node::recorded(&self.nodes_dir) {
+            let Some(netns) = kumo_node::netns_of(&dir) else {
+                continue;
+            };
+            match kumo_cri_remote::netns::connect(
+                Some(&netns),
+                to,
+                std::time::Duration::from_secs(5),
+            ) {
+                Ok(s) => return Ok(s),
+                Err(e) if e.kind() == std::io::ErrorKind::NetworkUnreachable => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+}
+
+impl kumo_apiserver::resource_proxy::PodNetwork for MachinesNetwork {
+    fn connect(&self, to: std::net::SocketAddr) -> std::io::Result<tokio::io::DuplexStream> {
+        let stream = self.dial(to)?;
+        stream.set_nonblocking(true)?;
+        let mut stream = tokio::net::TcpStream::from_std(stream)?;
+        let (near, mut far) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let _ = tokio::io::copy_bidirectional(&mut far, &mut stream).await;
+        });
+        Ok(near)
+    }
+}

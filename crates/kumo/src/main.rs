@@ -80,6 +80,12 @@ enum Command {
         #[command(subcommand)]
         what: Load,
     },
+    /// Container images for the real runtime: `kumo image pack` makes an OCI archive
+    /// (for `kumo load image-archive`) from the machine's own files.
+    Image {
+        #[command(subcommand)]
+        what: ImageCommand,
+    },
     /// A node's machine, as ssh to it would: `kumo node exec NODE -- crictl ps`.
     Node {
         #[command(subcommand)]
@@ -131,6 +137,45 @@ enum Load {
         /// The cluster's name, as given to `kumo up --name`.
         #[arg(long)]
         name: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Pack an image (one layer) into an OCI archive, from kumo's busybox root or nothing,
+    /// with files of this machine added: what the offline test images are made of.
+    Pack {
+        /// The archive to write.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// A name the image answers to (`registry.k8s.io/e2e-test-images/agnhost:2.66.1`);
+        /// repeatable.
+        #[arg(long = "name", required = true)]
+        names: Vec<String>,
+        /// Start from kumo's busybox root (busybox-static with its applets, /etc/passwd,
+        /// /tmp, ...) instead of an empty one.
+        #[arg(long)]
+        busybox: bool,
+        /// SRC:DST — this machine's file SRC at DST in the image, with its mode; a later
+        /// file at the same path replaces an earlier one. Repeatable.
+        #[arg(long = "add")]
+        adds: Vec<String>,
+        /// PATH — a program of this machine at the same path, with the shared libraries it
+        /// loads (as `ldd` lists them) and its loader. Repeatable.
+        #[arg(long = "add-program")]
+        programs: Vec<std::path::PathBuf>,
+        /// DIR — an empty directory (mode 0755). Repeatable.
+        #[arg(long = "mkdir")]
+        dirs: Vec<String>,
+        /// DST:TARGET — a symbolic link. Repeatable.
+        #[arg(long = "symlink")]
+        symlinks: Vec<String>,
+        /// The entrypoint, one argument per flag.
+        #[arg(long = "entrypoint")]
+        entrypoint: Vec<String>,
+        /// The default arguments (cmd), one argument per flag.
+        #[arg(long = "cmd")]
+        cmd: Vec<String>,
     },
 }
 
@@ -813,6 +858,66 @@ fn other(command: Command) -> Result<()> {
             } else {
                 println!("kumo: loaded into {}", nodes.join(", "));
             }
+            Ok(())
+        }
+        Command::Image {
+            what:
+                ImageCommand::Pack {
+                    out,
+                    names,
+                    busybox,
+                    adds,
+                    programs,
+                    dirs,
+                    symlinks,
+                    entrypoint,
+                    cmd,
+                },
+        } => {
+            use kumo_node::images::{Entry, Image};
+            let mut image = Image {
+                entries: if busybox {
+                    kumo_node::images::busybox_entries()?
+                } else {
+                    Vec::new()
+                },
+                entrypoint: (!entrypoint.is_empty()).then_some(entrypoint),
+                cmd: (!cmd.is_empty()).then_some(cmd),
+                names,
+            };
+            let pair = |s: &str, what: &str| {
+                s.split_once(':')
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    .ok_or_else(|| anyhow::anyhow!("{what} {s:?}: want A:B"))
+            };
+            for d in dirs {
+                image.put(Entry::Dir(d.trim_matches('/').to_owned(), 0o755));
+            }
+            for a in adds {
+                let (src, dst) = pair(&a, "--add")?;
+                image.add_host_file(std::path::Path::new(&src), &dst)?;
+            }
+            for program in programs {
+                for file in kumo_node::images::with_libraries(&program)? {
+                    image.add_host_file(&file, &file.to_string_lossy())?;
+                }
+            }
+            for l in symlinks {
+                let (dst, target) = pair(&l, "--symlink")?;
+                image.put(Entry::Symlink(
+                    dst.trim_start_matches('/').to_owned(),
+                    target,
+                ));
+            }
+            let bytes = kumo_node::images::archive(&image)?;
+            std::fs::write(&out, &bytes)
+                .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+            println!(
+                "kumo: packed {} ({} KiB): {}",
+                out.display(),
+                bytes.len() / 1024,
+                image.names.join(" ")
+            );
             Ok(())
         }
         Command::Node {

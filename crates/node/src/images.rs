@@ -7,27 +7,64 @@
 //!   Not upstream's pause binary: busybox's shell as PID 1, which waits and exits on SIGTERM
 //!   or SIGINT as pause does.
 //! - `busybox.tar`: Debian's busybox-static (1.35) with its applets, under the names the
-//!   e2e suite and `kubectl run --image=busybox` use.
+//!   e2e suite and `kubectl run --image=busybox` use; its `sh` is the machine's bash (in
+//!   POSIX mode), which passes on every environment variable as busybox 1.37's does.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 /// Where Debian's busybox-static puts its binary.
 pub const BUSYBOX: &str = "/bin/busybox";
+/// The shell the busybox image's `sh` is when the machine has it.
+const BASH: &str = "/usr/bin/bash";
 
-/// One file of an image's layer.
-enum Entry {
-    Dir(&'static str, u32),
+/// One file of an image's layer (paths relative to its root).
+#[derive(Clone, Debug)]
+pub enum Entry {
+    Dir(String, u32),
     File(String, Vec<u8>, u32),
-    Symlink(String, &'static str),
+    Symlink(String, String),
+}
+
+impl Entry {
+    fn path(&self) -> &str {
+        match self {
+            Entry::Dir(p, _) | Entry::File(p, _, _) | Entry::Symlink(p, _) => p,
+        }
+    }
 }
 
 /// An image to pack: its layer's entries, entrypoint and cmd, and its names.
-struct Image {
-    entries: Vec<Entry>,
-    entrypoint: Option<Vec<&'static str>>,
-    cmd: Option<Vec<&'static str>>,
-    names: Vec<&'static str>,
+#[derive(Clone, Debug, Default)]
+pub struct Image {
+    pub entries: Vec<Entry>,
+    pub entrypoint: Option<Vec<String>>,
+    pub cmd: Option<Vec<String>>,
+    pub names: Vec<String>,
+}
+
+impl Image {
+    /// Adds the host's file `src` at `dst`, with its mode.
+    pub fn add_host_file(&mut self, src: &Path, dst: &str) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let data = std::fs::read(src)
+            .map_err(|e| io::Error::new(e.kind(), format!("reading {}: {e}", src.display())))?;
+        let mode = std::fs::metadata(src)?.permissions().mode() & 0o7777;
+        self.put(Entry::File(
+            dst.trim_start_matches('/').to_owned(),
+            data,
+            mode,
+        ));
+        Ok(())
+    }
+
+    /// Adds `entry`, replacing one at the same path (a later file wins, as in a layer
+    /// on top).
+    pub fn put(&mut self, entry: Entry) {
+        let path = entry.path().trim_matches('/').to_owned();
+        self.entries.retain(|e| e.path().trim_matches('/') != path);
+        self.entries.push(entry);
+    }
 }
 
 fn sha256(data: &[u8]) -> String {
@@ -73,7 +110,7 @@ fn layer(entries: &[Entry]) -> io::Result<Vec<u8>> {
 }
 
 /// The OCI archive of `image`.
-fn archive(image: &Image) -> io::Result<Vec<u8>> {
+pub fn archive(image: &Image) -> io::Result<Vec<u8>> {
     let layer = layer(&image.entries)?;
     let layer_digest = sha256(&layer);
     let config = serde_json::json!({
@@ -139,6 +176,27 @@ fn archive(image: &Image) -> io::Result<Vec<u8>> {
     b.into_inner()
 }
 
+/// `program` and the shared libraries it loads, as `ldd` resolves them (the loader
+/// included), with symbolic links followed to the files.
+pub fn with_libraries(program: &Path) -> io::Result<Vec<PathBuf>> {
+    let out = std::process::Command::new("ldd").arg(program).output()?;
+    let mut files = vec![program.to_owned()];
+    // "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let path = match line.split_once("=>") {
+            Some((_, right)) => right.split_whitespace().next(),
+            None => line
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/')),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            files.push(PathBuf::from(p));
+        }
+    }
+    Ok(files)
+}
+
 /// Whether an ELF64 executable names a program interpreter (is dynamically linked).
 fn has_interpreter(elf: &[u8]) -> bool {
     let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
@@ -158,7 +216,7 @@ fn has_interpreter(elf: &[u8]) -> bool {
 }
 
 /// A minimal root file system around Debian's static busybox.
-fn busybox_entries() -> io::Result<Vec<Entry>> {
+pub fn busybox_entries() -> io::Result<Vec<Entry>> {
     let busybox = std::fs::read(BUSYBOX).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -174,16 +232,17 @@ fn busybox_entries() -> io::Result<Vec<Entry>> {
         ));
     }
     let list = std::process::Command::new(BUSYBOX).arg("--list").output()?;
+    let dir = |p: &str, mode| Entry::Dir(p.into(), mode);
     let mut entries = vec![
-        Entry::Dir("bin", 0o755),
-        Entry::Dir("dev", 0o755),
-        Entry::Dir("etc", 0o755),
-        Entry::Dir("home", 0o755),
-        Entry::Dir("proc", 0o555),
-        Entry::Dir("root", 0o700),
-        Entry::Dir("sys", 0o555),
-        Entry::Dir("tmp", 0o1777),
-        Entry::Dir("var", 0o755),
+        dir("bin", 0o755),
+        dir("dev", 0o755),
+        dir("etc", 0o755),
+        dir("home", 0o755),
+        dir("proc", 0o555),
+        dir("root", 0o700),
+        dir("sys", 0o555),
+        dir("tmp", 0o1777),
+        dir("var", 0o755),
         Entry::File("bin/busybox".into(), busybox, 0o755),
         Entry::File(
             "etc/passwd".into(),
@@ -199,7 +258,7 @@ fn busybox_entries() -> io::Result<Vec<Entry>> {
     ];
     for applet in String::from_utf8_lossy(&list.stdout).split_whitespace() {
         if applet != "busybox" && !applet.contains('/') {
-            entries.push(Entry::Symlink(format!("bin/{applet}"), "busybox"));
+            entries.push(Entry::Symlink(format!("bin/{applet}"), "busybox".into()));
         }
     }
     Ok(entries)
@@ -214,29 +273,37 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
         b"#!/bin/sh\ntrap 'exit 0' TERM INT\nwhile :; do sleep 3600 & wait $!; done\n".to_vec(),
         0o755,
     ));
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut busybox = Image {
+        entries: busybox_entries()?,
+        entrypoint: None,
+        cmd: Some(strings(&["sh"])),
+        names: strings(&[
+            "registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+            "docker.io/library/busybox:1.37",
+            "docker.io/library/busybox:latest",
+        ]),
+    };
+    // Debian's busybox 1.35 `sh` drops environment variables whose names are not shell
+    // identifiers (`data-1`, which Kubernetes allows and busybox 1.37 passes on); bash in
+    // POSIX mode passes them, so it is the image's `sh` when the machine has it.
+    if let Ok(files) = with_libraries(Path::new(BASH)) {
+        for f in files {
+            busybox.add_host_file(&f, &f.to_string_lossy())?;
+        }
+        busybox.put(Entry::Symlink("bin/sh".into(), BASH.into()));
+    }
     Ok(vec![
         (
             "pause.tar",
             Image {
                 entries: pause,
-                entrypoint: Some(vec!["/pause"]),
+                entrypoint: Some(strings(&["/pause"])),
                 cmd: None,
-                names: vec![crate::PAUSE_IMAGE],
+                names: strings(&[crate::PAUSE_IMAGE]),
             },
         ),
-        (
-            "busybox.tar",
-            Image {
-                entries: busybox_entries()?,
-                entrypoint: None,
-                cmd: Some(vec!["sh"]),
-                names: vec![
-                    "registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
-                    "docker.io/library/busybox:1.37",
-                    "docker.io/library/busybox:latest",
-                ],
-            },
-        ),
+        ("busybox.tar", busybox),
     ])
 }
 
@@ -271,15 +338,17 @@ mod tests {
 
     #[test]
     fn an_archive_is_an_oci_layout_whose_digests_hold() {
-        let image = Image {
+        let mut image = Image {
             entries: vec![
-                Entry::Dir("bin", 0o755),
-                Entry::File("bin/x".into(), b"hi".to_vec(), 0o755),
+                Entry::Dir("bin".into(), 0o755),
+                Entry::File("bin/x".into(), b"old".to_vec(), 0o755),
             ],
-            entrypoint: Some(vec!["/bin/x"]),
+            entrypoint: Some(vec!["/bin/x".into()]),
             cmd: None,
-            names: vec!["example.com/x:1", "example.com/x:latest"],
+            names: vec!["example.com/x:1".into(), "example.com/x:latest".into()],
         };
+        image.put(Entry::File("/bin/x".into(), b"hi".to_vec(), 0o755));
+        assert_eq!(image.entries.len(), 2);
         let bytes = archive(&image).unwrap();
         let mut files = std::collections::BTreeMap::new();
         let mut a = tar::Archive::new(bytes.as_slice());

@@ -490,6 +490,11 @@ fn remove_tree(dir: &Path) {
     }
 }
 
+/// The network namespace of the node machine recorded in `dir`.
+pub fn netns_of(dir: &Path) -> Option<PathBuf> {
+    read_record(dir).map(|r| Path::new("/run/netns").join(r.netns))
+}
+
 /// The nodes recorded under `nodes_dir` (`<data-dir>/nodes`): their directories.
 pub fn recorded(nodes_dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(nodes_dir) else {

@@ -115,6 +115,15 @@ fn a_container_runs_on_containerd_in_the_nodes_namespace_and_leaves_nothing() {
     assert!(logs.contains(" stdout F hello from p"), "{logs}");
     assert!(logs.contains(&format!("{ip}\tp")), "{logs}");
     rt.remove_pod_sandbox(&sandbox);
+    // Image garbage collection: below the high threshold nothing goes; past it (0 %
+    // here), every image no container uses does, the sandbox image aside.
+    assert_eq!(rt.collect_images(100, 100).unwrap(), Vec::<String>::new());
+    let removed = rt.collect_images(0, 0).expect("image gc");
+    assert!(removed.iter().any(|i| i.contains("busybox")), "{removed:?}");
+    assert!(rt
+        .image_status("docker.io/library/busybox:latest")
+        .is_none());
+    assert!(rt.image_status(kumo_node::PAUSE_IMAGE).is_some());
     drop(rt);
     kumo_node::teardown(host.dir()).expect("teardown");
     assert!(!host.netns_path().exists());
