@@ -528,6 +528,10 @@ impl Runtime for RemoteRuntime {
         Ok(id)
     }
 
+    fn slow_sandboxes(&self) -> bool {
+        true
+    }
+
     fn pod_sandbox_ip(&self, id: &str) -> Option<IpAddr> {
         self.lock_sandboxes().get(id).and_then(|s| s.ip)
     }
@@ -662,6 +666,11 @@ impl Runtime for RemoteRuntime {
                         .and_then(|(_, g)| g)
                         .map(|g| cri::Int64Value { value: g }),
                     readonly_rootfs: config.read_only_root_filesystem,
+                    supplemental_groups: config
+                        .fs_group
+                        .into_iter()
+                        .chain(config.supplemental_groups.iter().copied())
+                        .collect(),
                     no_new_privs: config.no_new_privs,
                     namespace_options: sandbox_config
                         .linux

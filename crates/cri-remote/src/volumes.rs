@@ -110,7 +110,21 @@ pub fn prepare(pod_dir: &Path, config: &ContainerConfig) -> io::Result<Prepared>
                     .join("kubernetes.io~empty-dir")
                     .join(name);
                 std::fs::create_dir_all(&dir)?;
+                // medium: Memory is a tmpfs of its own.
+                if m.tmpfs && !is_mount_point(&dir) {
+                    nix::mount::mount(
+                        Some("tmpfs"),
+                        &dir,
+                        Some("tmpfs"),
+                        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                        None::<&str>,
+                    )
+                    .map_err(io::Error::from)?;
+                }
                 std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
+                if let Some(gid) = config.fs_group {
+                    set_ownership(&dir, gid, false)?;
+                }
                 let p = join_sub_path(dir, &m.sub_path)?;
                 if !m.sub_path.is_empty() {
                     std::fs::create_dir_all(&p)?;
@@ -121,6 +135,9 @@ pub fn prepare(pod_dir: &Path, config: &ContainerConfig) -> io::Result<Prepared>
             Source::Files(files) => {
                 let dir = files_dir(pod_dir, &config.name, &m.path);
                 write_files(&dir, files)?;
+                if let Some(gid) = config.fs_group {
+                    set_ownership(&dir, gid, true)?;
+                }
                 join_sub_path(dir, &m.sub_path)?
             }
             Source::Image(image) => {
@@ -169,13 +186,53 @@ pub fn prepare(pod_dir: &Path, config: &ContainerConfig) -> io::Result<Prepared>
     })
 }
 
+/// Whether `dir` is a mount point (in this process's mount namespace).
+fn is_mount_point(dir: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = dir.to_string_lossy();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|p| p == want)
+}
+
+/// fsGroup's ownership of a volume (upstream's SetVolumeOwnership): every file and
+/// directory in the group, readable (and, unless `read_only`, writable) by it,
+/// directories searchable and setgid so that new files join the group.
+fn set_ownership(dir: &Path, gid: i64, read_only: bool) -> io::Result<()> {
+    let gid = nix::unistd::Gid::from_raw(
+        u32::try_from(gid).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "fsGroup"))?,
+    );
+    let mask = if read_only { 0o440 } else { 0o660 };
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&p)?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        nix::unistd::chown(&p, None, Some(gid)).map_err(io::Error::from)?;
+        let mut mode = meta.permissions().mode() & 0o7777 | mask;
+        if meta.is_dir() {
+            mode |= 0o2000 | 0o110;
+            for e in std::fs::read_dir(&p)?.flatten() {
+                stack.push(e.path());
+            }
+        }
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
 /// Writes the current content of `config`'s file volumes where its container reads them.
 pub fn refresh(pod_dir: &Path, config: &ContainerConfig) -> io::Result<()> {
     for m in &config.mounts {
         if let Source::Files(files) = &m.source {
             // A subPath mount is a copy taken at start, as upstream's: not updated.
             if m.sub_path.is_empty() && m.path != "/" {
-                write_files(&files_dir(pod_dir, &config.name, &m.path), files)?;
+                let dir = files_dir(pod_dir, &config.name, &m.path);
+                write_files(&dir, files)?;
+                if let Some(gid) = config.fs_group {
+                    set_ownership(&dir, gid, true)?;
+                }
             }
         }
     }
@@ -209,8 +266,21 @@ pub fn remove_cgroup_tree(dir: &Path) {
     }
 }
 
-/// Removes a pod's directory (its volumes' files, hosts and termination files).
+/// Removes a pod's directory (its volumes' files, hosts and termination files), its
+/// tmpfs volumes unmounted first.
 pub fn remove_pod_dir(dir: &Path) {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| Path::new(p).starts_with(dir))
+        .collect();
+    mounts.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for m in mounts {
+        if let Err(e) = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH) {
+            tracing::warn!(mount = m, error = %e, "unmounting a pod volume");
+        }
+    }
     if let Err(e) = std::fs::remove_dir_all(dir) {
         if e.kind() != io::ErrorKind::NotFound {
             tracing::warn!(dir = %dir.display(), error = %e, "removing the pod's directory");

@@ -40,6 +40,11 @@ pub struct ContainerConfig {
     /// The user and group its processes run as (`runAsUser`/`runAsGroup`, the
     /// container's over the pod's); root when unset.
     pub user: Option<(i64, Option<i64>)>,
+    /// The pod's `fsGroup`: the group its volumes' files belong to (and the container's
+    /// processes are in).
+    pub fs_group: Option<i64>,
+    /// The pod's `supplementalGroups`.
+    pub supplemental_groups: Vec<i64>,
     /// `securityContext.privileged`.
     pub privileged: bool,
     /// `securityContext.allowPrivilegeEscalation: false` (the no_new_privs bit).
@@ -212,6 +217,12 @@ pub trait Runtime: Send + Sync {
     }
     /// Creates a pod sandbox (with its network, where the runtime sets it up); returns its id.
     fn run_pod_sandbox(&self, config: &SandboxConfig) -> Result<String, RuntimeError>;
+    /// Whether making a sandbox takes this runtime long (a network namespace, the CNI
+    /// plugins, a shim: hundreds of milliseconds), so the kubelet makes new pods' sandboxes
+    /// in the background, side by side, rather than one after another in its pass.
+    fn slow_sandboxes(&self) -> bool {
+        false
+    }
     /// The address the runtime's network gave sandbox `id` (its PodSandboxStatus); `None`
     /// when the runtime leaves the pod network to the kubelet's [`PodNetwork`].
     fn pod_sandbox_ip(&self, _id: &str) -> Option<std::net::IpAddr> {

@@ -734,6 +734,16 @@ pub fn container_config(
     };
     let spec_flag = |p: &str| spec.pointer(p).and_then(Value::as_bool).unwrap_or(false);
     Ok(ContainerConfig {
+        fs_group: pod
+            .pointer("/spec/securityContext/fsGroup")
+            .and_then(Value::as_i64),
+        supplemental_groups: pod
+            .pointer("/spec/securityContext/supplementalGroups")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_i64)
+            .collect(),
         working_dir: str_at(spec, "/workingDir"),
         read_only_root_filesystem: spec_flag("/securityContext/readOnlyRootFilesystem"),
         capabilities_add: capabilities("add"),

@@ -141,6 +141,8 @@ struct Worker {
     sandbox: Option<String>,
     /// When a sandbox that failed is tried again.
     sandbox_retry: Option<Instant>,
+    /// A sandbox being made in the background (a slow runtime's).
+    sandbox_pending: Option<SandboxPending>,
     ip: Option<String>,
     start_time: String,
     started: Instant,
@@ -177,6 +179,10 @@ struct Steady {
 /// written again (upstream's status manager reconciles every 10 s).
 const STATUS_RECONCILE: Duration = Duration::from_secs(10);
 
+/// What a sandbox made in the background answers: its id and the runtime's address for it.
+type SandboxPending =
+    std::sync::mpsc::Receiver<Result<(String, Option<std::net::IpAddr>), kumo_cri::RuntimeError>>;
+
 /// How long after a sandbox failed to be created the kubelet tries again.
 const SANDBOX_RETRY: Duration = Duration::from_secs(5);
 
@@ -194,6 +200,8 @@ struct Workers {
     workers: HashMap<String, Worker>,
     /// The pod network (it gives the pods their addresses).
     network: Arc<dyn kumo_cri::PodNetwork>,
+    /// Starts a pass at once (a sandbox made in the background is ready).
+    wake: Arc<tokio::sync::Notify>,
     /// The node's spec.podCIDR was read (and handed to the pod network).
     pod_cidr_known: bool,
     /// Images pulled on this node (for "already present on machine").
@@ -305,6 +313,7 @@ pub async fn run(
         client,
         prober,
         network,
+        wake: wake.clone(),
         pod_cidr_known: false,
         cfg,
         runtime,
@@ -1036,7 +1045,67 @@ impl Workers {
             if let Some(sb) = &w.sandbox {
                 self.runtime.remove_pod_sandbox(sb);
             }
+            // A sandbox still being made goes once it is.
+            if let Some(rx) = w.sandbox_pending {
+                let runtime = self.runtime.clone();
+                let _ = std::thread::Builder::new()
+                    .name("sandbox-gc".into())
+                    .spawn(move || {
+                        if let Ok(Ok((id, _))) = rx.recv() {
+                            runtime.remove_pod_sandbox(&id);
+                        }
+                    });
+            }
             self.network.tear_down(uid);
+        }
+    }
+
+    /// Takes up a sandbox the runtime made for pod `uid` (its address from the runtime's
+    /// network, else the kubelet's), or reports why it could not be made, to be tried again
+    /// after a pause.
+    fn take_sandbox(
+        &mut self,
+        uid: &str,
+        pod: &Value,
+        host_network: bool,
+        made: Result<(String, Option<std::net::IpAddr>), kumo_cri::RuntimeError>,
+        events: &mut Vec<Record>,
+    ) {
+        match made {
+            Ok((id, runtime_ip)) => {
+                let ip = if host_network {
+                    self.host_ip()
+                } else {
+                    match runtime_ip {
+                        Some(ip) => ip.to_string(),
+                        None => self.allocate_ip(uid),
+                    }
+                };
+                match self.workers.get_mut(uid) {
+                    Some(w) => {
+                        w.ip = Some(ip);
+                        w.sandbox = Some(id);
+                    }
+                    // The pod went while its sandbox was being made.
+                    None => self.runtime.remove_pod_sandbox(&id),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(pod = %uid, error = %e, "creating the pod's sandbox");
+                events.push(Record {
+                    kind: "Pod",
+                    namespace: s(pod, "/metadata/namespace").to_owned(),
+                    name: s(pod, "/metadata/name").to_owned(),
+                    uid: uid.to_owned(),
+                    field_path: None,
+                    warning: true,
+                    reason: "FailedCreatePodSandBox".into(),
+                    message: format!("Failed to create pod sandbox: {e}"),
+                });
+                if let Some(w) = self.workers.get_mut(uid) {
+                    w.sandbox_retry = Some(Instant::now() + SANDBOX_RETRY);
+                }
+            }
         }
     }
 
@@ -1050,6 +1119,7 @@ impl Workers {
                 uid.clone(),
                 Worker {
                     sandbox: None,
+                    sandbox_pending: None,
                     sandbox_retry: None,
                     ip: None,
                     start_time: rfc3339(SystemTime::now()),
@@ -1069,42 +1139,60 @@ impl Workers {
         // kubelet's pod network); one that fails is tried again after a pause, the pod
         // waiting in ContainerCreating meanwhile.
         let retry_due = self.workers.get(&uid).is_some_and(|w| {
-            w.sandbox.is_none() && w.sandbox_retry.is_none_or(|t| Instant::now() >= t)
+            w.sandbox.is_none()
+                && w.sandbox_pending.is_none()
+                && w.sandbox_retry.is_none_or(|t| Instant::now() >= t)
         });
         if retry_due {
             let config = crate::sandbox::config(pod, &self.cfg.cgroup_root);
-            match self.runtime.run_pod_sandbox(&config) {
-                Ok(id) => {
-                    let ip = if host_network {
-                        self.host_ip()
-                    } else {
-                        match self.runtime.pod_sandbox_ip(&id) {
-                            Some(ip) => ip.to_string(),
-                            None => self.allocate_ip(&uid),
-                        }
-                    };
+            let make = {
+                let runtime = self.runtime.clone();
+                move || {
+                    runtime.run_pod_sandbox(&config).map(|id| {
+                        let ip = runtime.pod_sandbox_ip(&id);
+                        (id, ip)
+                    })
+                }
+            };
+            if self.runtime.slow_sandboxes() {
+                // Made in the background, many pods' at once; the pass that follows its
+                // end (it wakes the loop) takes it up.
+                let (tx, rx) = std::sync::mpsc::channel();
+                let wake = self.wake.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("sandbox".into())
+                    .spawn(move || {
+                        let _ = tx.send(make());
+                        wake.notify_one();
+                    });
+                if spawned.is_ok() {
                     if let Some(w) = self.workers.get_mut(&uid) {
-                        w.ip = Some(ip);
-                        w.sandbox = Some(id);
+                        w.sandbox_pending = Some(rx);
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(pod = %uid, error = %e, "creating the pod's sandbox");
-                    events.push(Record {
-                        kind: "Pod",
-                        namespace: s(pod, "/metadata/namespace").to_owned(),
-                        name: s(pod, "/metadata/name").to_owned(),
-                        uid: uid.clone(),
-                        field_path: None,
-                        warning: true,
-                        reason: "FailedCreatePodSandBox".into(),
-                        message: format!("Failed to create pod sandbox: {e}"),
-                    });
-                    if let Some(w) = self.workers.get_mut(&uid) {
-                        w.sandbox_retry = Some(Instant::now() + SANDBOX_RETRY);
-                    }
+            } else {
+                let made = make();
+                self.take_sandbox(&uid, pod, host_network, made, &mut events);
+            }
+        }
+        let finished = self
+            .workers
+            .get(&uid)
+            .and_then(|w| w.sandbox_pending.as_ref())
+            .map(|rx| rx.try_recv());
+        match finished {
+            Some(Ok(made)) => {
+                if let Some(w) = self.workers.get_mut(&uid) {
+                    w.sandbox_pending = None;
+                }
+                self.take_sandbox(&uid, pod, host_network, made, &mut events);
+            }
+            Some(Err(std::sync::mpsc::TryRecvError::Disconnected)) => {
+                if let Some(w) = self.workers.get_mut(&uid) {
+                    w.sandbox_pending = None;
                 }
             }
+            Some(Err(std::sync::mpsc::TryRecvError::Empty)) | None => {}
         }
         let annotations: BTreeMap<String, String> = pod
             .pointer("/metadata/annotations")

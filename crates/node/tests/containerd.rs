@@ -114,6 +114,51 @@ fn a_container_runs_on_containerd_in_the_nodes_namespace_and_leaves_nothing() {
     let logs = rt.read_logs(&id).expect("logs");
     assert!(logs.contains(" stdout F hello from p"), "{logs}");
     assert!(logs.contains(&format!("{ip}\tp")), "{logs}");
+    // A memory-backed emptyDir is a tmpfs; fsGroup owns it (setgid) and a non-root
+    // user in that group writes to it.
+    let id = rt
+        .create_container(
+            &sandbox,
+            &ContainerConfig {
+                name: "vol".into(),
+                image: "busybox".into(),
+                command: vec!["sh".into(), "-c".into()],
+                args: vec!["stat -c '%a %g' /cache; grep ' /cache ' /proc/mounts | cut -d' ' -f3; id -G; touch /cache/x && echo wrote".into()],
+                user: Some((1000, Some(1000))),
+                fs_group: Some(1234),
+                mounts: vec![kumo_cri::Mount {
+                    path: "/cache".into(),
+                    source: kumo_cri::Source::EmptyDir("cache".into()),
+                    read_only: false,
+                    sub_path: String::new(),
+                    tmpfs: true,
+                }],
+                ..Default::default()
+            },
+            &image,
+        )
+        .expect("container");
+    rt.start_container(&id).expect("start");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !matches!(
+        rt.container_status(&id).expect("status").state,
+        State::Exited { .. }
+    ) {
+        assert!(
+            Instant::now() < deadline,
+            "the volume container did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let logs = rt.read_logs(&id).expect("logs");
+    for want in [
+        " stdout F 2777 1234",
+        " stdout F tmpfs",
+        "1234",
+        " stdout F wrote",
+    ] {
+        assert!(logs.contains(want), "{want:?} not in {logs}");
+    }
     rt.remove_pod_sandbox(&sandbox);
     // Image garbage collection: below the high threshold nothing goes; past it (0 %
     // here), every image no container uses does, the sandbox image aside.
