@@ -482,6 +482,7 @@ impl Runtime for RemoteRuntime {
                         ipc: mode(config.host_ipc),
                         ..Default::default()
                     }),
+                    privileged: config.privileged,
                     ..Default::default()
                 }),
                 sysctls: config.sysctls.clone().into_iter().collect(),

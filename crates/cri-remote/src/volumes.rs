@@ -131,14 +131,25 @@ pub fn prepare(pod_dir: &Path, config: &ContainerConfig) -> io::Result<Prepared>
                 }
                 p
             }
-            Source::HostPath(p) => join_sub_path(PathBuf::from(p), &m.sub_path)?,
+            Source::HostPath(p) => {
+                let p = join_sub_path(PathBuf::from(p), &m.sub_path)?;
+                // A subPath that is not there yet is made, as upstream's kubelet does.
+                if !m.sub_path.is_empty() && !p.exists() {
+                    std::fs::create_dir_all(&p)?;
+                }
+                p
+            }
             Source::Files(files) => {
                 let dir = files_dir(pod_dir, &config.name, &m.path);
                 write_files(&dir, files)?;
                 if let Some(gid) = config.fs_group {
                     set_ownership(&dir, gid, true)?;
                 }
-                join_sub_path(dir, &m.sub_path)?
+                let p = join_sub_path(dir, &m.sub_path)?;
+                if !m.sub_path.is_empty() && !p.exists() {
+                    std::fs::create_dir_all(&p)?;
+                }
+                p
             }
             Source::Image(image) => {
                 return Err(io::Error::new(

@@ -98,6 +98,8 @@ pub struct SandboxConfig {
     pub host_network: bool,
     pub host_pid: bool,
     pub host_ipc: bool,
+    /// Some container of the pod is privileged (the runtime then lets the sandbox be).
+    pub privileged: bool,
     /// `securityContext.sysctls`.
     pub sysctls: BTreeMap<String, String>,
     /// The pod's cgroup (`<cgroup root>/kubepods/<qos>/pod<uid>`).

@@ -117,6 +117,15 @@ pub fn config(pod: &Value, cgroup_root: &str) -> SandboxConfig {
         host_network,
         host_pid: flag(pod, "/spec/hostPID"),
         host_ipc: flag(pod, "/spec/hostIPC"),
+        privileged: ["initContainers", "containers", "ephemeralContainers"]
+            .iter()
+            .flat_map(|k| {
+                pod.pointer(&format!("/spec/{k}"))
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+            })
+            .any(|c| flag(c, "/securityContext/privileged")),
         sysctls,
         cgroup_parent: cgroup_parent(pod, cgroup_root),
     }
@@ -137,6 +146,7 @@ mod tests {
         let c = config(&pod, "/kumo/n1");
         assert_eq!(c.hostname, "web");
         assert_eq!(c.cgroup_parent, "/kumo/n1/kubepods/besteffort/podu1");
+        assert!(!c.privileged);
         assert_eq!(c.labels["io.kubernetes.pod.uid"], "u1");
         assert_eq!(c.labels["app"], "web");
         assert_eq!(
@@ -153,8 +163,11 @@ mod tests {
         assert_eq!(dns.searches[0], "default.svc.cluster.local");
         assert!(dns.options.contains(&"ndots:5".to_owned()));
 
-        let host = json!({"metadata": {"name": "h", "uid": "u2"}, "spec": {"hostNetwork": true}, "status": {"qosClass": "Guaranteed"}});
+        let host = json!({"metadata": {"name": "h", "uid": "u2"}, "spec": {"hostNetwork": true,
+            "initContainers": [{"name": "i", "securityContext": {"privileged": true}}]},
+            "status": {"qosClass": "Guaranteed"}});
         let c = config(&host, "/");
+        assert!(c.privileged);
         assert_eq!(c.hostname, "");
         assert!(c.dns.is_none());
         assert_eq!(c.cgroup_parent, "/kubepods/podu2");

@@ -183,6 +183,11 @@ impl MachinesNetwork {
 }
 
 impl kumo_apiserver::resource_proxy::PodNetwork for MachinesNetwork {
+    /// Real servers: whether one speaks TLS is for the handshake to find out.
+    fn serves_tls(&self, _to: std::net::SocketAddr) -> bool {
+        true
+    }
+
     fn connect(&self, to: std::net::SocketAddr) -> std::io::Result<tokio::io::DuplexStream> {
         let stream = self.dial(to)?;
         stream.set_nonblocking(true)?;

@@ -158,6 +158,17 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
+metadata: {name: privileged}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'mkdir -p /m && mount -t tmpfs none /m && echo mounted; sleep 3600']
+    securityContext: {privileged: true}
+---
+apiVersion: v1
+kind: Pod
 metadata: {name: missing}
 spec:
   containers:
@@ -278,6 +289,12 @@ fn exercise(kc: &Path, data: &Path, crictl: &Path, printed: &str) {
     // exec runs in the container, on the machine's kernel.
     let uname = ok(kc, &["exec", "calc", "--", "uname", "-r"]);
     assert_eq!(uname.trim(), kernel);
+    // A privileged container may mount (its sandbox is privileged too).
+    let mounted = eventually(60, "the privileged pod's logs", || {
+        let o = kubectl(kc, &["logs", "privileged"]);
+        (o.ok && !o.stdout.is_empty()).then_some(o.stdout)
+    });
+    assert_eq!(mounted.trim(), "mounted");
     // An interactive exec carries stdin to the process and its exit code back.
     let piped = kubectl_in(
         kc,
