@@ -951,11 +951,17 @@ impl Runtime for RemoteRuntime {
 
 impl RemoteRuntime {
     /// The kubelet's image garbage collection (upstream's image GC manager, with its
-    /// thresholds as percentages of the image filesystem): when the filesystem holding the
-    /// images is fuller than `high` %, images no container uses (the sandbox image aside)
-    /// are removed, the largest first, until it is at `low` % or below. Returns the
-    /// images removed.
-    pub fn collect_images(&self, high: u8, low: u8) -> Result<Vec<String>, RuntimeError> {
+    /// thresholds as percentages of the image filesystem): when the images take more than
+    /// `high` % of the node's `capacity` bytes (its ephemeral storage: nodes on one machine
+    /// share its disk, so the runtime's own usage counts, not the disk's), images no
+    /// container uses (the sandbox image aside) are removed, the largest first, until they
+    /// take `low` % or less. Returns the images removed.
+    pub fn collect_images(
+        &self,
+        high: u8,
+        low: u8,
+        capacity: u64,
+    ) -> Result<Vec<String>, RuntimeError> {
         let mut images = self.images.clone();
         let mut rt = self.rt();
         let (fs, listed, containers) = self.block(async move {
@@ -979,19 +985,16 @@ impl RemoteRuntime {
                 .containers;
             Ok((fs, listed, containers))
         })?;
-        let Some(mount) = fs
-            .first()
-            .and_then(|f| f.fs_id.as_ref())
-            .map(|id| id.mountpoint.clone())
-        else {
-            return Ok(Vec::new());
-        };
-        let stat = nix::sys::statvfs::statvfs(mount.as_str())
-            .map_err(|e| RuntimeError::Exec(format!("statfs {mount}: {e}")))?;
-        let block = stat.fragment_size();
-        let capacity = (stat.blocks() * block) as f64;
-        let mut used = capacity - (stat.blocks_available() * block) as f64;
-        if capacity <= 0.0 || used * 100.0 / capacity <= f64::from(high) {
+        let capacity = capacity.max(1) as f64;
+        // The runtime's figure for its image filesystem is refreshed every few seconds;
+        // the images' own sizes count at once.
+        let mut used = fs
+            .iter()
+            .filter_map(|f| f.used_bytes.as_ref())
+            .map(|u| u.value as f64)
+            .sum::<f64>()
+            .max(listed.iter().map(|i| i.size as f64).sum());
+        if used * 100.0 / capacity <= f64::from(high) {
             return Ok(Vec::new());
         }
         let in_use: std::collections::HashSet<&str> = containers
@@ -1080,6 +1083,9 @@ impl RemoteRuntime {
     }
 }
 
+/// The ephemeral storage a node reports (its image filesystem's size for image GC).
+pub const NODE_EPHEMERAL_STORAGE: u64 = 100 << 30;
+
 /// A node on the runtime at `options.socket`: its CRI client and the pod network of its
 /// namespace (the same client for every kubelet start).
 pub fn factory(runtime: Arc<RemoteRuntime>) -> RuntimeFactory {
@@ -1092,7 +1098,7 @@ pub fn factory(runtime: Arc<RemoteRuntime>) -> RuntimeFactory {
         .spawn(move || loop {
             std::thread::sleep(Duration::from_secs(300));
             let Some(rt) = weak.upgrade() else { return };
-            if let Err(e) = rt.collect_images(85, 80) {
+            if let Err(e) = rt.collect_images(85, 80, NODE_EPHEMERAL_STORAGE) {
                 tracing::warn!(error = %e, "image garbage collection");
             }
         });

@@ -160,10 +160,13 @@ fn a_container_runs_on_containerd_in_the_nodes_namespace_and_leaves_nothing() {
         assert!(logs.contains(want), "{want:?} not in {logs}");
     }
     rt.remove_pod_sandbox(&sandbox);
-    // Image garbage collection: below the high threshold nothing goes; past it (0 %
-    // here), every image no container uses does, the sandbox image aside.
-    assert_eq!(rt.collect_images(100, 100).unwrap(), Vec::<String>::new());
-    let removed = rt.collect_images(0, 0).expect("image gc");
+    // Image garbage collection: a few MB of images in 100 GiB are below the threshold;
+    // past it (0 % here), every image no container uses goes, the sandbox image aside.
+    assert_eq!(
+        rt.collect_images(85, 80, 100 << 30).unwrap(),
+        Vec::<String>::new()
+    );
+    let removed = rt.collect_images(0, 0, 100 << 30).expect("image gc");
     assert!(removed.iter().any(|i| i.contains("busybox")), "{removed:?}");
     assert!(rt
         .image_status("docker.io/library/busybox:latest")
