@@ -67,6 +67,17 @@ struct Container {
     stop_at: Option<Instant>,
     /// The user was told the simulated runtime cannot run its command.
     told_not_simulated: bool,
+    /// Being created and started in the background (a slow runtime's).
+    starting: Option<std::sync::mpsc::Receiver<Launch>>,
+}
+
+/// How a container created and started in the background came out.
+enum Launch {
+    Running(String),
+    /// CreateContainer failed.
+    NotCreated(kumo_cri::RuntimeError),
+    /// Created, but StartContainer failed (the container stays with its sandbox).
+    NotStarted(kumo_cri::RuntimeError),
 }
 
 /// A container spec's CPU request and limit (millicores) and memory request and limit
@@ -1536,6 +1547,35 @@ fn step(
     };
     let pod_ip = w.ip.clone().unwrap_or_default();
     let c = w.containers.entry(name.clone()).or_default();
+    // A container a slow runtime is creating and starting in the background.
+    let done = c.starting.as_ref().map(|rx| rx.try_recv());
+    match done {
+        Some(Err(std::sync::mpsc::TryRecvError::Empty)) => return false,
+        Some(Err(std::sync::mpsc::TryRecvError::Disconnected)) => c.starting = None,
+        Some(Ok(outcome)) => {
+            c.starting = None;
+            let id = match outcome {
+                Launch::Running(id) => {
+                    events.push(ev(false, "Created", format!("Created container: {name}")));
+                    id
+                }
+                Launch::NotCreated(e) => {
+                    events.push(ev(true, "Failed", format!("Error: {e}")));
+                    c.waiting = Some(("CreateContainerError".into(), e.to_string()));
+                    c.backoff_until = Some(Instant::now() + CONFIG_ERROR_RETRY);
+                    return false;
+                }
+                Launch::NotStarted(e) => {
+                    events.push(ev(false, "Created", format!("Created container: {name}")));
+                    run_container_error(c, &ev, e, events);
+                    return false;
+                }
+            };
+            started_container(runtime, prober, pod, spec, &pod_ip, c, id, &ev, events);
+            return false;
+        }
+        None => {}
+    }
     if let Some(id) = c.id.clone() {
         let Ok(st) = runtime.container_status(&id) else {
             c.id = None;
@@ -1771,6 +1811,31 @@ fn step(
                 return false;
             }
         };
+    if runtime.slow_sandboxes() {
+        // Created and started in the background, many pods' at once; the pass after it
+        // ends (it wakes the loop) takes it up.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (runtime, sandbox, image_ref) =
+            (prober.runtime(), sandbox.to_owned(), c.image_ref.clone());
+        let wake = prober.waker();
+        let spawned = std::thread::Builder::new()
+            .name("container".into())
+            .spawn(move || {
+                let outcome = match runtime.create_container(&sandbox, &config, &image_ref) {
+                    Err(e) => Launch::NotCreated(e),
+                    Ok(id) => match runtime.start_container(&id) {
+                        Ok(()) => Launch::Running(id),
+                        Err(e) => Launch::NotStarted(e),
+                    },
+                };
+                let _ = tx.send(outcome);
+                wake.notify_one();
+            });
+        if spawned.is_ok() {
+            c.starting = Some(rx);
+        }
+        return false;
+    }
     let id = match runtime.create_container(sandbox, &config, &c.image_ref) {
         Ok(id) => id,
         Err(e) => {
@@ -1791,43 +1856,66 @@ fn step(
         ));
     }
     if let Err(e) = runtime.start_container(&id) {
-        // Upstream's RunContainerError: the container waits with the runtime's message
-        // and is tried again after the back-off.
-        events.push(ev(true, "Failed", format!("Error: {e}")));
-        c.waiting = Some(("RunContainerError".into(), e.to_string()));
-        c.restart_count += 1;
-        c.backoff = if c.backoff.is_zero() {
-            BACKOFF_START
-        } else {
-            (c.backoff * 2).min(BACKOFF_MAX)
-        };
-        c.backoff_until = Some(Instant::now() + c.backoff);
+        run_container_error(c, &ev, e, events);
         return false;
     }
-    {
-        events.push(ev(false, "Started", format!("Started container {name}")));
-        // The postStart hook runs once the container started; if it fails, the
-        // container is killed (and restarted as its policy says).
-        if let Some(hook) = spec.pointer("/lifecycle/postStart") {
-            if let Err(e) =
-                crate::lifecycle::run(runtime, &*prober.network(), pod, spec, &id, &pod_ip, hook)
-            {
-                tracing::info!(container = %name, error = %e, "Failed to execute PostStartHook");
-                events.push(ev(
-                    true,
-                    "FailedPostStartHook",
-                    "PostStartHook failed".into(),
-                ));
-                let _ = runtime.stop_container(&id, Duration::ZERO);
-            }
-        }
-        c.id = Some(id);
-        c.stop_requested = false;
-        c.waiting = None;
-        c.backoff_until = None;
-        c.applied = Some(resources_of(spec));
-    }
+    started_container(runtime, prober, pod, spec, &pod_ip, c, id, &ev, events);
     false
+}
+
+/// Upstream's RunContainerError: the container waits with the runtime's message and is
+/// tried again after the back-off.
+fn run_container_error(
+    c: &mut Container,
+    ev: &dyn Fn(bool, &'static str, String) -> Record,
+    e: kumo_cri::RuntimeError,
+    events: &mut Vec<Record>,
+) {
+    events.push(ev(true, "Failed", format!("Error: {e}")));
+    c.waiting = Some(("RunContainerError".into(), e.to_string()));
+    c.restart_count += 1;
+    c.backoff = if c.backoff.is_zero() {
+        BACKOFF_START
+    } else {
+        (c.backoff * 2).min(BACKOFF_MAX)
+    };
+    c.backoff_until = Some(Instant::now() + c.backoff);
+}
+
+/// A container that started: the `Started` event, its postStart hook (a failed one kills
+/// it, to be restarted as its policy says), and the worker's record of it.
+#[allow(clippy::too_many_arguments)]
+fn started_container(
+    runtime: &dyn Runtime,
+    prober: &Prober,
+    pod: &Value,
+    spec: &Value,
+    pod_ip: &str,
+    c: &mut Container,
+    id: String,
+    ev: &dyn Fn(bool, &'static str, String) -> Record,
+    events: &mut Vec<Record>,
+) {
+    let name = s(spec, "/name");
+    events.push(ev(false, "Started", format!("Started container {name}")));
+    if let Some(hook) = spec.pointer("/lifecycle/postStart") {
+        if let Err(e) =
+            crate::lifecycle::run(runtime, &*prober.network(), pod, spec, &id, pod_ip, hook)
+        {
+            tracing::info!(container = %name, error = %e, "Failed to execute PostStartHook");
+            events.push(ev(
+                true,
+                "FailedPostStartHook",
+                "PostStartHook failed".into(),
+            ));
+            let _ = runtime.stop_container(&id, Duration::ZERO);
+        }
+    }
+    c.id = Some(id);
+    c.stop_requested = false;
+    c.waiting = None;
+    c.backoff_until = None;
+    c.applied = Some(resources_of(spec));
 }
 
 /// The probe of `kind` (`readiness`, `liveness`, `startup`) of a container spec.

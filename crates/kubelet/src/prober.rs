@@ -296,6 +296,16 @@ impl Prober {
         }
     }
 
+    /// The container runtime the probes run in.
+    pub(crate) fn runtime(&self) -> Arc<dyn Runtime> {
+        self.inner.runtime.clone()
+    }
+
+    /// What starts a pass of the pod workers at once.
+    pub(crate) fn waker(&self) -> Arc<Notify> {
+        self.inner.wake.clone()
+    }
+
     /// The pod network the probes (and lifecycle hooks) go through.
     pub(crate) fn network(&self) -> Arc<dyn PodNetwork> {
         self.inner.network.clone()
