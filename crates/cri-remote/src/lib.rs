@@ -175,17 +175,30 @@ impl RemoteRuntime {
                     }
                 }))
         };
-        let mut client = RuntimeServiceClient::new(channel.clone());
-        let version = exec
-            .block_on(async {
-                tokio::time::timeout(
-                    Duration::from_secs(10),
-                    client.version(cri::VersionRequest {
-                        version: "v1".into(),
-                    }),
-                )
-                .await
-            })
+        let client = RuntimeServiceClient::new(channel.clone());
+        // On a thread of its own: the caller may be on an async executor, where blocking
+        // on another runtime is refused.
+        let mut asking = client.clone();
+        let answer = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    exec.block_on(async {
+                        tokio::time::timeout(
+                            Duration::from_secs(10),
+                            asking.version(cri::VersionRequest {
+                                version: "v1".into(),
+                            }),
+                        )
+                        .await
+                    })
+                })
+                .join()
+        })
+        .map_err(|_| Error::Connect {
+            endpoint: endpoint.clone(),
+            reason: "the version handshake's thread panicked".into(),
+        })?;
+        let version = answer
             .map_err(|_| Error::Connect {
                 endpoint: endpoint.clone(),
                 reason: "no answer within 10s".into(),

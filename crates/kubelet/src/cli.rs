@@ -59,6 +59,11 @@ pub struct Args {
     /// there, as real containers, instead of on the simulator.
     #[arg(long)]
     pub container_runtime_endpoint: Option<String>,
+    /// The network namespace the runtime's pods are in, when it is not the kubelet's own
+    /// (a kumo node machine's `/run/netns/<name>`): probes, hooks and port-forwards dial
+    /// the pods from there (kumo's, not upstream's).
+    #[arg(long)]
+    pub pod_network_namespace: Option<PathBuf>,
     /// Where the kubelet keeps its pods' files (volumes, termination messages).
     #[arg(long, default_value = "/var/lib/kubelet")]
     pub root_dir: PathBuf,

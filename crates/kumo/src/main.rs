@@ -795,7 +795,7 @@ fn other(command: Command) -> Result<()> {
                             socket: kumo_cri_remote::socket_of(endpoint).to_owned(),
                             root_dir: args.root_dir.clone(),
                             pod_logs_dir: args.pod_logs_dir.clone(),
-                            netns: None,
+                            netns: args.pod_network_namespace.clone(),
                         })?;
                     kumo_cri_remote::factory(std::sync::Arc::new(runtime))
                 }

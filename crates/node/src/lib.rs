@@ -490,6 +490,18 @@ fn remove_tree(dir: &Path) {
     }
 }
 
+/// Tears the node machine of its directory down when dropped, so that a test or a
+/// benchmark that fails halfway leaves nothing behind.
+pub struct TeardownGuard(pub PathBuf);
+
+impl Drop for TeardownGuard {
+    fn drop(&mut self) {
+        if let Err(e) = teardown(&self.0) {
+            tracing::warn!(node = %self.0.display(), error = %e, "tearing the node's machine down");
+        }
+    }
+}
+
 /// The network namespace of the node machine recorded in `dir`.
 pub fn netns_of(dir: &Path) -> Option<PathBuf> {
     read_record(dir).map(|r| Path::new("/run/netns").join(r.netns))

@@ -45,6 +45,8 @@ fn a_container_runs_on_containerd_in_the_nodes_namespace_and_leaves_nothing() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("nodes").join("n1");
     std::fs::create_dir_all(&dir).unwrap();
+    // Whatever happens below, the machine goes before the directory does.
+    let _guard = kumo_node::TeardownGuard(dir.clone());
     let host = NodeHost::start(&NodeSpec {
         name: "n1".into(),
         dir: dir.clone(),
