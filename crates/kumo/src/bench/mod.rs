@@ -3,6 +3,7 @@
 mod api;
 mod lb;
 mod nodes;
+mod pods;
 mod scheduler;
 mod storage;
 
@@ -21,6 +22,9 @@ pub enum Bench {
     /// Many simulated nodes (one `kumo kubelet --sim-nodes`) under a stream of pods: pod
     /// startup latency, API latency, each component's CPU and memory.
     Nodes(nodes::Args),
+    /// Pod startup on the real runtime (containerd): the kubelet beside the raw CRI, in
+    /// one run, and the kubelet's CPU and memory per running pod.
+    Pods(pods::Args),
     /// scheduler_perf's SchedulingBasic shape (5000 nodes, 1000 + 10 000 pods): `kumo
     /// scheduler` and the real kube-scheduler side by side, pods per second.
     Scheduler(scheduler::Args),
@@ -33,6 +37,7 @@ pub async fn run(what: Bench) -> Result<()> {
         Bench::Lb(args) => lb::run(args).await,
         Bench::Nodes(args) => nodes::run(args).await,
         Bench::Scheduler(args) => scheduler::run(args).await,
+        Bench::Pods(args) => pods::run(args).await,
     }
 }
 
