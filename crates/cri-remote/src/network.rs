@@ -126,6 +126,14 @@ async fn get(
 }
 
 impl PodNetwork for NetnsNetwork {
+    fn real(&self) -> bool {
+        true
+    }
+
+    fn open(&self, addr: SocketAddr, timeout: Duration) -> io::Result<std::net::TcpStream> {
+        crate::netns::connect(self.runtime.options().netns.as_deref(), addr, timeout)
+    }
+
     fn set_pod_cidr(&self, cidr: &str) {
         if let Err(e) = self.runtime.update_pod_cidr(cidr) {
             tracing::warn!(cidr, error = %e, "handing the pod range to the runtime");

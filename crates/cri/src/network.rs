@@ -39,6 +39,21 @@ pub trait PodNetwork: Send + Sync {
     /// A byte stream to `port` of `pod` (what port-forward carries), when a server of the
     /// pod listens there.
     fn forward(&self, pod: &Value, port: u16) -> Option<tokio::io::DuplexStream>;
+    /// Whether the pods' servers are real sockets: probes then speak to them as they are
+    /// (TLS, headers, gRPC) over [`Self::open`]; a simulated network answers through
+    /// [`Self::get_pod`] instead.
+    fn real(&self) -> bool {
+        false
+    }
+    /// A TCP connection from the node to `addr` (for a simulated network: this machine's
+    /// own socket, which only a loopback address reaches).
+    fn open(
+        &self,
+        addr: SocketAddr,
+        timeout: std::time::Duration,
+    ) -> std::io::Result<std::net::TcpStream> {
+        std::net::TcpStream::connect_timeout(&addr, timeout)
+    }
     /// Starts following the pods bound to `node` (their addresses and what listens there,
     /// as the API says), until the returned task is aborted; `None` when the network
     /// needs no such thing.

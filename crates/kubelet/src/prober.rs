@@ -504,6 +504,15 @@ impl Worker {
             .and_then(Value::as_bool)
             == Some(true);
         let on_host = ip.is_loopback() || self.inner.node_ips.contains(&ip);
+        if self.inner.network.real() {
+            // Real servers, reached from the node (its own addresses are its loopback).
+            let to = if on_host && !ip.is_loopback() {
+                Ipv4Addr::LOCALHOST.into()
+            } else {
+                ip
+            };
+            return Route::Real(SocketAddr::new(to, port));
+        }
         if on_host {
             // A host-network container's declared port is the sim's; anything else on
             // the host is a real server (the control plane's, on loopback).
@@ -623,7 +632,11 @@ async fn run(action: &Action, route: Route, network: &dyn PodNetwork) -> Result<
             Action::Tcp { .. } | Action::Grpc { .. } => Ok(()),
         },
         Route::Real(addr) => {
-            let stream = match TcpStream::connect(addr).await {
+            let opened = network.open(addr, Duration::from_secs(1)).and_then(|s| {
+                s.set_nonblocking(true)?;
+                TcpStream::from_std(s)
+            });
+            let stream = match opened {
                 Ok(s) => s,
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                     return Err(refused_message(action))
