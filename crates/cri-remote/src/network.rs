@@ -73,24 +73,16 @@ impl NetnsNetwork {
                         .unwrap_or(Err(DialError::Unreachable))
                 })
                 .unwrap_or(Err(DialError::Unreachable))?;
-            match location.as_deref().and_then(|l| same_host_path(l, &host)) {
+            match location
+                .as_deref()
+                .and_then(|l| kumo_cri::network::same_host_redirect(l, &host))
+            {
                 Some(next) if (300..400).contains(&code) => path = next,
                 _ => return Ok(code),
             }
         }
         Ok(302)
     }
-}
-
-/// The path a redirect's `Location` leads to when it stays on `host` (a path, or a URL
-/// naming the same host and port).
-fn same_host_path(location: &str, host: &str) -> Option<String> {
-    if location.starts_with('/') {
-        return Some(location.to_owned());
-    }
-    let rest = location.strip_prefix("http://")?;
-    let (h, p) = rest.split_once('/').unwrap_or((rest, ""));
-    (h == host).then(|| format!("/{p}"))
 }
 
 /// `GET path` over an open connection: the answer's status code and `Location`.
@@ -202,22 +194,5 @@ impl RemoteRuntime {
     /// Spawns `f` on the client's runtime.
     pub(crate) fn detach(&self, f: impl std::future::Future<Output = ()> + Send + 'static) {
         self.spawn(f);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn only_redirects_to_the_same_host_are_followed() {
-        let host = "10.244.0.5:8080";
-        assert_eq!(
-            super::same_host_path("/healthz", host).as_deref(),
-            Some("/healthz")
-        );
-        assert_eq!(
-            super::same_host_path("http://10.244.0.5:8080/x?y=1", host).as_deref(),
-            Some("/x?y=1")
-        );
-        assert_eq!(super::same_host_path("http://0.0.0.0/healthz", host), None);
     }
 }

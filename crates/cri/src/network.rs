@@ -61,3 +61,37 @@ pub trait PodNetwork: Send + Sync {
         None
     }
 }
+
+/// Where an HTTP redirect leads when it stays on `host_port` (the kubelet's probes and
+/// hooks follow those, as upstream's do): a path, or an http(s) URL naming the same host
+/// and port.
+pub fn same_host_redirect(location: &str, host_port: &str) -> Option<String> {
+    if location.starts_with('/') {
+        return Some(location.to_owned());
+    }
+    let rest = location
+        .strip_prefix("http://")
+        .or_else(|| location.strip_prefix("https://"))?;
+    let (h, p) = rest.split_once('/').unwrap_or((rest, ""));
+    (h == host_port).then(|| format!("/{p}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_redirects_to_the_same_host_are_followed() {
+        let host = "10.244.0.5:8080";
+        assert_eq!(
+            super::same_host_redirect("/healthz", host).as_deref(),
+            Some("/healthz")
+        );
+        assert_eq!(
+            super::same_host_redirect("http://10.244.0.5:8080/x?y=1", host).as_deref(),
+            Some("/x?y=1")
+        );
+        assert_eq!(
+            super::same_host_redirect("http://0.0.0.0/healthz", host),
+            None
+        );
+    }
+}

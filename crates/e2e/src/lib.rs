@@ -36,6 +36,18 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The test names a list under the repository root holds (one a line; comments and blank
+/// lines skipped), as `scripts/conformance --list` reads it.
+pub fn listed_in(file: &str) -> Vec<String> {
+    std::fs::read_to_string(repo_root().join(file))
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `.reference/bin`, where `scripts/reference build` puts the reference binaries.
 pub fn reference_bin_dir() -> PathBuf {
     repo_root().join(".reference").join("bin")

@@ -652,16 +652,41 @@ async fn run(action: &Action, route: Route, network: &dyn PodNetwork) -> Result<
                     path,
                     headers,
                 } => {
-                    let target = url(*https, host, *port, path);
-                    let code = if *https {
-                        let tls = tls_connect(stream, host)
-                            .await
-                            .map_err(|e| format!("Get \"{target}\": {e}"))?;
-                        http_get(tls, host, *port, path, headers).await
-                    } else {
-                        http_get(stream, host, *port, path, headers).await
+                    // Redirects to the same host are followed (up to 10, as upstream's
+                    // prober); one elsewhere ends the probe with its 3xx, a pass.
+                    let mut stream = Some(stream);
+                    let mut path = path.clone();
+                    let mut code = 0;
+                    for _ in 0..10 {
+                        let conn = match stream.take() {
+                            Some(s) => s,
+                            None => network
+                                .open(addr, Duration::from_secs(1))
+                                .and_then(|s| {
+                                    s.set_nonblocking(true)?;
+                                    TcpStream::from_std(s)
+                                })
+                                .map_err(|e| format!("dial tcp {addr}: connect: {e}"))?,
+                        };
+                        let target = url(*https, host, *port, &path);
+                        let (c, location) = if *https {
+                            let tls = tls_connect(conn, host)
+                                .await
+                                .map_err(|e| format!("Get \"{target}\": {e}"))?;
+                            http_get(tls, host, *port, &path, headers).await
+                        } else {
+                            http_get(conn, host, *port, &path, headers).await
+                        }
+                        .map_err(|e| format!("Get \"{target}\": {e}"))?;
+                        code = c;
+                        let next = location.as_deref().and_then(|l| {
+                            kumo_cri::network::same_host_redirect(l, &join_host_port(host, *port))
+                        });
+                        match next {
+                            Some(p) if (300..400).contains(&c) => path = p,
+                            _ => break,
+                        }
                     }
-                    .map_err(|e| format!("Get \"{target}\": {e}"))?;
                     http_verdict(code)
                 }
                 Action::Grpc { service, .. } => grpc_check(stream, addr, service).await,
@@ -689,7 +714,7 @@ async fn http_get<T>(
     port: u16,
     path: &str,
     headers: &[(String, String)],
-) -> Result<u16, String>
+) -> Result<(u16, Option<String>), String>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -720,6 +745,11 @@ where
         .map_err(|e| e.to_string())?;
     let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
     let code = resp.status().as_u16();
+    let location = resp
+        .headers()
+        .get(http::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     // Upstream reads at most 10 KiB of the body; the verdict is the code's.
     let mut body = resp.into_body();
     let mut read = 0usize;
@@ -729,7 +759,7 @@ where
             _ => break,
         }
     }
-    Ok(code)
+    Ok((code, location))
 }
 
 /// TLS without verifying the server (the kubelet's HTTPS probes skip verification).
