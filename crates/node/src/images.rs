@@ -61,7 +61,14 @@ impl Image {
     /// Adds `entry`, replacing one at the same path (a later file wins, as in a layer
     /// on top).
     pub fn put(&mut self, entry: Entry) {
-        let path = entry.path().trim_matches('/').to_owned();
+        // Paths in a layer are relative to its root.
+        let rel = |p: String| p.trim_matches('/').to_owned();
+        let entry = match entry {
+            Entry::Dir(p, m) => Entry::Dir(rel(p), m),
+            Entry::File(p, d, m) => Entry::File(rel(p), d, m),
+            Entry::Symlink(p, t) => Entry::Symlink(rel(p), t),
+        };
+        let path = entry.path().to_owned();
         self.entries.retain(|e| e.path().trim_matches('/') != path);
         self.entries.push(entry);
     }
