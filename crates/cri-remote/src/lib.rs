@@ -297,9 +297,8 @@ impl RemoteRuntime {
         self.block(async move { rt.update_runtime_config(req).await.map(|_| ()).map_err(rpc) })
     }
 
-    /// The containers and sandboxes the runtime has: `(sandbox id, pod namespace/name,
-    /// state)` and `(container id, sandbox id, name, state)`, for `kumo node exec ... crictl`
-    /// style listings and for cleaning a node up.
+    /// The sandboxes and containers the runtime has (for cleaning a node up, and for what
+    /// the image garbage collection must keep).
     pub fn list(&self) -> Result<(Vec<cri::PodSandbox>, Vec<cri::Container>), RuntimeError> {
         let mut rt = self.rt();
         self.block(async move {
@@ -976,8 +975,8 @@ impl RemoteRuntime {
         capacity: u64,
     ) -> Result<Vec<String>, RuntimeError> {
         let mut images = self.images.clone();
-        let mut rt = self.rt();
-        let (fs, listed, containers) = self.block(async move {
+        let (_, containers) = self.list()?;
+        let (fs, listed) = self.block(async move {
             let fs = images
                 .image_fs_info(cri::ImageFsInfoRequest {})
                 .await
@@ -990,13 +989,7 @@ impl RemoteRuntime {
                 .map_err(rpc)?
                 .into_inner()
                 .images;
-            let containers = rt
-                .list_containers(cri::ListContainersRequest::default())
-                .await
-                .map_err(rpc)?
-                .into_inner()
-                .containers;
-            Ok((fs, listed, containers))
+            Ok((fs, listed))
         })?;
         let capacity = capacity.max(1) as f64;
         // The runtime's figure for its image filesystem is refreshed every few seconds;

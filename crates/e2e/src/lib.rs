@@ -48,6 +48,35 @@ pub fn listed_in(file: &str) -> Vec<String> {
         .collect()
 }
 
+/// Runs `scripts/conformance --list LIST` against the cluster of `kubeconfig` (`parallel`
+/// ginkgo processes, reports in `out`) and checks that all `count` tests passed.
+pub fn conformance_list_passes(
+    list: &Path,
+    count: usize,
+    kubeconfig: &Path,
+    out: &Path,
+    parallel: u32,
+) -> Result<()> {
+    let result = run(Command::new(repo_root().join("scripts/conformance"))
+        .arg("--list")
+        .arg(list)
+        .arg("--parallel")
+        .arg(parallel.to_string())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--out")
+        .arg(out))?;
+    let last = result.stdout.lines().last().unwrap_or("");
+    if !result.status.success() || !last.starts_with(&format!("{count} passed, 0 failed")) {
+        anyhow::bail!(
+            "a recorded test regressed ({last}):\n{}\n{}",
+            result.stdout,
+            result.stderr
+        );
+    }
+    Ok(())
+}
+
 /// `.reference/bin`, where `scripts/reference build` puts the reference binaries.
 pub fn reference_bin_dir() -> PathBuf {
     repo_root().join(".reference").join("bin")

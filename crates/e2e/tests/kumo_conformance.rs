@@ -3,9 +3,7 @@
 //! a kubelet, in process): no regressions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
-
-use kumo_e2e::{listed_in, repo_root, require_reference_binaries, run};
+use kumo_e2e::{conformance_list_passes, listed_in, repo_root, require_reference_binaries};
 
 fn listed() -> Vec<String> {
     listed_in("conformance/kumo-passing.txt")
@@ -31,30 +29,13 @@ async fn recorded_multinode_conformance_tests_still_pass_on_kumo() {
     let kubeconfig = cluster.api.admin_kubeconfig.clone();
     let out_dir = dir.path().join("conformance");
     let list = repo_root().join("conformance/kumo-passing-multinode.txt");
-    let out = tokio::task::spawn_blocking(move || {
-        run(Command::new(repo_root().join("scripts/conformance"))
-            .arg("--list")
-            .arg(&list)
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--out")
-            .arg(&out_dir))
-        .unwrap()
+    let count = listed_in("conformance/kumo-passing-multinode.txt").len();
+    tokio::task::spawn_blocking(move || {
+        conformance_list_passes(&list, count, &kubeconfig, &out_dir, 1)
     })
     .await
+    .unwrap()
     .unwrap();
-    let names = listed_in("conformance/kumo-passing-multinode.txt");
-    let last = out.stdout.lines().last().unwrap_or("").to_owned();
-    assert!(
-        out.status.success(),
-        "a recorded test regressed:\n{}\n{}",
-        out.stdout,
-        out.stderr
-    );
-    assert!(
-        last.starts_with(&format!("{} passed, 0 failed", names.len())),
-        "{last}"
-    );
 }
 
 /// The simulator's recorded tests, less those CI runs on the real runtime.
@@ -78,31 +59,13 @@ async fn recorded_conformance_tests_still_pass_on_kumo() {
         .collect();
     let list = dir.path().join("sim-list.txt");
     std::fs::write(&list, names.join("\n") + "\n").unwrap();
-    let out = tokio::task::spawn_blocking(move || {
-        run(Command::new(repo_root().join("scripts/conformance"))
-            .arg("--list")
-            .arg(&list)
-            // Two ginkgo processes ([Serial] tests still run alone, at the end): the list
-            // grows with every controller, and CI has two cores.
-            .arg("--parallel")
-            .arg("2")
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--out")
-            .arg(&out_dir))
-        .unwrap()
+    // Two ginkgo processes ([Serial] tests still run alone, at the end): the list grows
+    // with every controller, and CI has two cores.
+    let count = names.len();
+    tokio::task::spawn_blocking(move || {
+        conformance_list_passes(&list, count, &kubeconfig, &out_dir, 2)
     })
     .await
+    .unwrap()
     .unwrap();
-    let last = out.stdout.lines().last().unwrap_or("").to_owned();
-    assert!(
-        out.status.success(),
-        "a recorded test regressed:\n{}\n{}",
-        out.stdout,
-        out.stderr
-    );
-    assert!(
-        last.starts_with(&format!("{} passed, 0 failed", names.len())),
-        "{last}"
-    );
 }
