@@ -229,8 +229,15 @@ fn pods_run_as_real_containers_on_containerd() {
     if let Err(e) = result {
         let log = std::fs::read_to_string(data.join("kumo.log")).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        // The warnings tell why a node did not come up; the tail what happened last.
+        let warned: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .take(30)
+            .collect();
         eprintln!(
-            "kumo up printed:\n{printed}\nlog tail:\n{}",
+            "kumo up printed:\n{printed}\nwarnings:\n{}\nlog tail:\n{}",
+            warned.join("\n"),
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
         std::panic::resume_unwind(e);

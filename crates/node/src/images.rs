@@ -317,11 +317,16 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
 /// Packs kumo's offline images into `dir` (anew each time: a few MB, a few ms) and
 /// returns their archives.
 pub fn build(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    // Nodes boot in parallel and each packs the images before it imports them: one packs
+    // at a time in this process, and a temporary name of its own keeps another process's
+    // packing from renaming a half-written file into place.
+    static PACKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = PACKING.lock().unwrap_or_else(|e| e.into_inner());
     std::fs::create_dir_all(dir)?;
     let mut out = Vec::new();
     for (file, image) in offline_images()? {
         let path = dir.join(file);
-        let tmp = dir.join(format!(".{file}.tmp"));
+        let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
         std::fs::write(&tmp, archive(&image)?)?;
         std::fs::rename(&tmp, &path)?;
         out.push(path);

@@ -154,6 +154,15 @@ impl NodeHost {
     pub fn start(spec: &NodeSpec) -> Result<NodeHost, Error> {
         prerequisites()?;
         teardown(&spec.dir)?;
+        Self::bring_up(spec).inspect_err(|_| {
+            // A machine that did not come up leaves nothing running behind it.
+            if let Err(e) = teardown(&spec.dir) {
+                tracing::warn!(node = %spec.name, error = %e, "tearing down a failed start");
+            }
+        })
+    }
+
+    fn bring_up(spec: &NodeSpec) -> Result<NodeHost, Error> {
         let netns = netns_name(&spec.dir, &spec.name);
         let record = Record {
             name: spec.name.clone(),
