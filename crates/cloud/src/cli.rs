@@ -172,6 +172,9 @@ pub enum InstanceCmd {
         /// A file whose contents are the user data.
         #[arg(long)]
         user_data_file: Option<PathBuf>,
+        /// A free address of the zone's subnet to take (default: the next free one).
+        #[arg(long)]
+        private_ip: Option<String>,
         /// Tags KEY=VALUE (repeatable).
         #[arg(long)]
         tag: Vec<String>,
@@ -477,6 +480,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
                     instance_type,
                     zone,
                     user_data_file,
+                    private_ip,
                     tag,
                 } => {
                     let user_data = match user_data_file {
@@ -493,6 +497,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
                             zone,
                             subnet_id: None,
                             user_data,
+                            private_ip_address: private_ip,
                             tags: tags(&tag)?,
                         })
                         .await?;

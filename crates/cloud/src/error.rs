@@ -58,6 +58,8 @@ pub mod codes {
     pub const ROUTE_LIMIT_EXCEEDED: &str = "RouteLimitExceeded";
     /// 503: the public or private address pool is empty.
     pub const INSUFFICIENT_ADDRESS_CAPACITY: &str = "InsufficientAddressCapacity";
+    /// The private address asked for is taken.
+    pub const ADDRESS_IN_USE: &str = "InvalidIPAddress.InUse";
     /// 413: the body is too large.
     pub const REQUEST_TOO_LARGE: &str = "RequestEntityTooLarge";
     /// 503 (injected): try again later.

@@ -227,6 +227,10 @@ pub struct RunInstanceRequest {
     /// Opaque user data (at most 16 KiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data: Option<String>,
+    /// A private address of the subnet's range to take instead of the next free one (a
+    /// control-plane machine whose address is known before it exists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_ip_address: Option<String>,
     /// More tags.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,

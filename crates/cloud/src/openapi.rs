@@ -82,7 +82,7 @@ fn schemas() -> Value {
         "InstanceList": list("instances", "Instance"),
         "RunInstanceRequest": obj(&[], &[
             ("name", s("string")), ("instanceType", s("string")), ("zone", s("string")), ("subnetId", s("string")),
-            ("userData", json!({"type": "string", "maxLength": 16384})), ("tags", tags())], true),
+            ("userData", json!({"type": "string", "maxLength": 16384})), ("privateIpAddress", s("string")), ("tags", tags())], true),
         "StopInstanceRequest": obj(&[], &[("force", s("boolean"))], true),
         "Listener": obj(&["port", "protocol", "targetPort"], &[("port", port.clone()), ("protocol", enumer(&["TCP", "UDP"])), ("targetPort", port.clone())], true),
         "HealthCheck": obj(&[], &[

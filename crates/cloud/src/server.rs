@@ -140,6 +140,8 @@ pub struct CloudConfig {
     pub bind: SocketAddr,
     /// Boots and halts instances.
     pub hypervisor: Arc<dyn Hypervisor>,
+    /// Carries the VPC's routes.
+    pub network: Arc<dyn crate::network::Network>,
     /// Added before each boot and halt, to make `pending`/`stopping` observable.
     pub transition_delay: Duration,
     /// How long terminated instances stay visible (upstream clouds: about an hour).
@@ -153,6 +155,7 @@ impl CloudConfig {
             data_dir: data_dir.into(),
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             hypervisor: Arc::new(NoopHypervisor),
+            network: Arc::new(crate::network::NoopNetwork),
             transition_delay: Duration::ZERO,
             terminated_retention: Duration::from_secs(3600),
         }
@@ -283,6 +286,24 @@ impl CloudServer {
             locks: parking_lot::Mutex::new(HashMap::new()),
         });
         resume(&inner);
+        {
+            // The network follows the route table: whatever changed it (an API call, an
+            // instance terminated), the next look programs the difference.
+            let (inner2, network) = (inner.clone(), cfg.network.clone());
+            inner.tasks.lock().spawn(async move {
+                let mut carried: Option<Vec<crate::network::NextHop>> = None;
+                loop {
+                    let hops = inner2.store.read(|s| s.next_hops());
+                    if carried.as_ref() != Some(&hops) {
+                        match network.set_routes(&hops).await {
+                            Ok(()) => carried = Some(hops),
+                            Err(e) => tracing::warn!("cloud: programming the VPC's routes: {e}"),
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            });
+        }
         let retention = cfg.terminated_retention;
         {
             let inner2 = inner.clone();

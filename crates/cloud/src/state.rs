@@ -451,6 +451,35 @@ impl State {
             .collect()
     }
 
+    /// The address `asked` for, when it is a free, unreserved one of the subnet's.
+    fn take_private_ip(&self, subnet: &SubnetRecord, asked: &str) -> Result<Ipv4Addr, ApiError> {
+        let ip: Ipv4Addr = asked.parse().map_err(|_| {
+            ApiError::invalid(format!("Invalid IPv4 address: {asked:?}"))
+        })?;
+        let cidr = Cidr::parse(&subnet.cidr).map_err(ApiError::internal)?;
+        let n = u32::from(ip);
+        if !cidr.contains(n) {
+            return Err(ApiError::invalid(format!(
+                "Address {ip} does not fall within the subnet's address range ({})",
+                subnet.cidr
+            )));
+        }
+        if n < cidr.addr + 4 || n > cidr.addr + (cidr.size() as u32) - 2 {
+            return Err(ApiError::invalid(format!(
+                "Address {ip} is reserved in subnet {} (the first four and the last)",
+                subnet.id
+            )));
+        }
+        if self.instances.values().any(|i| i.private_ip == ip.to_string()) {
+            return Err(ApiError::new(
+                409,
+                codes::ADDRESS_IN_USE,
+                format!("Address {ip} is in use."),
+            ));
+        }
+        Ok(ip)
+    }
+
     fn allocate_private_ip(&self, subnet: &SubnetRecord) -> Result<Ipv4Addr, ApiError> {
         let cidr = Cidr::parse(&subnet.cidr).map_err(ApiError::internal)?;
         let used: BTreeSet<u32> = self
@@ -615,7 +644,10 @@ impl State {
                 ),
             ));
         }
-        let ip = self.allocate_private_ip(subnet)?;
+        let ip = match &req.private_ip_address {
+            Some(asked) => self.take_private_ip(subnet, asked)?,
+            None => self.allocate_private_ip(subnet)?,
+        };
         let mut id = new_id("i");
         while self.instances.contains_key(&id) {
             id = new_id("i");
@@ -960,6 +992,27 @@ impl State {
             },
             origin: "CreateRoute".to_owned(),
         }
+    }
+
+    /// The routes the VPC's network carries: each active route to its instance's private
+    /// address (a stopped instance keeps its address, so its routes stay).
+    pub fn next_hops(&self) -> Vec<crate::network::NextHop> {
+        let mut hops: Vec<crate::network::NextHop> = self
+            .routes
+            .iter()
+            .filter_map(|r| {
+                let i = self.instances.get(&r.instance_id)?;
+                if i.state == InstanceState::Terminated {
+                    return None;
+                }
+                Some(crate::network::NextHop {
+                    destination: r.destination_cidr.clone(),
+                    via: i.private_ip.parse().ok()?,
+                })
+            })
+            .collect();
+        hops.sort();
+        hops
     }
 
     /// The route tables (one: the default VPC's main table).
@@ -1904,6 +1957,44 @@ mod tests {
         assert!(Cidr::parse("10.244.1.0/33").is_err());
         assert!(Cidr::parse("10.244.1.0").is_err());
         assert!(Cidr::parse("0.0.0.0/0").expect("valid").overlaps(c));
+    }
+
+    #[test]
+    fn an_address_asked_for_is_taken_once_and_routes_follow_their_instances() {
+        let mut s = State::new();
+        let launch = |s: &mut State, ip: Option<&str>| {
+            s.run_instance(RunInstanceRequest {
+                zone: Some("kumo-1a".into()),
+                private_ip_address: ip.map(str::to_owned),
+                ..Default::default()
+            })
+        };
+        let cp = launch(&mut s, Some("10.0.1.9")).expect("a free address");
+        assert_eq!(cp.private_ip, "10.0.1.9");
+        let taken = launch(&mut s, Some("10.0.1.9")).expect_err("in use");
+        assert_eq!(taken.code, codes::ADDRESS_IN_USE);
+        for bad in ["10.0.1.2", "10.0.1.255", "10.0.2.9", "ten"] {
+            let e = launch(&mut s, Some(bad)).expect_err(bad);
+            assert_eq!(e.code, codes::INVALID_PARAMETER_VALUE, "{bad}");
+        }
+        // The next free one skips nothing it should not.
+        assert_eq!(launch(&mut s, None).expect("next").private_ip, "10.0.1.4");
+        let table = s.route_tables()[0].id.clone();
+        s.create_route(
+            &table,
+            CreateRouteRequest {
+                destination_cidr: "10.244.0.0/24".into(),
+                instance_id: cp.id.clone(),
+                ..Default::default()
+            },
+        )
+        .expect("route");
+        let hops = s.next_hops();
+        assert_eq!(hops.len(), 1);
+        assert_eq!(hops[0].via, Ipv4Addr::new(10, 0, 1, 9));
+        s.begin_terminate(&cp.id).expect("terminate");
+        s.finish_transition(&cp.id, InstanceState::ShuttingDown, InstanceState::Terminated, None);
+        assert!(s.next_hops().is_empty(), "a blackholed route carries nothing");
     }
 
     #[test]
