@@ -52,6 +52,11 @@ pub struct ApiServerConfig {
     pub compaction_interval: std::time::Duration,
     /// The pods' network, when the host does not route it (`kumo up`'s simulated one).
     pub pod_network: Option<Arc<dyn crate::resource_proxy::PodNetwork>>,
+    /// Where in-cluster clients reach this server, when not where it serves: the
+    /// `kubernetes` Service's endpoint (kube-apiserver's advertise address and port).
+    /// `kumo up` on the real network relays the control-plane node's address to the
+    /// server on loopback.
+    pub service_endpoint: Option<SocketAddr>,
 }
 
 impl ApiServerConfig {
@@ -67,6 +72,7 @@ impl ApiServerConfig {
             kubelet_dial_overrides: Default::default(),
             compaction_interval: CompactionConfig::default().window,
             pod_network: None,
+            service_endpoint: None,
         }
     }
 }
@@ -164,7 +170,10 @@ impl ApiServer {
         let registry = Registry::builtin();
         bootstrap_namespaces(&rest, &registry).await?;
         crate::registry::bootstrap_policy(&rest, &registry).await?;
-        bootstrap_kubernetes_service(&rest, &registry, host, local_addr.port()).await?;
+        let (ep_ip, ep_port) = cfg
+            .service_endpoint
+            .map_or((host, local_addr.port()), |e| (e.ip(), e.port()));
+        bootstrap_kubernetes_service(&rest, &registry, ep_ip, ep_port).await?;
         let front_proxy_ca =
             std::fs::read_to_string(cfg.data_dir.join("pki").join("front-proxy-ca.crt")).ok();
         bootstrap_kube_system_config_maps(&rest, &registry, &certs.ca_pem, front_proxy_ca).await?;

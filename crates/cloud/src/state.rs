@@ -219,7 +219,8 @@ pub struct State {
     access_keys: Vec<KeyRecord>,
 }
 
-fn subnet_cidr(i: usize) -> String {
+/// The range of the default VPC's subnet in zone `ZONES[i]`.
+pub fn subnet_cidr(i: usize) -> String {
     format!("10.0.{}.0/24", i + 1)
 }
 
@@ -453,9 +454,9 @@ impl State {
 
     /// The address `asked` for, when it is a free, unreserved one of the subnet's.
     fn take_private_ip(&self, subnet: &SubnetRecord, asked: &str) -> Result<Ipv4Addr, ApiError> {
-        let ip: Ipv4Addr = asked.parse().map_err(|_| {
-            ApiError::invalid(format!("Invalid IPv4 address: {asked:?}"))
-        })?;
+        let ip: Ipv4Addr = asked
+            .parse()
+            .map_err(|_| ApiError::invalid(format!("Invalid IPv4 address: {asked:?}")))?;
         let cidr = Cidr::parse(&subnet.cidr).map_err(ApiError::internal)?;
         let n = u32::from(ip);
         if !cidr.contains(n) {
@@ -470,7 +471,11 @@ impl State {
                 subnet.id
             )));
         }
-        if self.instances.values().any(|i| i.private_ip == ip.to_string()) {
+        if self
+            .instances
+            .values()
+            .any(|i| i.private_ip == ip.to_string())
+        {
             return Err(ApiError::new(
                 409,
                 codes::ADDRESS_IN_USE,
@@ -1993,8 +1998,16 @@ mod tests {
         assert_eq!(hops.len(), 1);
         assert_eq!(hops[0].via, Ipv4Addr::new(10, 0, 1, 9));
         s.begin_terminate(&cp.id).expect("terminate");
-        s.finish_transition(&cp.id, InstanceState::ShuttingDown, InstanceState::Terminated, None);
-        assert!(s.next_hops().is_empty(), "a blackholed route carries nothing");
+        s.finish_transition(
+            &cp.id,
+            InstanceState::ShuttingDown,
+            InstanceState::Terminated,
+            None,
+        );
+        assert!(
+            s.next_hops().is_empty(),
+            "a blackholed route carries nothing"
+        );
     }
 
     #[test]

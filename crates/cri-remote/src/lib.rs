@@ -389,6 +389,38 @@ impl Runtime for RemoteRuntime {
         (self.name.clone(), self.version.clone())
     }
 
+    fn not_ready(&self) -> Option<String> {
+        let mut rt = self.rt();
+        let status = self
+            .run(async move {
+                rt.status(cri::StatusRequest { verbose: false })
+                    .await
+                    .ok()
+                    .and_then(|r| r.into_inner().status)
+            })
+            .flatten();
+        let Some(status) = status else {
+            return Some("container runtime status check may not have completed yet".into());
+        };
+        // As the kubelet words it: the runtime first, then its network.
+        for (kind, what) in [
+            ("RuntimeReady", "runtime"),
+            ("NetworkReady", "runtime network"),
+        ] {
+            match status.conditions.iter().find(|c| c.r#type == kind) {
+                Some(c) if c.status => {}
+                Some(c) => {
+                    return Some(format!(
+                        "container {what} not ready: {}={} reason:{} message:{}",
+                        c.r#type, c.status, c.reason, c.message
+                    ))
+                }
+                None => return Some(format!("container {what} not ready: no {kind} condition")),
+            }
+        }
+        None
+    }
+
     fn image_status(&self, image: &str) -> Option<String> {
         let mut images = self.images.clone();
         let req = cri::ImageStatusRequest {
@@ -507,13 +539,18 @@ impl Runtime for RemoteRuntime {
             config: Some(cfg.clone()),
             runtime_handler: String::new(),
         };
+        let uid = config.uid.clone();
         let (id, ip) = self.block(async move {
-            let id = rt
-                .run_pod_sandbox(req)
-                .await
-                .map_err(rpc)?
-                .into_inner()
-                .pod_sandbox_id;
+            let id = match rt.run_pod_sandbox(req).await {
+                Ok(r) => r.into_inner().pod_sandbox_id,
+                Err(e) => {
+                    // A sandbox whose network failed stays in the runtime, not ready, and
+                    // keeps its name: it goes, so that the next attempt can have the name
+                    // (upstream's kubelet kills and removes it on its next sync).
+                    remove_unready_sandboxes(&mut rt, &uid).await;
+                    return Err(rpc(e));
+                }
+            };
             let status = rt
                 .pod_sandbox_status(cri::PodSandboxStatusRequest {
                     pod_sandbox_id: id.clone(),
@@ -1120,4 +1157,34 @@ pub fn factory(runtime: Arc<RemoteRuntime>) -> RuntimeFactory {
 /// `unix:///path` (upstream's `--container-runtime-endpoint`) or a bare path: the socket.
 pub fn socket_of(endpoint: &str) -> &Path {
     Path::new(endpoint.strip_prefix("unix://").unwrap_or(endpoint))
+}
+
+/// Stops and removes pod `uid`'s sandboxes that are not ready.
+async fn remove_unready_sandboxes(rt: &mut RuntimeServiceClient<Channel>, uid: &str) {
+    let filter = cri::PodSandboxFilter {
+        label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
+        ..Default::default()
+    };
+    let Ok(list) = rt
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(filter),
+        })
+        .await
+    else {
+        return;
+    };
+    for sb in list.into_inner().items {
+        if sb.state == cri::PodSandboxState::SandboxReady as i32 {
+            continue;
+        }
+        let id = sb.id;
+        let _ = rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await;
+        let _ = rt
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await;
+    }
 }

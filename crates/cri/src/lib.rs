@@ -202,6 +202,11 @@ pub enum RuntimeError {
 pub trait Runtime: Send + Sync {
     /// `(runtime name, runtime version)`, e.g. `("sim", "0.1.0")`.
     fn version(&self) -> (String, String);
+    /// Why the runtime cannot run pods now (the CRI's Status: RuntimeReady or NetworkReady
+    /// false), in upstream's words; `None`: ready.
+    fn not_ready(&self) -> Option<String> {
+        None
+    }
     /// Pulls an image (with `auth`, a registry credential of the pod's imagePullSecrets);
     /// returns its digest reference.
     fn pull_image(

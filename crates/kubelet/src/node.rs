@@ -151,7 +151,10 @@ pub fn status(cfg: &KubeletConfig, runtime: &dyn Runtime, old: Option<&Value>) -
             condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
             condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
             condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-            condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            match runtime.not_ready() {
+                None => condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+                Some(why) => condition("Ready", "False", "KubeletNotReady", &why),
+            },
         ],
         "addresses": addresses(cfg),
         "capacity": capacity,
@@ -420,8 +423,16 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
     let nodes: Api<Node> = Api::all(client.clone());
     let mut last_report = std::time::Instant::now();
     let mut was_unschedulable = false;
+    let mut ready = false;
     loop {
-        tokio::time::sleep(cfg.status_update_frequency).await;
+        // Until the node is ready (a runtime whose network waits for the pod range), its
+        // status is looked at often, as upstream's fast status update at start.
+        let every = if ready {
+            cfg.status_update_frequency
+        } else {
+            cfg.status_update_frequency.min(Duration::from_millis(500))
+        };
+        tokio::time::sleep(every).await;
         // From the API server's cache, as upstream's kubelet reads it first; a stale copy
         // only costs a conflict, and the status patch carries no precondition anyway.
         let current = match nodes.get_with(&cfg.node_name, &GetParams::any()).await {
@@ -469,7 +480,21 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
             }
             v
         };
-        let (old_cmp, new_cmp) = (strip(&old), strip(&new));
+        ready = new
+            .get("conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+            .is_some_and(|c| c["status"] == "True");
+        let (mut old_cmp, new_cmp) = (strip(&old), strip(&new));
+        // Conditions other components own (NetworkUnavailable) are not this one's change.
+        let mine: Vec<Value> = new_cmp
+            .get("conditions")
+            .and_then(Value::as_array)
+            .map(|cs| cs.iter().map(|c| c["type"].clone()).collect())
+            .unwrap_or_default();
+        if let Some(cs) = old_cmp.get_mut("conditions").and_then(Value::as_array_mut) {
+            cs.retain(|c| mine.contains(&c["type"]));
+        }
         let changed = [
             "conditions",
             "capacity",
@@ -488,7 +513,9 @@ pub async fn status_loop(client: Client, cfg: Arc<KubeletConfig>, runtime: Arc<d
             .patch_status(
                 &cfg.node_name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": new})),
+                // Strategic: conditions merge by type, so that those other components
+                // own (the route controller's NetworkUnavailable) stay.
+                &Patch::Strategic(json!({"status": new})),
             )
             .await
         {

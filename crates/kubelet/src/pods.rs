@@ -318,8 +318,13 @@ pub async fn run(
         cfg.node_ip.into_iter().collect(),
         wake.clone(),
     );
-    // The kubelet's --pod-cidr until the Node has a spec.podCIDR.
-    network.set_pod_cidr(&cfg.pod_cidr);
+    // The kubelet's --pod-cidr until the Node has a spec.podCIDR. Not to a real runtime:
+    // containerd renders its CNI configuration once, from the first range it is handed,
+    // so it gets only the Node's (pods wait for it, as upstream's until the network is
+    // ready).
+    if !network.real() {
+        network.set_pod_cidr(&cfg.pod_cidr);
+    }
     let mut w = Workers {
         client,
         prober,
@@ -344,9 +349,12 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
         // The pod range is read until the node has one (spec.podCIDR never changes once set).
-        if !w.pod_cidr_known
-            && last_node_read.is_none_or(|t: Instant| t.elapsed() > Duration::from_secs(10))
-        {
+        let every = if w.network.real() {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(10)
+        };
+        if !w.pod_cidr_known && last_node_read.is_none_or(|t: Instant| t.elapsed() > every) {
             last_node_read = Some(Instant::now());
             w.read_pod_cidr().await;
         }

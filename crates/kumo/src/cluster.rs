@@ -203,6 +203,10 @@ fn server_url(kubeconfig: &Path) -> Result<String> {
 /// network (the cloud's instances get theirs from their subnet).
 pub const NO_CLOUD_NODE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 0, 11);
 
+/// The control-plane instance's address on the real network (the first free one of
+/// zone kumo-1a's subnet, asked for at launch so that the API server can name it first).
+pub const CONTROL_PLANE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 1, 4);
+
 /// Starts the API server and then each component; the components restart if they stop.
 pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     if let Some(c) = &cfg.cloud {
@@ -224,6 +228,15 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
         }
     });
     api_cfg.store = cfg.store.clone();
+    if cfg.runtime == crate::machine::RuntimeKind::Containerd && cfg.cloud.is_some() {
+        // On the real network pods reach the API server as on a kubeadm cluster: the
+        // `kubernetes` Service leads to the control-plane node's address and port 6443,
+        // which its machine relays to this process.
+        api_cfg.service_endpoint = Some(std::net::SocketAddr::new(
+            CONTROL_PLANE_IP.into(),
+            crate::hypervisor::API_SERVER_PORT,
+        ));
+    }
     let api = kumo_apiserver::ApiServer::start(api_cfg).await?;
     // On the real runtime the addons' pods would need their images and the cluster's
     // network (issue: the real network); the control plane runs in this process either way.
@@ -415,12 +428,23 @@ async fn start_cloud(
     dataplane: &Arc<kumo_sim::net::Dataplane>,
 ) -> Result<ClusterCloud> {
     let server = server_url(&api.admin_kubeconfig)?;
-    let hypervisor = Arc::new(
-        KubeletHypervisor::new(&cfg.data_dir, server, &api.admin_kubeconfig, dial)
-            .with_dataplane(dataplane.clone())
-            .with_runtime(cfg.runtime),
-    );
+    let mut hypervisor = KubeletHypervisor::new(&cfg.data_dir, server, &api.admin_kubeconfig, dial)
+        .with_dataplane(dataplane.clone())
+        .with_runtime(cfg.runtime);
     let mut cloud_cfg = kumo_cloud::CloudConfig::new(cfg.cloud_dir());
+    let real = cfg.runtime == crate::machine::RuntimeKind::Containerd;
+    if real {
+        // The real network: the VPC is made before any instance boots into it.
+        let data_dir = cfg.data_dir.clone();
+        let vpc = tokio::task::spawn_blocking(move || crate::machine::create_vpc(&data_dir))
+            .await
+            .context("making the VPC")?
+            .context("making the VPC")?;
+        let vpc = Arc::new(vpc);
+        cloud_cfg.network = Arc::new(crate::machine::VpcNetwork(vpc.clone()));
+        hypervisor = hypervisor.with_vpc(vpc);
+    }
+    let hypervisor = Arc::new(hypervisor);
     cloud_cfg.hypervisor = hypervisor.clone();
     // The cloud boots the instances it recorded as running again (a restart).
     let cloud = kumo_cloud::CloudServer::start(cloud_cfg)
@@ -451,7 +475,9 @@ async fn start_cloud(
         } else {
             "worker"
         };
-        instances.push(ensure_instance(&client, &settings.name, &name, role, boot, i).await?);
+        let address = (real && boot.control_plane).then_some(CONTROL_PLANE_IP);
+        instances
+            .push(ensure_instance(&client, &settings.name, &name, role, boot, i, address).await?);
     }
     let mut ccm_access_key_id = None;
     if !settings.controllers.is_empty() {
@@ -563,6 +589,7 @@ async fn ensure_instance(
     role: &str,
     boot: NodeBootstrap,
     index: usize,
+    address: Option<std::net::Ipv4Addr>,
 ) -> Result<InstanceStart> {
     let filter = InstanceFilter {
         name: Some(name.to_owned()),
@@ -588,6 +615,7 @@ async fn ensure_instance(
         name: Some(name.to_owned()),
         zone: Some(kumo_cloud::ZONES[index % kumo_cloud::ZONES.len()].to_owned()),
         user_data: Some(boot.to_user_data()),
+        private_ip_address: address.map(|a| a.to_string()),
         tags: [
             ("kumo.io/cluster".to_owned(), cluster.to_owned()),
             ("kumo.io/role".to_owned(), role.to_owned()),

@@ -95,6 +95,8 @@ struct Running {
     node: String,
     stop: watch::Sender<bool>,
     thread: std::thread::JoinHandle<()>,
+    /// The API server's relay on a control-plane machine's address.
+    relay: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Boots a kubelet per running instance (see the module documentation).
@@ -111,6 +113,8 @@ pub struct KubeletHypervisor {
     dataplane: Option<std::sync::Arc<kumo_sim::net::Dataplane>>,
     /// What the instances run their pods on.
     runtime: crate::machine::RuntimeKind,
+    /// The VPC the machines attach to (the real network).
+    vpc: Option<std::sync::Arc<kumo_vpc::Vpc>>,
 }
 
 impl KubeletHypervisor {
@@ -130,7 +134,16 @@ impl KubeletHypervisor {
             running: Mutex::new(HashMap::new()),
             dataplane: None,
             runtime: crate::machine::RuntimeKind::Sim,
+            vpc: None,
         }
+    }
+
+    /// Machines attached to `vpc` (the real network): each instance's namespace gets its
+    /// private address on its subnet's bridge, and a control-plane machine relays the API
+    /// server's port (6443) on its address to the server.
+    pub fn with_vpc(mut self, vpc: std::sync::Arc<kumo_vpc::Vpc>) -> Self {
+        self.vpc = Some(vpc);
+        self
     }
 
     /// Kubelets whose pods share `dataplane` (the cluster's pod network).
@@ -305,6 +318,18 @@ fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)
 }
 
+/// The port kube-apiserver serves on its node's address (kubeadm's default).
+pub const API_SERVER_PORT: u16 = 6443;
+
+/// The API server's address on this host, from its URL (`https://127.0.0.1:PORT`).
+fn api_address(server: &str) -> Result<std::net::SocketAddr, String> {
+    server
+        .strip_prefix("https://")
+        .and_then(|h| h.split('/').next())
+        .and_then(|h| h.parse().ok())
+        .ok_or_else(|| format!("the API server's URL {server:?} names no address"))
+}
+
 impl Drop for KubeletHypervisor {
     fn drop(&mut self) {
         for r in self.lock().values() {
@@ -321,14 +346,38 @@ impl Hypervisor for KubeletHypervisor {
             return Ok(());
         }
         let (mut cfg, control_plane, join) = self.kubelet_config(inst).map_err(HypervisorError)?;
+        let mut relay = None;
         if self.runtime == crate::machine::RuntimeKind::Containerd {
-            // The instance's machine: its namespace and containerd, before its kubelet.
+            // The instance's machine: its namespace and containerd, before its kubelet;
+            // on the real network, its NIC in the VPC.
             let (data_dir, node) = (self.data_dir.clone(), inst.name.clone());
-            let machine =
-                tokio::task::spawn_blocking(move || crate::machine::boot(&data_dir, &node))
-                    .await
-                    .map_err(|e| HypervisorError(format!("booting the machine: {e}")))?
-                    .map_err(|e| HypervisorError(format!("booting the machine: {e:#}")))?;
+            let vpc = self.vpc.clone();
+            let ip = match &cfg.node_ip {
+                Some(IpAddr::V4(v4)) => Some(*v4),
+                _ => None,
+            };
+            let machine = tokio::task::spawn_blocking(move || {
+                let m = crate::machine::boot(&data_dir, &node)?;
+                if let (Some(vpc), Some(ip)) = (vpc, ip) {
+                    if let Err(e) = vpc.attach(&m.netns, ip) {
+                        crate::machine::power_off(&data_dir, &node);
+                        return Err(anyhow::anyhow!("attaching {node} to the VPC: {e}"));
+                    }
+                }
+                Ok::<_, anyhow::Error>(m)
+            })
+            .await
+            .map_err(|e| HypervisorError(format!("booting the machine: {e}")))?
+            .map_err(|e| HypervisorError(format!("booting the machine: {e:#}")))?;
+            if control_plane && self.vpc.is_some() {
+                let to = api_address(&self.server).map_err(HypervisorError)?;
+                let netns = std::path::Path::new("/run/netns").join(&machine.netns);
+                let listen = std::net::SocketAddr::from(([0, 0, 0, 0], API_SERVER_PORT));
+                relay = Some(
+                    crate::machine::relay(&netns, listen, to)
+                        .map_err(|e| HypervisorError(format!("{e:#}")))?,
+                );
+            }
             cfg.runtime = Some(machine.factory);
             cfg.cgroup_root = machine.cgroup_root;
         }
@@ -346,6 +395,7 @@ impl Hypervisor for KubeletHypervisor {
                 node: inst.name.clone(),
                 stop,
                 thread,
+                relay,
             },
         );
         Ok(())
@@ -356,6 +406,10 @@ impl Hypervisor for KubeletHypervisor {
             return Ok(());
         };
         r.stop.send_replace(true);
+        if let Some(relay) = &r.relay {
+            // Its listening socket would keep the machine's namespace alive.
+            relay.abort();
+        }
         let joined = tokio::task::spawn_blocking(move || r.thread.join()).await;
         if let Ok(mut m) = self.dial.write() {
             m.remove(&r.node);

@@ -35,6 +35,8 @@ pub struct Machine {
     pub factory: kumo_cri::RuntimeFactory,
     /// The kubelet's `--cgroup-root`.
     pub cgroup_root: String,
+    /// The machine's network namespace (under `/run/netns`).
+    pub netns: String,
 }
 
 /// The directory of node `node`'s machine.
@@ -70,7 +72,71 @@ pub fn boot(data_dir: &Path, node: &str) -> Result<Machine> {
     Ok(Machine {
         factory: kumo_cri_remote::factory(Arc::new(runtime)),
         cgroup_root: host.record().cgroup_root.clone(),
+        netns: host.record().netns.clone(),
     })
+}
+
+/// Where the cloud's VPC of a cluster on the real runtime is recorded.
+pub fn vpc_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("vpc")
+}
+
+/// Makes the cloud's VPC for a cluster on the real runtime: a namespace with a bridge per
+/// subnet of the cloud's layout. Blocking.
+pub fn create_vpc(data_dir: &Path) -> Result<kumo_vpc::Vpc> {
+    let subnets = (0..kumo_cloud::ZONES.len())
+        .map(|i| kumo_vpc::Cidr::parse(&kumo_cloud::state::subnet_cidr(i)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(kumo_vpc::Vpc::create(&vpc_dir(data_dir), &subnets)?)
+}
+
+/// The cloud's route table carried by the VPC's namespace.
+pub struct VpcNetwork(pub Arc<kumo_vpc::Vpc>);
+
+#[async_trait::async_trait]
+impl kumo_cloud::Network for VpcNetwork {
+    async fn set_routes(&self, routes: &[kumo_cloud::NextHop]) -> Result<(), String> {
+        let routes = routes
+            .iter()
+            .map(|r| Ok((kumo_vpc::Cidr::parse(&r.destination)?, r.via)))
+            .collect::<Result<Vec<_>, kumo_vpc::Error>>()
+            .map_err(|e| e.to_string())?;
+        let vpc = self.0.clone();
+        tokio::task::spawn_blocking(move || vpc.set_routes(&routes))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Relays connections made to `listen` inside namespace `netns` to `to` on this host's
+/// loopback: how the control-plane node's address reaches the API server that runs in
+/// this process (kube-apiserver listens on its node's address; this one on loopback).
+/// Ends when the returned task is aborted.
+pub fn relay(
+    netns: &Path,
+    listen: std::net::SocketAddr,
+    to: std::net::SocketAddr,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let listener =
+        kumo_cri_remote::netns::run_in(Some(netns), move || std::net::TcpListener::bind(listen))
+            .with_context(|| format!("listening on {listen} in {}", netns.display()))?;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                // Out of descriptors, say: try again in a moment rather than spin.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            };
+            tokio::spawn(async move {
+                if let Ok(mut up) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                }
+            });
+        }
+    }))
 }
 
 /// Powers node `node`'s machine off: its pods, containerd and namespace go.
@@ -80,12 +146,15 @@ pub fn power_off(data_dir: &Path, node: &str) {
     }
 }
 
-/// Powers off every node machine recorded under `data_dir`.
+/// Powers off every node machine recorded under `data_dir`, then the VPC they were on.
 pub fn power_off_all(data_dir: &Path) {
     for dir in kumo_node::recorded(&data_dir.join("nodes")) {
         if let Err(e) = kumo_node::teardown(&dir) {
             tracing::warn!(node = %dir.display(), error = %e, "tearing the node's machine down");
         }
+    }
+    if let Err(e) = kumo_vpc::teardown(&vpc_dir(data_dir)) {
+        tracing::warn!(error = %e, "tearing the VPC down");
     }
 }
 

@@ -158,7 +158,10 @@ impl Vpc {
     }
 
     fn ip(&self, args: &[&str]) -> Result<String, Error> {
-        run(Command::new("ip").arg("-n").arg(&self.record.netns).args(args))
+        run(Command::new("ip")
+            .arg("-n")
+            .arg(&self.record.netns)
+            .args(args))
     }
 
     /// The VPC's namespace.

@@ -66,8 +66,8 @@ fn serve(ns: &str, addr: SocketAddr) {
 
 fn reach(ns: &str, addr: SocketAddr) -> Result<String, String> {
     in_netns(ns, move || {
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-            .map_err(|e| e.to_string())?;
+        let mut s =
+            TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| e.to_string())?;
         let mut text = String::new();
         s.read_to_string(&mut text).map_err(|e| e.to_string())?;
         Ok(text)
@@ -86,7 +86,9 @@ impl Drop for Teardown {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
     }
 }
 
@@ -110,8 +112,10 @@ fn instances_reach_each_other_and_routes_carry_pod_ranges() {
         ip(&["netns", "add", &n.0]);
         ip(&["-n", &n.0, "link", "set", "lo", "up"]);
     }
-    vpc.attach(&a.0, Ipv4Addr::new(10, 0, 1, 4)).expect("attach a");
-    vpc.attach(&b.0, Ipv4Addr::new(10, 0, 2, 4)).expect("attach b");
+    vpc.attach(&a.0, Ipv4Addr::new(10, 0, 1, 4))
+        .expect("attach a");
+    vpc.attach(&b.0, Ipv4Addr::new(10, 0, 2, 4))
+        .expect("attach b");
     // Across subnets, through the VPC's router.
     serve(&b.0, "10.0.2.4:7000".parse().expect("addr"));
     assert_eq!(
