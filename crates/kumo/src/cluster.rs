@@ -203,6 +203,11 @@ fn server_url(kubeconfig: &Path) -> Result<String> {
 /// network (the cloud's instances get theirs from their subnet).
 pub const NO_CLOUD_NODE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 0, 11);
 
+/// The pods' range (the controller-manager's `--cluster-cidr`, kube-proxy's too).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The Services' range (`--service-cluster-ip-range`).
+pub const SERVICE_CIDR: &str = "10.96.0.0/12";
+
 /// The control-plane instance's address on the real network (the first free one of
 /// zone kumo-1a's subnet, asked for at launch so that the API server can name it first).
 pub const CONTROL_PLANE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 1, 4);
@@ -276,7 +281,10 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     // kube-proxy as system:kube-proxy, programming the network every kubelet's pods share.
     let server = server_url(&api.admin_kubeconfig)?;
     let proxy_kc = kumo_apiserver::pki::kube_proxy_kubeconfig(&cfg.data_dir, &server)?;
-    tokio::spawn(run_proxy(proxy_kc, dataplane.clone()));
+    if !real {
+        // On the real runtime each node's machine runs its own (see the hypervisor).
+        tokio::spawn(run_proxy(proxy_kc, dataplane.clone()));
+    }
     let mut node_kubeconfig = None;
     let mut cloud = None;
     if let Some(settings) = &cfg.cloud {

@@ -97,6 +97,8 @@ struct Running {
     thread: std::thread::JoinHandle<()>,
     /// The API server's relay on a control-plane machine's address.
     relay: Option<tokio::task::JoinHandle<()>>,
+    /// The node's kube-proxy (nftables, in the machine's namespace).
+    proxy: Option<kumo_proxy::nft::NftProxy>,
 }
 
 /// Boots a kubelet per running instance (see the module documentation).
@@ -167,6 +169,33 @@ impl KubeletHypervisor {
     /// The static pod directory of worker node `node`.
     pub fn node_static_pod_path(&self, node: &str) -> PathBuf {
         self.data_dir.join("nodes").join(node).join("manifests")
+    }
+
+    /// The node's kube-proxy as `system:kube-proxy`, in nftables mode, programming the
+    /// machine's namespace.
+    async fn start_proxy(
+        &self,
+        node: &str,
+        ip: Option<std::net::Ipv4Addr>,
+        netns: &str,
+    ) -> anyhow::Result<kumo_proxy::nft::NftProxy> {
+        let kubeconfig = kumo_apiserver::pki::kube_proxy_kubeconfig(&self.data_dir, &self.server)?;
+        let config = kumo_client::clients::config_from_kubeconfig(&kubeconfig).await?;
+        let client = kube::Client::try_from(config)?;
+        let cfg = kumo_proxy::nft::NftConfig {
+            node_name: node.to_owned(),
+            node_ips: ip.into_iter().collect(),
+            cluster_cidr: kumo_proxy::nft::parse_cidr(crate::cluster::CLUSTER_CIDR),
+            service_cidrs: kumo_proxy::nft::parse_cidr(crate::cluster::SERVICE_CIDR)
+                .into_iter()
+                .collect(),
+            netns: Some(std::path::Path::new("/run/netns").join(netns)),
+        };
+        Ok(kumo_proxy::nft::NftProxy::start(
+            client,
+            cfg,
+            kumo_proxy::nft::SyncPeriods::default(),
+        ))
     }
 
     /// Names of the nodes whose kubelets run now.
@@ -347,6 +376,7 @@ impl Hypervisor for KubeletHypervisor {
         }
         let (mut cfg, control_plane, join) = self.kubelet_config(inst).map_err(HypervisorError)?;
         let mut relay = None;
+        let mut proxy = None;
         if self.runtime == crate::machine::RuntimeKind::Containerd {
             // The instance's machine: its namespace and containerd, before its kubelet;
             // on the real network, its NIC in the VPC.
@@ -378,6 +408,13 @@ impl Hypervisor for KubeletHypervisor {
                         .map_err(|e| HypervisorError(format!("{e:#}")))?,
                 );
             }
+            if self.vpc.is_some() {
+                proxy = Some(
+                    self.start_proxy(&inst.name, ip, &machine.netns)
+                        .await
+                        .map_err(|e| HypervisorError(format!("starting kube-proxy: {e:#}")))?,
+                );
+            }
             cfg.runtime = Some(machine.factory);
             cfg.cgroup_root = machine.cgroup_root;
         }
@@ -396,6 +433,7 @@ impl Hypervisor for KubeletHypervisor {
                 stop,
                 thread,
                 relay,
+                proxy,
             },
         );
         Ok(())
@@ -410,6 +448,13 @@ impl Hypervisor for KubeletHypervisor {
             // Its listening socket would keep the machine's namespace alive.
             relay.abort();
         }
+        let r = {
+            let mut r = r;
+            if let Some(p) = r.proxy.take() {
+                p.shutdown().await;
+            }
+            r
+        };
         let joined = tokio::task::spawn_blocking(move || r.thread.join()).await;
         if let Ok(mut m) = self.dial.write() {
             m.remove(&r.node);
