@@ -94,11 +94,11 @@ pub enum Command {
         #[command(subcommand)]
         what: ListOnly<OutputArgs>,
     },
-    /// Route tables: `kumo cloud routes list`.
+    /// Route tables: `kumo cloud routes list`, `kumo cloud routes delete CIDR`.
     Routes {
         /// The action.
         #[command(subcommand)]
-        what: ListOnly<OutputArgs>,
+        what: RouteCmd,
     },
     /// Deny policies: deny, allow, list.
     Policy {
@@ -123,6 +123,22 @@ pub enum Command {
         /// The action.
         #[command(subcommand)]
         what: KeysCmd,
+    },
+}
+
+/// The route tables' commands.
+#[derive(Subcommand, Debug)]
+pub enum RouteCmd {
+    /// List the route tables' routes.
+    List(OutputArgs),
+    /// Delete the route to a destination (from the main route table unless
+    /// --route-table says another).
+    Delete {
+        /// The destination, e.g. 10.244.1.0/24.
+        destination: String,
+        /// The route table (default: the main one).
+        #[arg(long)]
+        route_table: Option<String>,
     },
 }
 
@@ -556,7 +572,26 @@ pub async fn run(args: Args) -> Result<(), Error> {
             Ok(())
         }
         Command::Routes {
-            what: ListOnly::List(a),
+            what:
+                RouteCmd::Delete {
+                    destination,
+                    route_table,
+                },
+        } => {
+            let c = client(())?;
+            let table = match route_table {
+                Some(t) => t,
+                None => c.main_route_table().await?.id,
+            };
+            let r = c.delete_route(&table, &destination).await?;
+            println!(
+                "route {} -> {} deleted from {table}",
+                r.destination_cidr, r.instance_id
+            );
+            Ok(())
+        }
+        Command::Routes {
+            what: RouteCmd::List(a),
         } => {
             let tables = client(())?.list_route_tables().await?;
             if a.output == Output::Json {

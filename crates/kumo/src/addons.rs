@@ -223,15 +223,51 @@ async fn metrics_server(client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// Creates the addons that do not exist yet.
+/// Creates the addons that do not exist yet, for the simulated runtime.
 pub async fn ensure(client: &Client) -> Result<()> {
+    coredns(client, &DnsPods::Simulated).await?;
+    kube_proxy(client).await?;
+    metrics_server(client).await
+}
+
+/// Creates the addons of a cluster on the real runtime: the `coredns` pods run the kumo
+/// binary's cluster DNS (`kumo dns`), mounted from this machine into an image that holds
+/// its libraries. kube-proxy runs in the `kumo up` process, one per node in the node's
+/// namespace, so it has no DaemonSet here.
+pub async fn ensure_real(client: &Client, kumo_binary: &std::path::Path) -> Result<()> {
+    coredns(
+        client,
+        &DnsPods::Kumo {
+            binary: kumo_binary.to_owned(),
+        },
+    )
+    .await
+}
+
+/// What the `coredns` pods run.
+enum DnsPods {
+    /// Upstream's image, on the simulated runtime (the process's shared network answers).
+    Simulated,
+    /// `kumo dns` from the binary at `binary`, in [`DNS_IMAGE`].
+    Kumo { binary: std::path::PathBuf },
+}
+
+/// The image the real runtime's `coredns` pods run: the kumo binary's libraries (the
+/// binary itself is mounted from the machine).
+pub fn dns_image() -> String {
+    format!("kumo.dev/kumo-dns:v{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Where the `coredns` pods find the kumo binary.
+pub const DNS_BINARY_MOUNT: &str = "/kumo/kumo";
+
+async fn coredns(client: &Client, pods: &DnsPods) -> Result<()> {
     let ns = "kube-system";
     let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let cm: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let cr: Api<ClusterRole> = Api::all(client.clone());
     let crb: Api<ClusterRoleBinding> = Api::all(client.clone());
 
-    // CoreDNS.
     create(
         sa.clone(),
         json!({"metadata": {"name": "coredns", "namespace": ns}}),
@@ -264,6 +300,48 @@ pub async fn ensure(client: &Client) -> Result<()> {
     )
     .await?;
     let dns_labels = json!({"k8s-app": "kube-dns"});
+    let mut container = json!({
+        "name": "coredns",
+        "image": COREDNS_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["-conf", "/etc/coredns/Corefile"],
+    });
+    let mut volumes = vec![
+        json!({"name": "config-volume", "configMap": {"name": "coredns", "items": [{"key": "Corefile", "path": "Corefile"}]}}),
+    ];
+    let mut mounts =
+        vec![json!({"name": "config-volume", "mountPath": "/etc/coredns", "readOnly": true})];
+    if let DnsPods::Kumo { binary } = pods {
+        container["image"] = json!(dns_image());
+        container["command"] = json!([DNS_BINARY_MOUNT, "dns"]);
+        container["args"] = json!(["--conf", "/etc/coredns/Corefile"]);
+        volumes.push(json!({"name": "kumo", "hostPath": {"path": binary, "type": "File"}}));
+        mounts.push(json!({"name": "kumo", "mountPath": DNS_BINARY_MOUNT, "readOnly": true}));
+    }
+    let rest = json!({
+        "resources": {"limits": {"memory": "170Mi"}, "requests": {"cpu": "100m", "memory": "70Mi"}},
+        "ports": [
+            {"name": "dns", "containerPort": 53, "protocol": "UDP"},
+            {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": 9153, "protocol": "TCP"},
+            {"name": "liveness-probe", "containerPort": 8080, "protocol": "TCP"},
+            {"name": "readiness-probe", "containerPort": 8181, "protocol": "TCP"},
+        ],
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "liveness-probe", "scheme": "HTTP"},
+            "initialDelaySeconds": 60, "timeoutSeconds": 5, "successThreshold": 1, "failureThreshold": 5,
+        },
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "readiness-probe", "scheme": "HTTP"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]},
+            "readOnlyRootFilesystem": true,
+        },
+        "volumeMounts": mounts,
+    });
+    if let (Some(c), Some(r)) = (container.as_object_mut(), rest.as_object()) {
+        c.extend(r.clone());
+    }
     create(
         Api::<Service>::namespaced(client.clone(), ns),
         json!({
@@ -311,40 +389,22 @@ pub async fn ensure(client: &Client) -> Result<()> {
                                 "topologyKey": "kubernetes.io/hostname",
                             },
                         }]}},
-                        "containers": [{
-                            "name": "coredns",
-                            "image": COREDNS_IMAGE,
-                            "imagePullPolicy": "IfNotPresent",
-                            "args": ["-conf", "/etc/coredns/Corefile"],
-                            "resources": {"limits": {"memory": "170Mi"}, "requests": {"cpu": "100m", "memory": "70Mi"}},
-                            "ports": [
-                                {"name": "dns", "containerPort": 53, "protocol": "UDP"},
-                                {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"},
-                                {"name": "metrics", "containerPort": 9153, "protocol": "TCP"},
-                                {"name": "liveness-probe", "containerPort": 8080, "protocol": "TCP"},
-                                {"name": "readiness-probe", "containerPort": 8181, "protocol": "TCP"},
-                            ],
-                            "livenessProbe": {
-                                "httpGet": {"path": "/health", "port": "liveness-probe", "scheme": "HTTP"},
-                                "initialDelaySeconds": 60, "timeoutSeconds": 5, "successThreshold": 1, "failureThreshold": 5,
-                            },
-                            "readinessProbe": {"httpGet": {"path": "/ready", "port": "readiness-probe", "scheme": "HTTP"}},
-                            "securityContext": {
-                                "allowPrivilegeEscalation": false,
-                                "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]},
-                                "readOnlyRootFilesystem": true,
-                            },
-                            "volumeMounts": [{"name": "config-volume", "mountPath": "/etc/coredns", "readOnly": true}],
-                        }],
-                        "volumes": [{"name": "config-volume", "configMap": {"name": "coredns", "items": [{"key": "Corefile", "path": "Corefile"}]}}],
+                        "containers": [container],
+                        "volumes": volumes,
                     },
                 },
             },
         }),
     )
     .await?;
+    Ok(())
+}
 
-    // kube-proxy.
+async fn kube_proxy(client: &Client) -> Result<()> {
+    let ns = "kube-system";
+    let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let cm: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let crb: Api<ClusterRoleBinding> = Api::all(client.clone());
     create(
         sa,
         json!({"metadata": {"name": "kube-proxy", "namespace": ns}}),
@@ -404,5 +464,5 @@ pub async fn ensure(client: &Client) -> Result<()> {
         }),
     )
     .await?;
-    metrics_server(client).await
+    Ok(())
 }

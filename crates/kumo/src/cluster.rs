@@ -255,6 +255,13 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             api.admin_kubeconfig.clone(),
             dataplane.clone(),
         ));
+    } else if cfg.addons && cfg.cloud.is_some() {
+        // The real network: CoreDNS's pods are real, running this binary's DNS server.
+        let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
+        let exe = std::env::current_exe().context("finding the kumo binary")?;
+        crate::addons::ensure_real(&admin, &exe)
+            .await
+            .context("creating the cluster DNS")?;
     }
     let (cm_addr, mut cm_rx) = watch::channel(None);
     if cfg.controller_manager {

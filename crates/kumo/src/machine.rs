@@ -57,6 +57,7 @@ pub fn boot(data_dir: &Path, node: &str) -> Result<Machine> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut images =
         kumo_node::images::build(&images_dir(data_dir)).context("packing kumo's offline images")?;
+    images.push(dns_image(&images_dir(data_dir)).context("packing the cluster DNS's image")?);
     images.extend(loaded_archives(data_dir));
     let host = kumo_node::NodeHost::start(&kumo_node::NodeSpec {
         name: node.to_owned(),
@@ -74,6 +75,18 @@ pub fn boot(data_dir: &Path, node: &str) -> Result<Machine> {
         cgroup_root: host.record().cgroup_root.clone(),
         netns: host.record().netns.clone(),
     })
+}
+
+/// The image the `coredns` pods run `kumo dns` in: this binary's libraries, the binary
+/// itself mounted from the machine (see [`crate::addons::ensure_real`]).
+fn dns_image(dir: &Path) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding the kumo binary")?;
+    let image = kumo_node::images::program_image(
+        &exe,
+        crate::addons::DNS_BINARY_MOUNT,
+        vec![crate::addons::dns_image()],
+    )?;
+    Ok(kumo_node::images::write(dir, "kumo-dns.tar", &image)?)
 }
 
 /// Where the cloud's VPC of a cluster on the real runtime is recorded.

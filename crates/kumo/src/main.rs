@@ -54,6 +54,9 @@ enum Command {
     /// The resource metrics API (metrics.k8s.io) as an extension API server: scrapes the
     /// kubelets and serves NodeMetrics and PodMetrics (`kubectl top`, the HPA).
     MetricsServer(MetricsServerArgs),
+    /// The cluster DNS (what the `coredns` pods run on the real runtime): the zone
+    /// `cluster.local` from Services and EndpointSlices, over UDP and TCP.
+    Dns(DnsArgs),
     /// Certificates of a data directory, as kubeadm's `certs`: check-expiration, renew.
     Certs {
         #[command(subcommand)]
@@ -214,6 +217,55 @@ struct MetricsServerArgs {
     /// How often the kubelets are scraped.
     #[arg(long, default_value = "1m0s", value_parser = ccm::go_duration)]
     metric_resolution: std::time::Duration,
+}
+
+#[derive(clap::Args)]
+struct DnsArgs {
+    /// A kubeconfig (default: the pod's in-cluster configuration, as CoreDNS).
+    #[arg(long)]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// A Corefile, as CoreDNS's `-conf`: read for the record only; the server answers as
+    /// kubeadm's Corefile configures CoreDNS (kubernetes, health, ready).
+    #[arg(long = "conf", alias = "c")]
+    conf: Option<std::path::PathBuf>,
+    /// Where DNS is served (UDP and TCP).
+    #[arg(long, default_value = "0.0.0.0:53")]
+    dns_address: std::net::SocketAddr,
+    /// CoreDNS's `health` endpoint (`/health`).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    health_address: std::net::SocketAddr,
+    /// CoreDNS's `ready` endpoint (`/ready`).
+    #[arg(long, default_value = "0.0.0.0:8181")]
+    ready_address: std::net::SocketAddr,
+}
+
+async fn dns(args: DnsArgs) -> Result<()> {
+    let cfg = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => {
+            anyhow::Context::context(kube::Config::incluster(), "the in-cluster configuration")?
+        }
+    };
+    if let Some(conf) = &args.conf {
+        println!(
+            "kumo dns: {} is not interpreted: serving kubeadm's CoreDNS configuration (kubernetes cluster.local in-addr.arpa ip6.arpa, pods insecure, ttl 30; health; ready)",
+            conf.display()
+        );
+    }
+    let client = kube::Client::try_from(cfg)?;
+    kumo_dns::run(
+        client,
+        kumo_dns::Listen {
+            dns: args.dns_address,
+            health: Some(args.health_address),
+            ready: Some(args.ready_address),
+        },
+    )
+    .await?;
+    Ok(())
 }
 
 async fn metrics_server(args: MetricsServerArgs) -> Result<()> {
@@ -482,11 +534,18 @@ async fn up(args: UpArgs) -> Result<()> {
     }
     let cluster = kumo::cluster::start(cfg).await?;
     let server = &cluster.api;
-    if real {
+    if real && cluster.cloud.is_some() {
         println!(
             "kumo: runtime containerd: the control plane runs in this process (no static pods); \
-             cluster DNS, Service routing and pod traffic between nodes are not on the real \
-             runtime yet (pods reach only their own node)"
+             nodes are network namespaces in the cloud's VPC (pod routes in its route table), \
+             each with its own containerd and an nftables kube-proxy; the coredns pods run \
+             kumo's DNS server; load balancers have no data plane yet"
+        );
+    } else if real {
+        println!(
+            "kumo: runtime containerd: the control plane runs in this process (no static pods); \
+             without a cloud the node has no VPC: no Service routing or cluster DNS (pods \
+             reach only their own node)"
         );
     }
     println!(
@@ -838,6 +897,13 @@ fn other(command: Command) -> Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(metrics_server(args))
+        }
+        Command::Dns(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(dns(args))
         }
         Command::Certs { what } => certs::run(what),
         Command::Down { data_dir, name } => {

@@ -6,114 +6,13 @@
 //! busybox-static (scripts/test installs them), and crictl (scripts/reference build).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+mod realnode;
+
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-fn kubectl(kc: &Path, args: &[&str]) -> Out {
-    kubectl_in(kc, args, None)
-}
-
-fn kubectl_in(kc: &Path, args: &[&str], stdin: Option<&str>) -> Out {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", kc)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    if let Some(s) = stdin {
-        input.write_all(s.as_bytes()).unwrap();
-    }
-    drop(input);
-    let out = child.wait_with_output().unwrap();
-    Out {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-fn ok(kc: &Path, args: &[&str]) -> String {
-    let o = kubectl(kc, args);
-    assert!(o.ok, "kubectl {args:?}: {}", o.stderr);
-    o.stdout
-}
-
-/// Polls `f` until it gives Some, failing after `secs` with `what`.
-fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
-fn jsonpath(kc: &Path, what: &str, path: &str) -> String {
-    kubectl(kc, &["get", what, "-o", &format!("jsonpath={path}")]).stdout
-}
-
-/// The host's own links, addresses and routes (without counters and lifetimes).
-fn host_network() -> String {
-    let mut out = String::new();
-    for args in [
-        &["-o", "link", "show"][..],
-        &["-o", "addr", "show"],
-        &["route", "show", "table", "all"],
-        &["rule", "show"],
-    ] {
-        let o = Command::new("ip").args(args).output().unwrap();
-        for line in String::from_utf8_lossy(&o.stdout).lines() {
-            let words: Vec<&str> = line
-                .split_whitespace()
-                .filter(|w| !w.starts_with("valid_lft") && !w.starts_with("preferred_lft"))
-                .collect();
-            out.push_str(&words.join(" "));
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// The processes whose command line mentions `dir` (containerd and its shims are started
-/// with paths under the data directory).
-fn processes_under(dir: &Path) -> Vec<String> {
-    let needle = dir.to_string_lossy().into_owned();
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if text.contains(&needle) && pid != std::process::id() {
-            found.push(format!("{pid}: {text}"));
-        }
-    }
-    found
-}
-
-fn crictl() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.reference/bin/crictl");
-    assert!(
-        p.is_file(),
-        "{} missing: scripts/reference build makes it",
-        p.display()
-    );
-    p
-}
+use realnode::*;
 
 const PODS: &str = r#"
 apiVersion: v1
@@ -190,95 +89,15 @@ spec:
 
 #[test]
 fn pods_run_as_real_containers_on_containerd() {
-    kumo_node::prerequisites().expect("the containerd runtime's prerequisites");
     let crictl = crictl();
-    let before = host_network();
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("c");
-    let kumo = env!("CARGO_BIN_EXE_kumo");
-    let up = Command::new(kumo)
-        .args([
-            "up",
-            "-d",
-            "--runtime",
-            "containerd",
-            "--nodes",
-            "1",
-            "--port",
-            "0",
-        ])
-        .args(["--kubeconfig-update=false", "--data-dir"])
-        .arg(&data)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&up.stdout).into_owned();
-    let kc = data.join("admin.conf");
-    let result = std::panic::catch_unwind(|| exercise(&kc, &data, &crictl, &printed));
-    // What the nodes' machines are, to check they are gone after.
-    let records: Vec<serde_json::Value> = ["kumo-control-plane", "kumo-worker"]
-        .iter()
-        .filter_map(|n| std::fs::read_to_string(data.join("nodes").join(n).join("node.json")).ok())
-        .filter_map(|t| serde_json::from_str(&t).ok())
-        .collect();
-    let down = Command::new(kumo)
-        .args(["down", "--data-dir"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    if let Err(e) = result {
-        let log = std::fs::read_to_string(data.join("kumo.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(40).collect();
-        // The warnings tell why a node did not come up; the tail what happened last.
-        let warned: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-            .take(30)
-            .collect();
-        eprintln!(
-            "kumo up printed:\n{printed}\nwarnings:\n{}\nlog tail:\n{}",
-            warned.join("\n"),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
-        std::panic::resume_unwind(e);
-    }
-    assert!(up.status.success(), "kumo up: {printed}");
-    assert!(
-        down.status.success(),
-        "{}",
-        String::from_utf8_lossy(&down.stderr)
-    );
-    // Nothing of the nodes' machines is left.
-    let left = processes_under(&data);
-    assert!(left.is_empty(), "processes left: {left:#?}");
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !mounts.contains(&*data.to_string_lossy()),
-        "mounts left: {mounts}"
-    );
-    assert_eq!(records.len(), 2, "both nodes recorded their machines");
-    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    let netns = String::from_utf8_lossy(&netns.stdout);
-    for r in &records {
-        let name = r["netns"].as_str().unwrap();
-        assert!(!netns.contains(name), "namespace {name} left");
-        let cgroup = format!(
-            "/sys/fs/cgroup/memory{}",
-            r["cgroup_root"].as_str().unwrap()
-        );
-        assert!(!Path::new(&cgroup).exists(), "{cgroup} left");
-    }
-    for n in ["kumo-control-plane", "kumo-worker"] {
-        assert!(
-            !data.join("nodes").join(n).join("node.json").exists(),
-            "{n} still recorded"
-        );
-    }
-    assert_eq!(host_network(), before, "the host's network changed");
+    with_real_cluster(&["--nodes", "1"], |kc, data, printed| {
+        exercise(kc, data, &crictl, printed)
+    });
 }
 
 fn exercise(kc: &Path, data: &Path, crictl: &Path, printed: &str) {
-    assert!(printed.contains("kumo: ready"), "{printed}");
+    // kumo up says what runs where.
+    assert!(printed.contains("in the cloud's VPC"), "{printed}");
     // The nodes say what runs their pods.
     let wide = ok(kc, &["get", "nodes", "-o", "wide"]);
     assert!(wide.contains("containerd://1.6."), "{wide}");

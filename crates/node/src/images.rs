@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 pub const BUSYBOX: &str = "/bin/busybox";
 /// The shell the busybox image's `sh` is when the machine has it.
 const BASH: &str = "/usr/bin/bash";
+/// The machine's curl, packed as the curl image.
+const CURL: &str = "/usr/bin/curl";
 
 /// One file of an image's layer (paths relative to its root).
 #[derive(Clone, Debug)]
@@ -300,38 +302,108 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
         }
         busybox.put(Entry::Symlink("bin/sh".into(), BASH.into()));
     }
-    Ok(vec![
-        (
-            "pause.tar",
-            Image {
-                entries: pause,
-                entrypoint: Some(strings(&["/pause"])),
-                cmd: None,
-                names: strings(&[crate::PAUSE_IMAGE]),
-            },
-        ),
-        ("busybox.tar", busybox),
-    ])
+    let mut images = vec![("busybox.tar", busybox)];
+    // curl as the seeds run it (`kubectl run probe --image=curlimages/curl:8.11.0 -- curl
+    // ...`): the machine's own curl (Debian's, whatever its version) with its libraries
+    // and busybox around it, under the image's name, with its entrypoint's behaviour
+    // (arguments starting with `-` go to curl, anything else runs as given).
+    if Path::new(CURL).is_file() {
+        let mut curl = Image {
+            entries: busybox_entries()?,
+            entrypoint: Some(strings(&["/entrypoint.sh"])),
+            cmd: Some(strings(&["curl"])),
+            names: strings(&[
+                "docker.io/curlimages/curl:8.11.0",
+                "docker.io/curlimages/curl:latest",
+            ]),
+        };
+        for f in with_libraries(Path::new(CURL))? {
+            curl.add_host_file(&f, &f.to_string_lossy())?;
+        }
+        curl.put(Entry::File(
+            "entrypoint.sh".into(),
+            b"#!/bin/sh\nif [ \"${1#-}\" != \"$1\" ]; then set -- curl \"$@\"; fi\nexec \"$@\"\n"
+                .to_vec(),
+            0o755,
+        ));
+        images.push(("curl.tar", curl));
+    }
+    images.push((
+        "pause.tar",
+        Image {
+            entries: pause,
+            entrypoint: Some(strings(&["/pause"])),
+            cmd: None,
+            names: strings(&[crate::PAUSE_IMAGE]),
+        },
+    ));
+    Ok(images)
 }
+
+/// One packs at a time in this process (nodes boot in parallel and each packs the
+/// images before it imports them).
+static PACKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Packs kumo's offline images into `dir` (anew each time: a few MB, a few ms) and
 /// returns their archives.
 pub fn build(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    // Nodes boot in parallel and each packs the images before it imports them: one packs
-    // at a time in this process, and a temporary name of its own keeps another process's
-    // packing from renaming a half-written file into place.
-    static PACKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = PACKING.lock().unwrap_or_else(|e| e.into_inner());
-    std::fs::create_dir_all(dir)?;
     let mut out = Vec::new();
     for (file, image) in offline_images()? {
-        let path = dir.join(file);
-        let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, archive(&image)?)?;
-        std::fs::rename(&tmp, &path)?;
-        out.push(path);
+        out.push(write(dir, file, &image)?);
     }
     Ok(out)
+}
+
+/// Writes `image` as the archive `dir/file`. A temporary name of its own keeps another
+/// process's packing from renaming a half-written file into place.
+pub fn write(dir: &Path, file: &str, image: &Image) -> io::Result<PathBuf> {
+    let _one = PACKING.lock().unwrap_or_else(|e| e.into_inner());
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(file);
+    let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, archive(image)?)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// An image to run the dynamically linked `program` in without holding it: its shared
+/// libraries, a passwd and group file, and an empty file at `mount_at` for the program
+/// to be bind-mounted onto (a hostPath volume).
+pub fn program_image(program: &Path, mount_at: &str, names: Vec<String>) -> io::Result<Image> {
+    let mut image = Image {
+        entries: vec![
+            Entry::Dir("etc".into(), 0o755),
+            Entry::Dir("tmp".into(), 0o1777),
+            Entry::File(
+                "etc/passwd".into(),
+                b"root:x:0:0:root:/root:/bin/false\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+                    .to_vec(),
+                0o644,
+            ),
+            Entry::File(
+                "etc/group".into(),
+                b"root:x:0:\nnobody:x:65534:\n".to_vec(),
+                0o644,
+            ),
+        ],
+        entrypoint: Some(vec![mount_at.to_owned()]),
+        cmd: None,
+        names,
+    };
+    for lib in with_libraries(program)?.into_iter().skip(1) {
+        image.add_host_file(&lib, &lib.to_string_lossy())?;
+    }
+    if let Some(parent) = Path::new(mount_at.trim_start_matches('/')).parent() {
+        if !parent.as_os_str().is_empty() {
+            image.put(Entry::Dir(parent.to_string_lossy().into_owned(), 0o755));
+        }
+    }
+    image.put(Entry::File(
+        mount_at.trim_start_matches('/').to_owned(),
+        Vec::new(),
+        0o755,
+    ));
+    Ok(image)
 }
 
 #[cfg(test)]

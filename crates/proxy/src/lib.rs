@@ -47,7 +47,9 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 struct State {
     services: Arc<Informer<Service>>,
     slices: Arc<Informer<EndpointSlice>>,
-    nodes: Arc<Informer<Node>>,
+    /// `None` for a consumer of the records only (the DNS server), which may not list
+    /// Nodes.
+    nodes: Option<Arc<Informer<Node>>>,
     dataplane: Arc<dyn Dataplane>,
 }
 
@@ -73,7 +75,8 @@ impl State {
                         == Some(&name)
             })
             .collect();
-        match service_entry(&svc, &slices, &self.nodes.list()) {
+        let nodes = self.nodes.as_ref().map(|n| n.list()).unwrap_or_default();
+        match service_entry(&svc, &slices, &nodes) {
             Some(entry) => self.dataplane.set_service(key, entry),
             None => self.dataplane.remove_service(key),
         }
@@ -360,17 +363,23 @@ pub struct Proxy {
     tasks: Vec<JoinHandle<()>>,
     services: Arc<Informer<Service>>,
     slices: Arc<Informer<EndpointSlice>>,
-    nodes: Arc<Informer<Node>>,
+    nodes: Option<Arc<Informer<Node>>>,
 }
 
 impl Proxy {
     /// Starts watching through `client` and programming `dataplane`.
     pub fn start(client: Client, dataplane: Arc<dyn Dataplane>) -> Proxy {
+        Proxy::start_with(client, dataplane, true)
+    }
+
+    /// As [`Proxy::start`]; without `watch_nodes` no node port rule is computed (for a
+    /// data plane that keeps only the DNS records, with CoreDNS's permissions).
+    pub fn start_with(client: Client, dataplane: Arc<dyn Dataplane>, watch_nodes: bool) -> Proxy {
         let factory = InformerFactory::new(client);
         let state = Arc::new(State {
             services: factory.informer::<Service>(),
             slices: factory.informer::<EndpointSlice>(),
-            nodes: factory.informer::<Node>(),
+            nodes: watch_nodes.then(|| factory.informer::<Node>()),
             dataplane,
         });
         let s = state.clone();
@@ -398,21 +407,27 @@ impl Proxy {
             }
         });
         let s = state.clone();
-        state.nodes.add_handler(move |c| {
-            match c {
-                Change::Added(n) | Change::Updated { new: n, .. } => {
-                    let name = n.metadata.name.clone().unwrap_or_default();
-                    s.dataplane.set_node(&name, node_ips(n));
+        let nodes = state.nodes.clone();
+        nodes.iter().for_each(|n| {
+            n.add_handler({
+                let s = s.clone();
+                move |c| {
+                    match c {
+                        Change::Added(n) | Change::Updated { new: n, .. } => {
+                            let name = n.metadata.name.clone().unwrap_or_default();
+                            s.dataplane.set_node(&name, node_ips(n));
+                        }
+                        Change::Deleted(n) => {
+                            let name = n.metadata.name.clone().unwrap_or_default();
+                            s.dataplane.set_node(&name, Vec::new());
+                        }
+                    }
+                    // NodePorts answer on every node's addresses.
+                    if s.services.has_synced() {
+                        s.sync_all();
+                    }
                 }
-                Change::Deleted(n) => {
-                    let name = n.metadata.name.clone().unwrap_or_default();
-                    s.dataplane.set_node(&name, Vec::new());
-                }
-            }
-            // NodePorts answer on every node's addresses.
-            if s.services.has_synced() {
-                s.sync_all();
-            }
+            })
         });
         let (stop, rx) = watch::channel(false);
         let tasks = factory.start(rx);
@@ -429,7 +444,9 @@ impl Proxy {
     pub async fn wait_synced(&self) {
         self.services.wait_synced().await;
         self.slices.wait_synced().await;
-        self.nodes.wait_synced().await;
+        if let Some(n) = &self.nodes {
+            n.wait_synced().await;
+        }
     }
 
     /// Runs until the watches end (they end only when stopped).

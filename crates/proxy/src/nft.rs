@@ -1152,12 +1152,18 @@ impl NftProxy {
         let mut tasks = factory.start(stop_rx.clone());
         let (synced_tx, synced) = tokio::sync::watch::channel(0u64);
         let node = cfg.node_name.clone();
+        let netns = cfg.netns.clone();
         let proxier = Arc::new(std::sync::Mutex::new(NftProxier::new(cfg)));
         tasks.push(tokio::spawn(async move {
             services.wait_synced().await;
             slices.wait_synced().await;
             let mut generation = 0u64;
             loop {
+                if netns.as_ref().is_some_and(|n| !n.exists()) {
+                    // The node's machine is gone (powered off): so is its table.
+                    tracing::debug!(node = %node, "the node's namespace is gone; kube-proxy stops");
+                    return;
+                }
                 let started = std::time::Instant::now();
                 let (svcs, sls) = (services.list(), slices.list());
                 let p = proxier.clone();

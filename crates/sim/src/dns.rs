@@ -13,102 +13,12 @@
 //! * the reverse names (`in-addr.arpa`) of ClusterIPs and headless endpoints: PTR;
 //! * `<a-b-c-d>.<ns>.pod.<zone>`: A to the address (`pods insecure` answers any).
 //!
-//! Names outside the zone have no upstream in the simulation: NXDOMAIN.
+//! Names outside the zone have no upstream in the simulation: NXDOMAIN. The zone logic
+//! is kumo-dns's, which the real runtime's DNS pods serve.
 
 use std::net::IpAddr;
 
-pub use kumo_proxy::dataplane::{reverse_name, QType, RData, Rr, TTL};
-
-/// A response code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rcode {
-    NoError,
-    NxDomain,
-}
-
-impl Rcode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Rcode::NoError => "NOERROR",
-            Rcode::NxDomain => "NXDOMAIN",
-        }
-    }
-}
-
-/// What a server answers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Answer {
-    pub rcode: Rcode,
-    pub records: Vec<Rr>,
-}
-
-/// Answers `name`/`qtype` from `records` (the zone's records, any order): the records of
-/// that type at the name, following CNAMEs inside the zone; NOERROR without records when
-/// the name exists with other types or has names below it; NXDOMAIN otherwise.
-pub fn answer<'a>(
-    records: impl Fn(&str) -> Vec<&'a Rr>,
-    exists_below: impl Fn(&str) -> bool,
-    name: &str,
-    qtype: QType,
-) -> Answer {
-    let mut name = name.trim_end_matches('.').to_ascii_lowercase();
-    let mut out = Vec::new();
-    if let Some(rr) = pod_record(&name, qtype) {
-        return Answer {
-            rcode: Rcode::NoError,
-            records: vec![rr],
-        };
-    }
-    for _ in 0..8 {
-        let here = records(&name);
-        if here.is_empty() {
-            let rcode = if out.is_empty() && !exists_below(&name) {
-                Rcode::NxDomain
-            } else {
-                Rcode::NoError
-            };
-            return Answer {
-                rcode,
-                records: out,
-            };
-        }
-        let matching: Vec<Rr> = here
-            .iter()
-            .filter(|r| qtype == QType::Any || r.data.kind() == qtype)
-            .map(|r| (*r).clone())
-            .collect();
-        if !matching.is_empty() {
-            out.extend(matching);
-            break;
-        }
-        // A CNAME answers any type; its target is looked up in turn.
-        match here.iter().find_map(|r| match &r.data {
-            RData::Cname(t) => Some((r, t.clone())),
-            _ => None,
-        }) {
-            Some((r, target)) => {
-                out.push((*r).clone());
-                name = target.trim_end_matches('.').to_ascii_lowercase();
-            }
-            None => break,
-        }
-    }
-    Answer {
-        rcode: Rcode::NoError,
-        records: out,
-    }
-}
-
-/// `<a-b-c-d>.<ns>.pod.cluster.local` (`pods insecure`: any namespace, no check).
-fn pod_record(name: &str, qtype: QType) -> Option<Rr> {
-    let rest = name.strip_suffix(&format!(".pod.{}", crate::net::CLUSTER_DOMAIN))?;
-    let (dashed, ns) = rest.split_once('.')?;
-    if ns.is_empty() || ns.contains('.') {
-        return None;
-    }
-    let ip: std::net::Ipv4Addr = dashed.replace('-', ".").parse().ok()?;
-    matches!(qtype, QType::A | QType::Any).then(|| Rr::new(name, RData::A(IpAddr::V4(ip))))
-}
+pub use kumo_dns::{answer, reverse_name, Answer, QType, RData, Rcode, Rr, TTL};
 
 /// A pod's `/etc/resolv.conf`, as its resolver reads it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -203,65 +113,6 @@ pub(crate) fn kubernetes_records() -> Vec<Rr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-
-    fn zone(rrs: &[Rr]) -> HashMap<String, Vec<Rr>> {
-        let mut m: HashMap<String, Vec<Rr>> = HashMap::new();
-        for r in rrs {
-            m.entry(r.name.clone()).or_default().push(r.clone());
-        }
-        m
-    }
-
-    fn ask(z: &HashMap<String, Vec<Rr>>, name: &str, q: QType) -> Answer {
-        answer(
-            |n| z.get(n).map(|v| v.iter().collect()).unwrap_or_default(),
-            |n| z.keys().any(|k| k.ends_with(&format!(".{n}"))),
-            name,
-            q,
-        )
-    }
-
-    #[test]
-    fn answers_by_type_with_cnames_nodata_and_nxdomain() {
-        let mut records = kubernetes_records();
-        records.extend([Rr::new(
-            "ext.default.svc.cluster.local",
-            RData::Cname("kubernetes.default.svc.cluster.local".into()),
-        )]);
-        let z = zone(&records);
-        let a = ask(&z, "Kubernetes.Default.svc.cluster.local.", QType::A);
-        assert_eq!(a.rcode, Rcode::NoError);
-        assert_eq!(a.records.len(), 1);
-        assert_eq!(a.records[0].data.text(), "10.96.0.1");
-        // The CNAME, then its target's A.
-        let a = ask(&z, "ext.default.svc.cluster.local", QType::A);
-        assert_eq!(
-            a.records.iter().map(|r| r.data.text()).collect::<Vec<_>>(),
-            ["kubernetes.default.svc.cluster.local.", "10.96.0.1"]
-        );
-        let c = ask(&z, "ext.default.svc.cluster.local", QType::Cname);
-        assert_eq!(c.records.len(), 1);
-        // Exists with another type, or has names below it: NOERROR, no records.
-        let none = ask(&z, "kubernetes.default.svc.cluster.local", QType::Srv);
-        assert_eq!((none.rcode, none.records.len()), (Rcode::NoError, 0));
-        let ent = ask(&z, "default.svc.cluster.local", QType::A);
-        assert_eq!((ent.rcode, ent.records.len()), (Rcode::NoError, 0));
-        let nx = ask(&z, "nope.default.svc.cluster.local", QType::A);
-        assert_eq!(nx.rcode, Rcode::NxDomain);
-        let srv = ask(
-            &z,
-            "_https._tcp.kubernetes.default.svc.cluster.local",
-            QType::Srv,
-        );
-        assert_eq!(
-            srv.records[0].data.text(),
-            "0 100 443 kubernetes.default.svc.cluster.local."
-        );
-        // Pod names answer with the address they spell.
-        let pod = ask(&z, "10-244-0-5.any.pod.cluster.local", QType::A);
-        assert_eq!(pod.records[0].data.text(), "10.244.0.5");
-    }
 
     #[test]
     fn resolv_conf_search_order_follows_ndots() {

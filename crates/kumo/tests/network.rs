@@ -1,0 +1,262 @@
+//! The real network of `kumo up --runtime containerd`: nodes in the cloud's VPC, pods on
+//! different nodes reaching each other through the route table's routes, Services through
+//! each node's nftables kube-proxy, names through the cluster DNS the `coredns` pods
+//! serve, NodePorts on every node's address, `externalTrafficPolicy: Local` keeping the
+//! client's address; and deleting a route breaking the path until the route controller
+//! puts it back. All seen with the stock kubectl and, on the nodes, `nft` and `ip`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod realnode;
+
+use std::path::Path;
+use std::process::Command;
+
+use realnode::*;
+
+const OBJECTS: &str = r##"
+apiVersion: v1
+kind: Pod
+metadata: {name: a, labels: {app: web}}
+spec:
+  nodeName: kumo-worker
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'mkdir -p /www; echo hello-from-a > /www/index.html; httpd -f -p 8080 -h /www']
+    readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b, labels: {app: web}}
+spec:
+  nodeName: kumo-worker2
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'mkdir -p /www; echo hello-from-b > /www/index.html; httpd -f -p 8080 -h /www']
+    readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: src, labels: {app: src}}
+spec:
+  nodeName: kumo-worker
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'mkdir -p /www/cgi-bin; printf "#!/bin/sh\necho Content-Type: text/plain\necho\necho \$REMOTE_ADDR\n" > /www/cgi-bin/ip; chmod +x /www/cgi-bin/ip; httpd -f -p 8080 -h /www']
+    readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hello}
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: src-local}
+spec:
+  type: NodePort
+  externalTrafficPolicy: Local
+  selector: {app: src}
+  ports: [{port: 80, targetPort: 8080}]
+"##;
+
+/// Runs `cmd` on `node` with `kumo node exec`.
+fn on_node(data: &Path, node: &str, cmd: &[&str]) -> Out {
+    let o = Command::new(env!("CARGO_BIN_EXE_kumo"))
+        .args(["node", "exec", "--data-dir"])
+        .arg(data)
+        .arg(node)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    Out {
+        ok: o.status.success(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// `curl` from `node`'s namespace (the machine's curl: the host's namespace is never
+/// the one sending).
+fn curl_from(data: &Path, node: &str, url: &str) -> Option<String> {
+    let o = on_node(data, node, &["curl", "-s", "-m", "3", url]);
+    o.ok.then_some(o.stdout)
+}
+
+#[test]
+fn pods_services_and_names_travel_over_real_packets() {
+    with_real_cluster(&["--nodes", "2"], |kc, data, _printed| {
+        let applied = kubectl_in(kc, &["apply", "-f", "-"], Some(OBJECTS));
+        assert!(applied.ok, "{}", applied.stderr);
+        for pod in ["a", "b", "src"] {
+            eventually(90, &format!("pod {pod} ready"), || {
+                let r = jsonpath(
+                    kc,
+                    &format!("pod/{pod}"),
+                    "{.status.containerStatuses[0].ready}",
+                );
+                (r == "true").then_some(())
+            });
+        }
+        let b_ip = jsonpath(kc, "pod/b", "{.status.podIP}");
+        // Pod to pod across nodes, by address.
+        let page = ok(
+            kc,
+            &[
+                "exec",
+                "a",
+                "--",
+                "wget",
+                "-qO-",
+                &format!("http://{b_ip}:8080/"),
+            ],
+        );
+        assert_eq!(page.trim(), "hello-from-b");
+        // The cluster DNS answers the Service's name with its ClusterIP.
+        eventually(120, "the coredns pods ready", || {
+            let r = kubectl(
+                kc,
+                &[
+                    "get",
+                    "deploy/coredns",
+                    "-n",
+                    "kube-system",
+                    "-o",
+                    "jsonpath={.status.readyReplicas}",
+                ],
+            );
+            (r.stdout == "2").then_some(())
+        });
+        let cluster_ip = jsonpath(kc, "svc/hello", "{.spec.clusterIP}");
+        let looked = eventually(30, "nslookup of hello", || {
+            let o = kubectl(
+                kc,
+                &[
+                    "exec",
+                    "a",
+                    "--",
+                    "nslookup",
+                    "hello.default.svc.cluster.local",
+                ],
+            );
+            o.stdout.contains(&cluster_ip).then_some(o.stdout)
+        });
+        assert!(looked.contains("Server:\t\t10.96.0.10"), "{looked}");
+        // Seed 000's probe: curl by the Service's short name, in a pod of its own.
+        let probe = kubectl(
+            kc,
+            &[
+                "run",
+                "probe",
+                "--rm",
+                "-i",
+                "--restart=Never",
+                "--quiet",
+                "--image=curlimages/curl:8.11.0",
+                "--",
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}\n",
+                "http://hello",
+            ],
+        );
+        assert_eq!(probe.stdout.trim(), "200", "{}", probe.stderr);
+        // Both endpoints answer through the ClusterIP.
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..40 {
+            let o = kubectl(kc, &["exec", "a", "--", "wget", "-qO-", "http://hello/"]);
+            seen.insert(o.stdout.trim().to_owned());
+            if seen.len() == 2 {
+                break;
+            }
+        }
+        assert!(
+            seen.contains("hello-from-a") && seen.contains("hello-from-b"),
+            "{seen:?}"
+        );
+        // A NodePort answers on every node's address, from another node.
+        let np = jsonpath(kc, "svc/hello", "{.spec.ports[0].nodePort}");
+        for ip in ["10.0.1.4", "10.0.2.4", "10.0.3.4"] {
+            let page = curl_from(data, "kumo-control-plane", &format!("http://{ip}:{np}/"))
+                .unwrap_or_default();
+            assert!(page.starts_with("hello-from-"), "{ip}:{np}: {page:?}");
+        }
+        // externalTrafficPolicy: Local keeps the client's address, and only the node
+        // with an endpoint answers.
+        let local = jsonpath(kc, "svc/src-local", "{.spec.ports[0].nodePort}");
+        let seen_as = curl_from(
+            data,
+            "kumo-control-plane",
+            &format!("http://10.0.2.4:{local}/cgi-bin/ip"),
+        )
+        .unwrap_or_default();
+        assert!(seen_as.contains("10.0.1.4"), "{seen_as:?}");
+        assert!(
+            curl_from(
+                data,
+                "kumo-control-plane",
+                &format!("http://10.0.3.4:{local}/")
+            )
+            .is_none(),
+            "a node without an endpoint drops eTP Local traffic"
+        );
+        // The rules and routes are there to look at.
+        let table = on_node(
+            data,
+            "kumo-worker",
+            &["nft", "list", "table", "ip", "kube-proxy"],
+        );
+        assert!(table.ok, "{}", table.stderr);
+        for want in ["chain services", "map service-ips", "default/hello/tcp/"] {
+            assert!(table.stdout.contains(want), "{want}: {}", table.stdout);
+        }
+        let routes = on_node(data, "kumo-worker", &["ip", "route"]);
+        assert!(routes.stdout.contains("dev cni0"), "{}", routes.stdout);
+        assert!(
+            routes.stdout.contains("default via 10.0.2.1"),
+            "{}",
+            routes.stdout
+        );
+        // A route deleted in the cloud cuts the path to b's node until the route
+        // controller puts it back (which an injected fault holds off until cleared).
+        let b_cidr = jsonpath(kc, "node/kumo-worker2", "{.spec.podCIDR}");
+        let cloud = |args: &[&str]| {
+            let o = Command::new(env!("CARGO_BIN_EXE_kumo"))
+                .args(["cloud", "--data-dir"])
+                .arg(data.join("cloud"))
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        };
+        cloud(&[
+            "faults",
+            "set",
+            "--operation",
+            "CreateRoute",
+            "--error-rate",
+            "1",
+        ]);
+        cloud(&["routes", "delete", &b_cidr]);
+        // (busybox's nc with a timeout: Debian's busybox wget crashes on -T.)
+        let get_b = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {b_ip} 8080");
+        eventually(10, "the path to b to break", || {
+            let o = kubectl(kc, &["exec", "a", "--", "sh", "-c", &get_b]);
+            (!o.stdout.contains("hello-from-b")).then_some(())
+        });
+        cloud(&["faults", "clear"]);
+        eventually(40, "the route controller to restore the path", || {
+            let o = kubectl(kc, &["exec", "a", "--", "sh", "-c", &get_b]);
+            o.stdout.contains("hello-from-b").then_some(())
+        });
+    });
+}
