@@ -94,6 +94,14 @@ pub enum Command {
         #[command(subcommand)]
         what: ListOnly<OutputArgs>,
     },
+    /// Run a command on the cloud's public side, "from the internet":
+    /// `kumo cloud exec -- curl http://<EXTERNAL-IP>/`. Only where the cloud's network is
+    /// real (`kumo up --runtime containerd`); the command runs in that network only.
+    Exec {
+        /// The command and its arguments.
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
     /// Route tables: `kumo cloud routes list`, `kumo cloud routes delete CIDR`.
     Routes {
         /// The action.
@@ -392,11 +400,23 @@ fn print_instance_line(verb: &str, i: &Instance) {
     println!("instance {} {verb} (state {})", i.id, i.state);
 }
 
+/// The cloud's data directory as the client commands find it (`--data-dir`, else
+/// `$KUMO_CLOUD_DATA_DIR`, else `$HOME/.kumo/cloud`).
+pub fn data_dir(conn: &Conn) -> Option<PathBuf> {
+    conn.data_dir
+        .clone()
+        .or_else(|| std::env::var_os("KUMO_CLOUD_DATA_DIR").map(PathBuf::from))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kumo").join("cloud")))
+}
+
 /// Runs `kumo cloud ...`.
 pub async fn run(args: Args) -> Result<(), Error> {
     let conn = args.conn;
     let client = |_: ()| client(&conn);
     match args.command {
+        Command::Exec { .. } => Err(Error::Config(
+            "kumo cloud exec runs where the cloud's network is made: use the kumo binary".into(),
+        )),
         Command::Serve {
             port,
             bind_address,

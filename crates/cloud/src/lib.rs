@@ -32,5 +32,5 @@ pub use client::{Client, ClientConfig, ClientConfigFile};
 pub use error::{codes, ApiError, Error};
 pub use hypervisor::{Hypervisor, HypervisorError, NoopHypervisor};
 pub use model::*;
-pub use network::{Network, NextHop, NoopNetwork};
+pub use network::{LbRoute, Network, NextHop, NoopNetwork};
 pub use server::{CloudConfig, CloudServer};

@@ -406,6 +406,8 @@ impl Default for HealthCheck {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TargetHealthState {
+    /// Registered, its first health checks not passed yet (`Elb.InitialHealthChecking`).
+    Initial,
     /// Serving traffic.
     Healthy,
     /// Registered but failing.
@@ -416,9 +418,12 @@ pub enum TargetHealthState {
 
 /// One registered target and its health.
 ///
-/// Health is derived from the instance's state until the data plane probes for real:
-/// `running` is healthy; `pending`, `stopping` and `shutting-down` are unhealthy
-/// (`Target.InvalidState`); `stopped`, `terminated` and unknown instances are unused.
+/// Where the network probes (the real data plane), a running instance's health is its
+/// health check's: `initial` until `healthyThreshold` checks in a row pass, `unhealthy`
+/// (`Target.FailedHealthChecks`) after `unhealthyThreshold` fail in a row. Otherwise it
+/// is derived from the instance's state: `running` is healthy. Either way `pending`,
+/// `stopping` and `shutting-down` are unhealthy (`Target.InvalidState`); `stopped`,
+/// `terminated` and unknown instances are unused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Target {

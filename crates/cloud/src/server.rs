@@ -287,17 +287,43 @@ impl CloudServer {
         });
         resume(&inner);
         {
-            // The network follows the route table: whatever changed it (an API call, an
-            // instance terminated), the next look programs the difference.
+            // The network follows the route table and the load balancers: whatever changed
+            // them (an API call, an instance terminated, a health check), the next look
+            // programs the difference.
             let (inner2, network) = (inner.clone(), cfg.network.clone());
+            let probes = network.probes();
+            if probes {
+                inner.store.read(|s| s.probe_targets());
+            }
             inner.tasks.lock().spawn(async move {
                 let mut carried: Option<Vec<crate::network::NextHop>> = None;
+                let mut balanced: Option<Vec<crate::network::LbRoute>> = None;
+                let mut last_error = String::new();
+                let mut checked: HashMap<(String, String), std::time::Instant> = HashMap::new();
                 loop {
                     let hops = inner2.store.read(|s| s.next_hops());
                     if carried.as_ref() != Some(&hops) {
                         match network.set_routes(&hops).await {
                             Ok(()) => carried = Some(hops),
-                            Err(e) => tracing::warn!("cloud: programming the VPC's routes: {e}"),
+                            Err(e) if e != last_error => {
+                                tracing::warn!("cloud: programming the VPC's routes: {e}");
+                                last_error = e;
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    if probes {
+                        health_checks(&inner2, network.as_ref(), &mut checked).await;
+                    }
+                    let lbs = inner2.store.read(|s| s.lb_routes());
+                    if balanced.as_ref() != Some(&lbs) {
+                        match network.set_load_balancers(&lbs).await {
+                            Ok(()) => balanced = Some(lbs),
+                            Err(e) if e != last_error => {
+                                tracing::warn!("cloud: programming the load balancers: {e}");
+                                last_error = e;
+                            }
+                            Err(_) => {}
                         }
                     }
                     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -391,6 +417,47 @@ impl CloudServer {
 
 fn instance_lock(inner: &Inner, id: &str) -> Arc<tokio::sync::Mutex<()>> {
     inner.locks.lock().entry(id.to_owned()).or_default().clone()
+}
+
+/// Runs the health checks that are due (each target every `intervalSeconds` of its load
+/// balancer's check, the first at once), all at the same time, and counts their results.
+async fn health_checks(
+    inner: &Arc<Inner>,
+    network: &dyn crate::network::Network,
+    checked: &mut HashMap<(String, String), std::time::Instant>,
+) {
+    let now = std::time::Instant::now();
+    let due: Vec<_> = inner
+        .store
+        .read(|s| s.health_checks())
+        .into_iter()
+        .filter(|(lb, inst, _, check)| {
+            checked.get(&(lb.clone(), inst.clone())).is_none_or(|t| {
+                now.duration_since(*t)
+                    >= Duration::from_secs(u64::from(check.interval_seconds.max(1)))
+            })
+        })
+        .collect();
+    let live: std::collections::HashSet<(String, String)> = inner
+        .store
+        .read(|s| s.health_checks())
+        .into_iter()
+        .map(|(lb, inst, _, _)| (lb, inst))
+        .collect();
+    checked.retain(|k, _| live.contains(k));
+    let results = futures_util::future::join_all(due.iter().map(|(_, _, addr, check)| {
+        let timeout = Duration::from_secs(u64::from(check.timeout_seconds.max(1)));
+        async move {
+            tokio::time::timeout(timeout, network.probe(*addr, check))
+                .await
+                .unwrap_or(false)
+        }
+    }))
+    .await;
+    for ((lb, inst, _, _), passed) in due.into_iter().zip(results) {
+        inner.store.read(|s| s.record_probe(&lb, &inst, passed));
+        checked.insert((lb, inst), now);
+    }
 }
 
 /// Boots `inst` (pending → running, or → stopped when the boot fails).

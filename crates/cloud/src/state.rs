@@ -23,11 +23,12 @@
 //! failed write can be undone exactly. The rest is small, so it is serialized at each
 //! commit and compared with what was last made durable rather than tracked by hand.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -217,6 +218,26 @@ pub struct State {
     policies: Vec<PolicyStatement>,
     quotas: Quotas,
     access_keys: Vec<KeyRecord>,
+    /// Targets' health as the network's probes found it: live data, shared by every copy
+    /// of the state and never stored (probed again after a restart).
+    #[serde(skip)]
+    probed: Arc<parking_lot::RwLock<Probed>>,
+}
+
+/// Health checks' results (see [`State::record_probe`]).
+#[derive(Debug, Default)]
+pub struct Probed {
+    /// Whether health comes from probes at all.
+    pub active: bool,
+    /// By (load balancer, instance): the state, its reason, passes and failures in a row.
+    targets: HashMap<(String, String), ProbeCount>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ProbeCount {
+    healthy: Option<bool>,
+    passes: u32,
+    failures: u32,
 }
 
 /// The range of the default VPC's subnet in zone `ZONES[i]`.
@@ -249,7 +270,97 @@ impl State {
             policies: Vec::new(),
             quotas: Quotas::default(),
             access_keys: vec![new_key("admin")],
+            probed: Arc::default(),
         }
+    }
+
+    /// Health comes from probes from now on (the network's are real).
+    pub fn probe_targets(&self) {
+        self.probed.write().active = true;
+    }
+
+    /// What to health-check now: (load balancer, instance, address to probe, check) for
+    /// every registered running target with an address.
+    pub fn health_checks(&self) -> Vec<(String, String, SocketAddr, HealthCheck)> {
+        let mut out = Vec::new();
+        for r in self.load_balancers.values() {
+            let port = match r.health_check.port {
+                0 => r.listeners.first().map_or(0, |l| l.target_port),
+                p => p,
+            };
+            for id in &r.targets {
+                let Some(i) = self.instances.get(id) else {
+                    continue;
+                };
+                if i.state != InstanceState::Running {
+                    continue;
+                }
+                let Ok(ip) = i.private_ip.parse::<Ipv4Addr>() else {
+                    continue;
+                };
+                out.push((
+                    r.id.clone(),
+                    id.clone(),
+                    SocketAddr::from((ip, port)),
+                    r.health_check.clone(),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Counts one health check's result, with the load balancer's thresholds.
+    pub fn record_probe(&self, lb: &str, instance: &str, passed: bool) {
+        let Some(r) = self.load_balancers.get(lb) else {
+            return;
+        };
+        let mut p = self.probed.write();
+        let c = p
+            .targets
+            .entry((lb.to_owned(), instance.to_owned()))
+            .or_insert(ProbeCount {
+                healthy: None,
+                passes: 0,
+                failures: 0,
+            });
+        if passed {
+            c.passes += 1;
+            c.failures = 0;
+            if c.passes >= r.health_check.healthy_threshold.max(1) {
+                c.healthy = Some(true);
+            }
+        } else {
+            c.failures += 1;
+            c.passes = 0;
+            if c.failures >= r.health_check.unhealthy_threshold.max(1) {
+                c.healthy = Some(false);
+            }
+        }
+    }
+
+    /// The load balancers as the network carries them: each with its healthy targets.
+    pub fn lb_routes(&self) -> Vec<crate::network::LbRoute> {
+        let mut out: Vec<crate::network::LbRoute> = self
+            .load_balancers
+            .values()
+            .filter_map(|r| {
+                let view = self.lb_view(r);
+                let targets = view
+                    .targets
+                    .iter()
+                    .filter(|t| t.health == TargetHealthState::Healthy)
+                    .filter_map(|t| self.instances.get(&t.instance_id)?.private_ip.parse().ok())
+                    .collect();
+                Some(crate::network::LbRoute {
+                    id: r.id.clone(),
+                    vip: r.vip.parse().ok()?,
+                    listeners: r.listeners.clone(),
+                    targets,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
     }
 
     // ---- credentials, policies, faults, quotas ----
@@ -777,7 +888,25 @@ impl State {
             .targets
             .iter()
             .map(|id| {
+                let probed = self.probed.read();
                 let (health, reason) = match self.instances.get(id).map(|i| i.state) {
+                    Some(InstanceState::Running) if probed.active => {
+                        match probed
+                            .targets
+                            .get(&(r.id.clone(), id.clone()))
+                            .and_then(|c| c.healthy)
+                        {
+                            Some(true) => (TargetHealthState::Healthy, None),
+                            Some(false) => (
+                                TargetHealthState::Unhealthy,
+                                Some("Target.FailedHealthChecks"),
+                            ),
+                            None => (
+                                TargetHealthState::Initial,
+                                Some("Elb.InitialHealthChecking"),
+                            ),
+                        }
+                    }
                     Some(InstanceState::Running) => (TargetHealthState::Healthy, None),
                     Some(
                         InstanceState::Pending
@@ -2008,6 +2137,67 @@ mod tests {
             s.next_hops().is_empty(),
             "a blackholed route carries nothing"
         );
+    }
+
+    #[test]
+    fn probed_health_follows_the_thresholds_and_decides_the_targets() {
+        let mut s = State::new();
+        let i = s
+            .run_instance(RunInstanceRequest {
+                zone: Some("kumo-1a".into()),
+                ..Default::default()
+            })
+            .expect("instance");
+        s.finish_transition(&i.id, InstanceState::Pending, InstanceState::Running, None);
+        let lb = s
+            .create_load_balancer(CreateLoadBalancerRequest {
+                name: "web".into(),
+                listeners: vec![Listener {
+                    port: 80,
+                    protocol: Protocol::Tcp,
+                    target_port: 30080,
+                }],
+                targets: vec![i.id.clone()],
+                health_check: Some(HealthCheck {
+                    healthy_threshold: 2,
+                    unhealthy_threshold: 2,
+                    ..HealthCheck::default()
+                }),
+                tags: BTreeMap::new(),
+            })
+            .expect("lb");
+        let health = |s: &State| s.load_balancer(&lb.id).expect("lb").targets[0].health;
+        // Derived from the instance until the network probes.
+        assert_eq!(health(&s), TargetHealthState::Healthy);
+        s.probe_targets();
+        assert_eq!(health(&s), TargetHealthState::Initial);
+        let checks = s.health_checks();
+        assert_eq!(checks.len(), 1);
+        assert_eq!(
+            checks[0].2.port(),
+            30080,
+            "the first listener's target port"
+        );
+        s.record_probe(&lb.id, &i.id, true);
+        assert_eq!(health(&s), TargetHealthState::Initial);
+        assert!(s.lb_routes()[0].targets.is_empty());
+        s.record_probe(&lb.id, &i.id, true);
+        assert_eq!(health(&s), TargetHealthState::Healthy);
+        assert_eq!(s.lb_routes()[0].targets.len(), 1);
+        s.record_probe(&lb.id, &i.id, false);
+        assert_eq!(
+            health(&s),
+            TargetHealthState::Healthy,
+            "one failure is not enough"
+        );
+        s.record_probe(&lb.id, &i.id, false);
+        let view = s.load_balancer(&lb.id).expect("lb");
+        assert_eq!(view.targets[0].health, TargetHealthState::Unhealthy);
+        assert_eq!(
+            view.targets[0].reason.as_deref(),
+            Some("Target.FailedHealthChecks")
+        );
+        assert!(s.lb_routes()[0].targets.is_empty());
     }
 
     #[test]

@@ -89,9 +89,22 @@ fn dns_image(dir: &Path) -> Result<PathBuf> {
     Ok(kumo_node::images::write(dir, "kumo-dns.tar", &image)?)
 }
 
-/// Where the cloud's VPC of a cluster on the real runtime is recorded.
+/// Where the cloud's VPC of a cluster on the real runtime is recorded (in the cloud's
+/// data directory: the VPC is the cloud's).
 pub fn vpc_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("vpc")
+    data_dir.join("cloud").join("vpc")
+}
+
+/// `kumo cloud exec -- CMD...`: runs `command` on the public side of the cloud whose data
+/// directory is `cloud_dir`; returns its exit code.
+pub fn cloud_exec(cloud_dir: &Path, command: &[String]) -> Result<i32> {
+    let (program, args) = command.split_first().context("no command")?;
+    let status = kumo_vpc::public_command_of(&cloud_dir.join("vpc"), program)
+        .context("the cloud's network is not real here (kumo up --runtime containerd makes it)")?
+        .args(args)
+        .status()
+        .with_context(|| format!("running {program}"))?;
+    Ok(status.code().unwrap_or(1))
 }
 
 /// Makes the cloud's VPC for a cluster on the real runtime: a namespace with a bridge per
@@ -116,6 +129,47 @@ impl kumo_cloud::Network for VpcNetwork {
             .map_err(|e| e.to_string())?;
         let vpc = self.0.clone();
         tokio::task::spawn_blocking(move || vpc.set_routes(&routes))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
+    fn probes(&self) -> bool {
+        true
+    }
+
+    async fn probe(&self, target: std::net::SocketAddr, check: &kumo_cloud::HealthCheck) -> bool {
+        let vpc = self.0.clone();
+        let path = (check.protocol.eq_ignore_ascii_case("HTTP"))
+            .then(|| check.path.clone().unwrap_or_else(|| "/".into()));
+        let timeout = std::time::Duration::from_secs(u64::from(check.timeout_seconds.max(1)));
+        tokio::task::spawn_blocking(move || vpc.probe(target, path.as_deref(), timeout))
+            .await
+            .unwrap_or(false)
+    }
+
+    async fn set_load_balancers(&self, lbs: &[kumo_cloud::LbRoute]) -> Result<(), String> {
+        let lbs: Vec<kumo_vpc::LoadBalancer> = lbs
+            .iter()
+            .map(|l| kumo_vpc::LoadBalancer {
+                id: l.id.clone(),
+                vip: l.vip,
+                listeners: l
+                    .listeners
+                    .iter()
+                    .map(|x| {
+                        (
+                            x.protocol.as_str().to_ascii_lowercase(),
+                            x.port,
+                            x.target_port,
+                        )
+                    })
+                    .collect(),
+                targets: l.targets.clone(),
+            })
+            .collect();
+        let vpc = self.0.clone();
+        tokio::task::spawn_blocking(move || vpc.set_load_balancers(&lbs))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())

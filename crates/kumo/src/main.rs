@@ -879,6 +879,12 @@ fn other(command: Command) -> Result<()> {
                 .enable_all()
                 .build()?;
             cloud_of_current_cluster(&mut args);
+            if let kumo_cloud::cli::Command::Exec { command } = &args.command {
+                let dir = kumo_cloud::cli::data_dir(&args.conn)
+                    .ok_or_else(|| anyhow::anyhow!("no cloud data directory (--data-dir)"))?;
+                let code = kumo::machine::cloud_exec(&dir, command)?;
+                std::process::exit(code);
+            }
             if let Err(e) = rt.block_on(kumo_cloud::cli::run(*args)) {
                 // The cloud's code and message are the whole story; no backtrace.
                 eprintln!("error: {e}");

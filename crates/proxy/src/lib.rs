@@ -25,6 +25,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 pub mod dataplane;
+pub mod health;
 pub mod nft;
 
 use dataplane::{Dataplane, Protocol, RData, Rr, Rule, ServiceEntry, CLUSTER_DOMAIN};

@@ -1125,6 +1125,63 @@ impl Default for SyncPeriods {
     }
 }
 
+/// The health-check node ports of the Services with `externalTrafficPolicy: Local`, with
+/// each one's ready endpoints on `node`.
+pub fn service_health(
+    node: &str,
+    services: &[Arc<Service>],
+    slices: &[Arc<EndpointSlice>],
+) -> BTreeMap<u16, crate::health::ServiceHealth> {
+    let mut out = BTreeMap::new();
+    for svc in services {
+        let Some(spec) = &svc.spec else { continue };
+        if spec.external_traffic_policy.as_deref() != Some("Local") {
+            continue;
+        }
+        let Some(port) = spec
+            .health_check_node_port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0)
+        else {
+            continue;
+        };
+        let ns = svc.metadata.namespace.clone().unwrap_or_default();
+        let name = svc.metadata.name.clone().unwrap_or_default();
+        let mut local = BTreeSet::new();
+        for s in slices {
+            let ours = s.metadata.namespace.as_deref() == Some(ns.as_str())
+                && s.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(crate::SERVICE_NAME_LABEL))
+                    == Some(&name);
+            if !ours {
+                continue;
+            }
+            for e in s.endpoints.iter().flatten() {
+                let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+                if ready && e.node_name.as_deref() == Some(node) {
+                    local.extend(e.addresses.iter().cloned());
+                }
+            }
+        }
+        out.insert(
+            port,
+            crate::health::ServiceHealth {
+                namespace: ns,
+                name,
+                local_endpoints: local.len(),
+            },
+        );
+    }
+    out
+}
+
+/// Now, as RFC 3339 (the health answers' times).
+pub fn rfc3339_now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
 /// A node's running nftables proxy: informers on Services and EndpointSlices, and a task
 /// that syncs the table when they change (at most every `min`, at least every `full`).
 /// Dropping it stops the proxy and removes the table.
@@ -1153,6 +1210,7 @@ impl NftProxy {
         let (synced_tx, synced) = tokio::sync::watch::channel(0u64);
         let node = cfg.node_name.clone();
         let netns = cfg.netns.clone();
+        let mut health = crate::health::HealthServers::new(cfg.netns.clone());
         let proxier = Arc::new(std::sync::Mutex::new(NftProxier::new(cfg)));
         tasks.push(tokio::spawn(async move {
             services.wait_synced().await;
@@ -1166,6 +1224,7 @@ impl NftProxy {
                 }
                 let started = std::time::Instant::now();
                 let (svcs, sls) = (services.list(), slices.list());
+                health.sync(&service_health(&node, &svcs, &sls));
                 let p = proxier.clone();
                 let result = tokio::task::spawn_blocking(move || {
                     let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
@@ -1176,12 +1235,14 @@ impl NftProxy {
                 let mut again_soon = false;
                 match result {
                     Ok((Ok(stats), stale)) => {
+                        health.set_proxy_healthy(true);
                         generation += 1;
                         synced_tx.send_replace(generation);
                         again_soon = stale;
                         tracing::debug!(node = %node, ?stats, elapsed = ?started.elapsed(), "nftables synced");
                     }
                     Ok((Err(e), _)) => {
+                        health.set_proxy_healthy(false);
                         again_soon = true;
                         tracing::warn!(node = %node, error = %e, "nftables sync failed");
                     }

@@ -9,11 +9,13 @@
 //! takes its links with it. What a VPC made is recorded in its directory (`vpc.json`) so
 //! that [`teardown`] finds it again after a crash.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
 /// What can go wrong.
 #[derive(Debug, thiserror::Error)]
@@ -90,7 +92,32 @@ pub struct Record {
     /// The VPC's namespace (under `/run/netns`).
     pub netns: String,
     pub subnets: Vec<SubnetLink>,
+    /// The public side's namespace: "the internet", where load balancers' VIPs are
+    /// reached from.
+    #[serde(default)]
+    pub public_netns: String,
 }
+
+/// The link between the VPC and the public side (the internet gateway): the VPC's end,
+/// and the public side's own address (the client every `kumo cloud exec` command is).
+pub const GATEWAY_VPC: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 1);
+/// The public side's address on the gateway link.
+pub const GATEWAY_PUBLIC: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 2);
+
+/// One load balancer as the VPC carries it: connections to `vip` on each listener go to
+/// one of `targets` (their private addresses) on the listener's target port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadBalancer {
+    pub id: String,
+    pub vip: Ipv4Addr,
+    /// (protocol `tcp`/`udp`, port, target port).
+    pub listeners: Vec<(String, u16, u16)>,
+    /// The healthy targets; none: connections are refused.
+    pub targets: Vec<Ipv4Addr>,
+}
+
+/// The table the load balancers' rules live in, in the VPC's namespace.
+pub const LB_TABLE: &str = "kumo-lb";
 
 /// A VPC on this host.
 #[derive(Debug)]
@@ -111,6 +138,7 @@ impl Vpc {
         std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
         let record = Record {
             netns: netns_name(dir, "vpc"),
+            public_netns: netns_name(dir, "public"),
             subnets: subnets
                 .iter()
                 .map(|c| {
@@ -148,6 +176,29 @@ impl Vpc {
             self.ip(&["addr", "add", &gw, "dev", &s.bridge])?;
             self.ip(&["link", "set", &s.bridge, "up"])?;
         }
+        // The public side: its own namespace behind the internet gateway, which routes
+        // the VIP ranges to the VPC and nothing else (private addresses are not reachable
+        // from the internet).
+        let public = &self.record.public_netns;
+        run(Command::new("ip").args(["netns", "add", public]))?;
+        let pub_ip = |args: &[&str]| run(Command::new("ip").arg("-n").arg(public).args(args));
+        pub_ip(&["link", "set", "lo", "up"])?;
+        self.ip(&[
+            "link", "add", "igw0", "type", "veth", "peer", "name", "eth0", "netns", public,
+        ])?;
+        self.ip(&["addr", "add", &format!("{GATEWAY_VPC}/30"), "dev", "igw0"])?;
+        self.ip(&["link", "set", "igw0", "up"])?;
+        pub_ip(&[
+            "addr",
+            "add",
+            &format!("{GATEWAY_PUBLIC}/30"),
+            "dev",
+            "eth0",
+        ])?;
+        pub_ip(&["link", "set", "eth0", "up"])?;
+        for pool in VIP_POOLS {
+            pub_ip(&["route", "add", pool, "via", &GATEWAY_VPC.to_string()])?;
+        }
         tracing::info!(netns = %ns, subnets = self.record.subnets.len(), "VPC is up");
         Ok(())
     }
@@ -167,6 +218,11 @@ impl Vpc {
     /// The VPC's namespace.
     pub fn netns(&self) -> &str {
         &self.record.netns
+    }
+
+    /// The public side's namespace.
+    pub fn record_public_netns(&self) -> String {
+        self.record.public_netns.clone()
     }
 
     /// The subnets' bridges.
@@ -276,7 +332,155 @@ impl Vpc {
             .arg(program);
         c
     }
+
+    /// Makes the VPC carry exactly `lbs`: the table `ip kumo-lb` in its namespace, DNAT of
+    /// each VIP:port to one of its healthy targets at random (connections spread; the
+    /// client's address kept, the reply un-NATed on its way back through the VPC), a
+    /// reset or port-unreachable where no target is healthy. Rebuilt whole in one
+    /// transaction (load balancers change rarely).
+    pub fn set_load_balancers(&self, lbs: &[LoadBalancer]) -> Result<(), Error> {
+        let mut cmds = vec![
+            json!({"add": {"table": {"family": "ip", "name": LB_TABLE}}}),
+            json!({"delete": {"table": {"family": "ip", "name": LB_TABLE}}}),
+            json!({"add": {"table": {"family": "ip", "name": LB_TABLE}}}),
+            json!({"add": {"chain": {"family": "ip", "table": LB_TABLE, "name": "prerouting",
+                "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}}}),
+            json!({"add": {"chain": {"family": "ip", "table": LB_TABLE, "name": "refuse"}}}),
+            json!({"add": {"rule": {"family": "ip", "table": LB_TABLE, "chain": "refuse",
+                "expr": [{"reject": null}]}}}),
+            json!({"add": {"chain": {"family": "ip", "table": LB_TABLE, "name": "filter",
+                "type": "filter", "hook": "prerouting", "prio": -110, "policy": "accept"}}}),
+        ];
+        for lb in lbs {
+            for (proto, port, target_port) in &lb.listeners {
+                let key = || {
+                    vec![
+                        json!({"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": lb.vip.to_string()}}),
+                        json!({"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": "dport"}}, "right": port}}),
+                    ]
+                };
+                if lb.targets.is_empty() {
+                    // Refused before any address translation (no target to send it to).
+                    let mut expr = key();
+                    expr.push(json!({"reject": null}));
+                    cmds.push(json!({"add": {"rule": {"family": "ip", "table": LB_TABLE,
+                        "chain": "filter", "expr": expr,
+                        "comment": format!("{} {proto}/{port}: no healthy target", lb.id)}}}));
+                    continue;
+                }
+                let items: Vec<Value> = lb
+                    .targets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| json!([i, {"concat": [t.to_string(), target_port]}]))
+                    .collect();
+                let mut expr = key();
+                expr.push(json!({"dnat": {"family": "ip", "addr": {"map": {
+                    "key": {"numgen": {"mode": "random", "mod": lb.targets.len(), "offset": 0}},
+                    "data": {"set": items},
+                }}}}));
+                cmds.push(json!({"add": {"rule": {"family": "ip", "table": LB_TABLE,
+                    "chain": "prerouting", "expr": expr,
+                    "comment": format!("{} {proto}/{port}", lb.id)}}}));
+            }
+        }
+        let doc = json!({"nftables": std::iter::once(json!({"metainfo": {"json_schema_version": 1}})).chain(cmds).collect::<Vec<_>>()});
+        // Checked against the `nftables` crate's schema, then applied with `nft -j`.
+        let typed: nftables::schema::Nftables<'_> = serde_json::from_value(doc.clone())
+            .map_err(|e| Error::Invalid(format!("the load balancers' ruleset: {e}")))?;
+        let payload = serde_json::to_string(&typed).unwrap_or_default();
+        let mut child = self
+            .command("nft")
+            .args(["-j", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(io_err("running nft"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write;
+            stdin
+                .write_all(payload.as_bytes())
+                .map_err(io_err("writing to nft"))?;
+        }
+        let out = child.wait_with_output().map_err(io_err("running nft"))?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                command: "nft -j -f -".into(),
+                output: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A health check of `target` from inside the VPC (where the cloud's checkers are):
+    /// TCP connects; with `http_path` an HTTP GET whose status must be 2xx or 3xx.
+    pub fn probe(&self, target: SocketAddr, http_path: Option<&str>, timeout: Duration) -> bool {
+        let path = format!("/run/netns/{}", self.record.netns);
+        let http_path = http_path.map(str::to_owned);
+        let thread = std::thread::Builder::new()
+            .name("vpc-probe".into())
+            .spawn(move || {
+                let file = std::fs::File::open(&path).ok()?;
+                nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+                let mut s = std::net::TcpStream::connect_timeout(&target, timeout).ok()?;
+                let Some(p) = http_path else {
+                    return Some(true);
+                };
+                use std::io::{Read, Write};
+                s.set_read_timeout(Some(timeout)).ok()?;
+                let req = format!(
+                    "GET {p} HTTP/1.1\r\nHost: {target}\r\nUser-Agent: kumo-elb-healthchecker/1.0\r\nConnection: close\r\n\r\n"
+                );
+                s.write_all(req.as_bytes()).ok()?;
+                let mut head = [0u8; 64];
+                let n = s.read(&mut head).ok()?;
+                let line = String::from_utf8_lossy(&head[..n]);
+                let code: u16 = line.split_whitespace().nth(1)?.parse().ok()?;
+                Some((200..400).contains(&code))
+            });
+        match thread {
+            Ok(t) => t.join().ok().flatten().unwrap_or(false),
+            Err(_) => false,
+        }
+    }
+
+    /// A command to run on the public side ("from the internet"): only its network.
+    pub fn public_command(&self, program: &str) -> Command {
+        public_command(&self.record, program)
+    }
 }
+
+/// A command on the public side of the VPC recorded in `dir` (`kumo cloud exec`).
+pub fn public_command_of(dir: &Path, program: &str) -> Result<Command, Error> {
+    let text = std::fs::read_to_string(dir.join("vpc.json")).map_err(io_err(format!(
+        "{}: no VPC runs here",
+        dir.join("vpc.json").display()
+    )))?;
+    let record: Record = serde_json::from_str(&text)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", dir.join("vpc.json").display())))?;
+    if record.public_netns.is_empty() {
+        return Err(Error::Invalid("the VPC has no public side".into()));
+    }
+    Ok(public_command(&record, program))
+}
+
+fn public_command(record: &Record, program: &str) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net=/run/netns/{}", record.public_netns))
+        .arg("--")
+        .arg(program);
+    c
+}
+
+/// The ranges load balancers' VIPs come from (the cloud's public pools: documentation
+/// and benchmark ranges, never routed on the internet).
+pub const VIP_POOLS: [&str; 4] = [
+    "203.0.113.0/24",
+    "198.51.100.0/24",
+    "192.0.2.0/24",
+    "198.18.0.0/15",
+];
 
 /// Removes the VPC recorded in `dir` (its namespace and every link in it). Nothing to do
 /// when none was made.
@@ -288,8 +492,10 @@ pub fn teardown(dir: &Path) -> Result<(), Error> {
         let _ = std::fs::remove_file(dir.join("vpc.json"));
         return Ok(());
     };
-    if Path::new("/run/netns").join(&record.netns).exists() {
-        run(Command::new("ip").args(["netns", "delete", &record.netns]))?;
+    for ns in [&record.netns, &record.public_netns] {
+        if !ns.is_empty() && Path::new("/run/netns").join(ns).exists() {
+            run(Command::new("ip").args(["netns", "delete", ns]))?;
+        }
     }
     let _ = std::fs::remove_file(dir.join("vpc.json"));
     Ok(())

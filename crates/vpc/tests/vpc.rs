@@ -139,11 +139,35 @@ fn instances_reach_each_other_and_routes_carry_pod_ranges() {
     vpc.set_routes(&[]).expect("no routes");
     assert!(vpc.routes().expect("routes").is_empty());
     assert!(reach(&a.0, pod).is_err(), "the route is gone");
+    // A load balancer: from the public side, its VIP reaches the healthy target.
+    let public = vpc.record_public_netns();
+    let vip: SocketAddr = "203.0.113.9:80".parse().expect("addr");
+    let lb = |targets: Vec<Ipv4Addr>| kumo_vpc::LoadBalancer {
+        id: "lb-1".into(),
+        vip: Ipv4Addr::new(203, 0, 113, 9),
+        listeners: vec![("tcp".into(), 80, 7000)],
+        targets,
+    };
+    vpc.set_load_balancers(&[lb(vec![Ipv4Addr::new(10, 0, 2, 4)])])
+        .expect("load balancer");
+    assert_eq!(reach(&public, vip).as_deref(), Ok("hello"));
+    // The public side reaches no private address.
+    assert!(reach(&public, "10.0.2.4:7000".parse().expect("addr")).is_err());
+    // No healthy target: refused at once.
+    vpc.set_load_balancers(&[lb(vec![])])
+        .expect("load balancer");
+    let refused = reach(&public, vip).expect_err("refused");
+    assert!(refused.contains("refused"), "{refused}");
+    // Health checks from inside the VPC.
+    let timeout = std::time::Duration::from_secs(1);
+    assert!(vpc.probe("10.0.2.4:7000".parse().expect("addr"), None, timeout));
+    assert!(!vpc.probe("10.0.2.4:7009".parse().expect("addr"), None, timeout));
     // The host saw none of it; teardown leaves nothing.
     assert_eq!(host_network(), before, "the host's network changed");
     let ns = vpc.netns().to_owned();
     kumo_vpc::teardown(&dir).expect("teardown");
     let list = ip(&["netns", "list"]);
     assert!(!list.contains(&ns), "{ns} left");
+    assert!(!list.contains(&public), "{public} left");
     assert!(!Path::new(&dir).join("vpc.json").exists());
 }

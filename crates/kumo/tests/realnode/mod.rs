@@ -150,9 +150,10 @@ pub fn with_real_cluster(args: &[&str], exercise: impl FnOnce(&Path, &Path, &str
         .filter_map(|p| std::fs::read_to_string(p).ok())
         .filter_map(|t| serde_json::from_str(&t).ok())
         .collect();
-    let vpc: Option<serde_json::Value> = std::fs::read_to_string(data.join("vpc").join("vpc.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
+    let vpc: Option<serde_json::Value> =
+        std::fs::read_to_string(data.join("cloud").join("vpc").join("vpc.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
     let down = Command::new(kumo)
         .args(["down", "--data-dir"])
         .arg(&data)
@@ -206,8 +207,10 @@ pub fn with_real_cluster(args: &[&str], exercise: impl FnOnce(&Path, &Path, &str
         );
     }
     if let Some(v) = &vpc {
-        let name = v["netns"].as_str().unwrap();
-        assert!(!netns.contains(name), "the VPC's namespace {name} left");
+        for key in ["netns", "public_netns"] {
+            let name = v[key].as_str().unwrap();
+            assert!(!netns.contains(name), "the VPC's namespace {name} left");
+        }
     }
     assert_eq!(host_network(), before, "the host's network changed");
 }
