@@ -412,6 +412,32 @@ async fn service(target: &Target, namespace: &str, name: &str) -> Result<Report>
             ports.join(",")
         }
     ));
+    // The endpoints behind it (what the nodes' NodePorts lead to).
+    let slices = Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(
+        client.clone(),
+        namespace,
+    )
+    .list(&kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={name}")))
+    .await?;
+    let (mut ready_eps, mut serving_eps) = (0, 0);
+    for s in &slices.items {
+        for e in s.endpoints.iter().flatten() {
+            let c = e.conditions.as_ref();
+            if c.and_then(|c| c.ready).unwrap_or(true) {
+                ready_eps += 1;
+            } else if c.and_then(|c| c.serving).unwrap_or(false) {
+                serving_eps += 1;
+            }
+        }
+    }
+    ev.push(format!(
+        "endpoints: {ready_eps} ready{}",
+        if serving_eps > 0 {
+            format!(", {serving_eps} terminating but still serving")
+        } else {
+            String::new()
+        }
+    ));
     if type_ != "LoadBalancer" {
         return Ok(Report {
             healthy: true,
@@ -556,6 +582,20 @@ async fn service(target: &Target, namespace: &str, name: &str) -> Result<Report>
                         lb.dns_name,
                         lb.targets.len()
                     ));
+                    for t in &lb.targets {
+                        ev.push(format!(
+                            "cloud: target {} is {}{}",
+                            t.instance_id,
+                            serde_json::to_value(t.health)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_owned))
+                                .unwrap_or_default(),
+                            t.reason
+                                .as_deref()
+                                .map(|r| format!(" ({r})"))
+                                .unwrap_or_default()
+                        ));
+                    }
                     cloud_lb = Some(lb);
                 }
                 Ok(None) => ev.push(format!("cloud: no load balancer named {lb_name}")),
@@ -590,9 +630,56 @@ async fn service(target: &Target, namespace: &str, name: &str) -> Result<Report>
         }
     }
 
+    // The real data plane: does the VIP answer from the internet?
+    let mut vip_silent = Vec::new();
+    if let (Some(lb), Some(dir)) = (&cloud_lb, &target.data_dir) {
+        for l in &lb.listeners {
+            let addr = format!("{}:{}", lb.vip, l.port);
+            let Ok(sa) = addr.parse::<std::net::SocketAddr>() else {
+                continue;
+            };
+            if l.protocol != kumo_cloud::Protocol::Tcp {
+                continue;
+            }
+            match kumo::machine::vip_answers(dir, sa) {
+                None => {}
+                Some(true) => ev.push(format!(
+                    "data plane: {addr} accepts connections from the internet"
+                )),
+                Some(false) => {
+                    ev.push(format!(
+                        "data plane: {addr} refuses or drops connections from the internet"
+                    ));
+                    vip_silent.push(addr);
+                }
+            }
+        }
+    }
     let last_lb_event = lb_events.last().copied();
     let reason_of = |e: &Event| e.reason.clone().unwrap_or_default();
-    let (healthy, verdict) = if !external.is_empty() {
+    let (healthy, verdict) = if !external.is_empty() && !vip_silent.is_empty() {
+        let healthy_targets = cloud_lb.as_ref().map_or(0, |lb| {
+            lb.targets
+                .iter()
+                .filter(|t| t.health == kumo_cloud::TargetHealthState::Healthy)
+                .count()
+        });
+        (
+            false,
+            format!(
+                "EXTERNAL-IP is {} but {} does not answer: {}",
+                external.join(","),
+                vip_silent.join(", "),
+                if ready_eps + serving_eps == 0 {
+                    "the Service has no ready endpoint: every node rejects its node port, and the cloud's health check will mark the targets unhealthy".to_owned()
+                } else if healthy_targets == 0 {
+                    "the cloud's health check finds no target healthy (no ready endpoint behind the node ports, or for externalTrafficPolicy: Local none on any node)".to_owned()
+                } else {
+                    format!("{healthy_targets} target(s) are healthy, yet the connection fails: the nodes' kube-proxy rules are the next place to look (`kumo node exec NODE -- nft list table ip kube-proxy`)")
+                }
+            ),
+        )
+    } else if !external.is_empty() {
         (
             true,
             format!(

@@ -95,6 +95,17 @@ pub fn vpc_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("cloud").join("vpc")
 }
 
+/// Whether `vip` accepts a TCP connection from the cloud's public side (`None`: the
+/// cluster of `data_dir` has no real network).
+pub fn vip_answers(data_dir: &Path, vip: std::net::SocketAddr) -> Option<bool> {
+    let netns = kumo_vpc::public_netns_of(&vpc_dir(data_dir)).ok()?;
+    // The connection is opened by a thread that entered the public side's namespace.
+    Some(
+        kumo_cri_remote::netns::connect(Some(&netns), vip, std::time::Duration::from_secs(3))
+            .is_ok(),
+    )
+}
+
 /// `kumo cloud exec -- CMD...`: runs `command` on the public side of the cloud whose data
 /// directory is `cloud_dir`; returns its exit code.
 pub fn cloud_exec(cloud_dir: &Path, command: &[String]) -> Result<i32> {

@@ -337,5 +337,14 @@ fn pods_services_and_names_travel_over_real_packets() {
                 .is_none_or(|p| !p.starts_with("hello-from-"))
                 .then_some(())
         });
+        // The doctor sees it from the internet too, and says why.
+        let doctor = Command::new(env!("CARGO_BIN_EXE_kumo"))
+            .args(["doctor", "service", "hello", "--data-dir"])
+            .arg(data)
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&doctor.stdout);
+        assert!(report.contains("does not answer"), "{report}");
+        assert!(report.contains("data plane: "), "{report}");
     });
 }

@@ -453,16 +453,24 @@ impl Vpc {
 
 /// A command on the public side of the VPC recorded in `dir` (`kumo cloud exec`).
 pub fn public_command_of(dir: &Path, program: &str) -> Result<Command, Error> {
-    let text = std::fs::read_to_string(dir.join("vpc.json")).map_err(io_err(format!(
-        "{}: no VPC runs here",
-        dir.join("vpc.json").display()
-    )))?;
+    Ok(public_command(&recorded(dir)?, program))
+}
+
+/// The public side's namespace (`/run/netns/NAME`) of the VPC recorded in `dir`.
+pub fn public_netns_of(dir: &Path) -> Result<PathBuf, Error> {
+    Ok(Path::new("/run/netns").join(recorded(dir)?.public_netns))
+}
+
+fn recorded(dir: &Path) -> Result<Record, Error> {
+    let file = dir.join("vpc.json");
+    let text = std::fs::read_to_string(&file)
+        .map_err(io_err(format!("{}: no VPC runs here", file.display())))?;
     let record: Record = serde_json::from_str(&text)
-        .map_err(|e| Error::Invalid(format!("{}: {e}", dir.join("vpc.json").display())))?;
+        .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
     if record.public_netns.is_empty() {
         return Err(Error::Invalid("the VPC has no public side".into()));
     }
-    Ok(public_command(&record, program))
+    Ok(record)
 }
 
 fn public_command(record: &Record, program: &str) -> Command {
