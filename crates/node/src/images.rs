@@ -19,6 +19,42 @@ pub const BUSYBOX: &str = "/bin/busybox";
 const BASH: &str = "/usr/bin/bash";
 /// The machine's curl, packed as the curl image.
 const CURL: &str = "/usr/bin/curl";
+/// The machine's nginx (Debian's nginx-light), packed as the nginx image.
+const NGINX: &str = "/usr/sbin/nginx";
+
+/// The nginx image's configuration: the welcome page on port 80, logs to the container's
+/// output, temporary files under /var/lib/nginx.
+const NGINX_CONF: &str = "user nobody nobody;
+worker_processes 1;
+error_log /dev/stderr notice;
+pid /run/nginx.pid;
+events { worker_connections 1024; }
+http {
+    include /etc/nginx/mime.types;
+    default_type application/octet-stream;
+    access_log /dev/stdout;
+    client_body_temp_path /var/lib/nginx/body;
+    proxy_temp_path /var/lib/nginx/proxy;
+    sendfile on;
+    keepalive_timeout 65;
+    server {
+        listen 80 default_server;
+        root /usr/share/nginx/html;
+        index index.html;
+    }
+}
+";
+
+/// nginx's welcome page.
+const NGINX_INDEX: &str = "<!DOCTYPE html>
+<html>
+<head><title>Welcome to nginx!</title></head>
+<body>
+<h1>Welcome to nginx!</h1>
+<p>If you see this page, the nginx web server is successfully installed and working.</p>
+</body>
+</html>
+";
 
 /// One file of an image's layer (paths relative to its root).
 #[derive(Clone, Debug)]
@@ -327,6 +363,47 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
             0o755,
         ));
         images.push(("curl.tar", curl));
+    }
+    // nginx as the seeds and the e2e suite run it: Debian's nginx with its libraries,
+    // serving its welcome page on port 80 in the foreground.
+    if Path::new(NGINX).is_file() {
+        let mut nginx = Image {
+            entries: busybox_entries()?,
+            entrypoint: None,
+            cmd: Some(strings(&["nginx", "-g", "daemon off;"])),
+            names: strings(&[
+                "docker.io/library/nginx:latest",
+                "docker.io/library/nginx:1.27",
+                "registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
+                "registry.k8s.io/e2e-test-images/nginx:1.28.0-2",
+            ]),
+        };
+        for f in with_libraries(Path::new(NGINX))? {
+            nginx.add_host_file(&f, &f.to_string_lossy())?;
+        }
+        if Path::new("/etc/nginx/mime.types").is_file() {
+            nginx.add_host_file(Path::new("/etc/nginx/mime.types"), "/etc/nginx/mime.types")?;
+        }
+        nginx.put(Entry::Symlink("usr/bin/nginx".into(), NGINX.into()));
+        for d in [
+            "var/log/nginx",
+            "var/lib/nginx",
+            "run",
+            "usr/share/nginx/html",
+        ] {
+            nginx.put(Entry::Dir(d.into(), 0o755));
+        }
+        nginx.put(Entry::File(
+            "etc/nginx/nginx.conf".into(),
+            NGINX_CONF.as_bytes().to_vec(),
+            0o644,
+        ));
+        nginx.put(Entry::File(
+            "usr/share/nginx/html/index.html".into(),
+            NGINX_INDEX.as_bytes().to_vec(),
+            0o644,
+        ));
+        images.push(("nginx.tar", nginx));
     }
     images.push((
         "pause.tar",

@@ -2,6 +2,7 @@
 
 mod api;
 mod lb;
+mod net;
 mod nodes;
 mod pods;
 mod scheduler;
@@ -28,6 +29,9 @@ pub enum Bench {
     /// scheduler_perf's SchedulingBasic shape (5000 nodes, 1000 + 10 000 pods): `kumo
     /// scheduler` and the real kube-scheduler side by side, pods per second.
     Scheduler(scheduler::Args),
+    /// The real network (`--runtime containerd`): nftables rule sync at scale, Service
+    /// create to reachable on every node, throughput through ClusterIP and VIP.
+    Net(net::Args),
 }
 
 pub async fn run(what: Bench) -> Result<()> {
@@ -38,6 +42,7 @@ pub async fn run(what: Bench) -> Result<()> {
         Bench::Nodes(args) => nodes::run(args).await,
         Bench::Scheduler(args) => scheduler::run(args).await,
         Bench::Pods(args) => pods::run(args).await,
+        Bench::Net(args) => net::run(args).await,
     }
 }
 
