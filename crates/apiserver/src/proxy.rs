@@ -225,7 +225,8 @@ async fn kubelet_of(state: &State, node: &str) -> Result<(String, u16), ApiError
 }
 
 /// Where port `port` (the kubelet's, by default) of node `name` is reached: (host, port).
-/// A dial override stands for the node's kubelet port; other ports are the node's own.
+/// A dial override stands for the node's kubelet port (the advertised one, or 10250);
+/// other ports are the node's own.
 async fn kubelet_port_of(
     state: &State,
     node: &str,
@@ -243,7 +244,8 @@ async fn kubelet_port_of(
         .read()
         .ok()
         .and_then(|m| m.get(node).copied());
-    if let Some(a) = dial.filter(|_| port.is_none_or(|p| p == advertised)) {
+    // 10250, the kubelet's well-known port, names the kubelet wherever it listens.
+    if let Some(a) = dial.filter(|_| port.is_none_or(|p| p == advertised || p == 10250)) {
         return Ok((a.ip().to_string(), a.port()));
     }
     let addresses = n
