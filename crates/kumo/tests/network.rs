@@ -281,6 +281,19 @@ fn pods_services_and_names_travel_over_real_packets() {
         )
         .unwrap_or_default();
         assert!(healthz.contains("\"localEndpoints\":1"), "{healthz}");
+        // kube-proxy's own health and metrics, in each node's namespace.
+        let proxy_health = curl_from(data, "kumo-control-plane", "http://10.0.2.4:10256/healthz")
+            .unwrap_or_default();
+        assert!(
+            proxy_health.contains("\"nodeEligible\":true"),
+            "{proxy_health}"
+        );
+        let metrics = curl_from(data, "kumo-control-plane", "http://10.0.3.4:10249/metrics")
+            .unwrap_or_default();
+        assert!(
+            metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_count"),
+            "{metrics}"
+        );
         // The rules and routes are there to look at.
         let table = on_node(
             data,

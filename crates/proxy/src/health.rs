@@ -18,6 +18,11 @@ use tokio::task::JoinHandle;
 
 /// The proxy's own health port (`--healthz-bind-address` 0.0.0.0:10256).
 pub const HEALTHZ_PORT: u16 = 10256;
+/// The proxy's metrics port (`--metrics-bind-address`; upstream's default binds it to
+/// 127.0.0.1:10249, here every address of the node's namespace: no one else is there).
+pub const METRICS_PORT: u16 = 10249;
+
+const JSON: &str = "application/json";
 
 /// One Service's health-check port.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +46,7 @@ pub struct HealthServers {
     /// Whether the proxy synced its rules lately (what `/healthz` reports).
     healthy: Arc<AtomicBool>,
     proxy: Option<JoinHandle<()>>,
+    metrics: Option<JoinHandle<()>>,
     services: HashMap<u16, Served>,
 }
 
@@ -51,7 +57,34 @@ impl HealthServers {
             netns,
             healthy: Arc::new(AtomicBool::new(false)),
             proxy: None,
+            metrics: None,
             services: HashMap::new(),
+        }
+    }
+
+    /// Serves `metrics` on `/metrics` (10249).
+    pub fn serve_metrics(&mut self, metrics: Arc<crate::metrics::ProxyMetrics>) {
+        if self.metrics.is_some() {
+            return;
+        }
+        match self.listen(METRICS_PORT) {
+            Ok(l) => {
+                self.metrics = Some(tokio::spawn(serve(l, move |path| {
+                    if path != "/metrics" {
+                        return (
+                            StatusCode::NOT_FOUND,
+                            "text/plain",
+                            "404 page not found\n".to_owned(),
+                        );
+                    }
+                    (
+                        StatusCode::OK,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                        metrics.render(),
+                    )
+                })))
+            }
+            Err(e) => tracing::warn!(error = %e, "kube-proxy's metrics port"),
         }
     }
 
@@ -65,7 +98,11 @@ impl HealthServers {
                     self.proxy = Some(tokio::spawn(serve(l, move |path| {
                         let ok = healthy.load(Ordering::Relaxed);
                         if path != "/healthz" && path != "/livez" {
-                            return (StatusCode::NOT_FOUND, "404 page not found\n".to_owned());
+                            return (
+                                StatusCode::NOT_FOUND,
+                                "text/plain",
+                                "404 page not found\n".to_owned(),
+                            );
                         }
                         let now = crate::nft::rfc3339_now();
                         let body = serde_json::json!({
@@ -76,7 +113,7 @@ impl HealthServers {
                         } else {
                             StatusCode::SERVICE_UNAVAILABLE
                         };
-                        (code, body.to_string())
+                        (code, JSON, body.to_string())
                     })))
                 }
                 Err(e) => tracing::warn!(error = %e, "kube-proxy's healthz port"),
@@ -121,7 +158,7 @@ impl HealthServers {
                 } else {
                     StatusCode::SERVICE_UNAVAILABLE
                 };
-                (code, body.to_string())
+                (code, JSON, body.to_string())
             }));
             self.services.insert(
                 *port,
@@ -159,8 +196,8 @@ impl HealthServers {
 
 impl Drop for HealthServers {
     fn drop(&mut self) {
-        if let Some(p) = &self.proxy {
-            p.abort();
+        for t in self.proxy.iter().chain(self.metrics.iter()) {
+            t.abort();
         }
         for s in self.services.values() {
             s.task.abort();
@@ -168,10 +205,11 @@ impl Drop for HealthServers {
     }
 }
 
-/// Serves HTTP/1.1 on `listener`, every request answered by `answer(path)` as JSON.
+/// Serves HTTP/1.1 on `listener`, every request answered by `answer(path)`: status,
+/// content type, body.
 async fn serve<F>(listener: tokio::net::TcpListener, answer: F)
 where
-    F: Fn(&str) -> (StatusCode, String) + Send + Sync + 'static,
+    F: Fn(&str) -> (StatusCode, &'static str, String) + Send + Sync + 'static,
 {
     let answer = Arc::new(answer);
     loop {
@@ -182,13 +220,14 @@ where
         let answer = answer.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let (code, body) = answer(req.uri().path());
-                let weight = serde_json::from_str::<serde_json::Value>(&body)
-                    .ok()
+                let (code, content_type, body) = answer(req.uri().path());
+                let weight = (content_type == JSON)
+                    .then(|| serde_json::from_str::<serde_json::Value>(&body).ok())
+                    .flatten()
                     .and_then(|v| v.get("localEndpoints").and_then(|n| n.as_u64()));
                 let mut resp = Response::builder()
                     .status(code)
-                    .header("Content-Type", "application/json")
+                    .header("Content-Type", content_type)
                     .header("X-Content-Type-Options", "nosniff");
                 if let Some(w) = weight {
                     resp = resp.header("X-Load-Balancing-Endpoint-Weight", w.to_string());

@@ -26,6 +26,7 @@ use kube::Client;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 pub mod dataplane;
 pub mod health;
+pub mod metrics;
 pub mod nft;
 
 use dataplane::{Dataplane, Protocol, RData, Rr, Rule, ServiceEntry, CLUSTER_DOMAIN};

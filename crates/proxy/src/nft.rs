@@ -1211,6 +1211,7 @@ impl NftProxy {
         let node = cfg.node_name.clone();
         let netns = cfg.netns.clone();
         let mut health = crate::health::HealthServers::new(cfg.netns.clone());
+        let metrics = Arc::new(crate::metrics::ProxyMetrics::default());
         let proxier = Arc::new(std::sync::Mutex::new(NftProxier::new(cfg)));
         tasks.push(tokio::spawn(async move {
             services.wait_synced().await;
@@ -1236,6 +1237,8 @@ impl NftProxy {
                 match result {
                     Ok((Ok(stats), stale)) => {
                         health.set_proxy_healthy(true);
+                        health.serve_metrics(metrics.clone());
+                        metrics.synced(stats.full, started.elapsed().as_secs_f64());
                         generation += 1;
                         synced_tx.send_replace(generation);
                         again_soon = stale;
@@ -1243,6 +1246,7 @@ impl NftProxy {
                     }
                     Ok((Err(e), _)) => {
                         health.set_proxy_healthy(false);
+                        metrics.failed();
                         again_soon = true;
                         tracing::warn!(node = %node, error = %e, "nftables sync failed");
                     }
