@@ -49,7 +49,7 @@ pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// The sandbox image, as upstream's kubelet names it by default.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
 /// The Debian packages the real runtime needs.
-pub const PACKAGES: &str = "containerd runc containernetworking-plugins";
+pub const PACKAGES: &str = "containerd runc containernetworking-plugins nftables procps";
 
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
@@ -64,7 +64,8 @@ pub fn prerequisites() -> Result<(), Error> {
             hint: "it makes network namespaces, mounts and cgroups; run kumo up as root, or use --runtime sim".into(),
         });
     }
-    let missing: Vec<&str> = ["containerd", "runc", "ctr", "nsenter", "ip"]
+    // nft and sysctl for the nodes' network (kube-proxy's table, forwarding).
+    let missing: Vec<&str> = ["containerd", "runc", "ctr", "nsenter", "ip", "nft", "sysctl"]
         .into_iter()
         .filter(|p| !on_path(p))
         .collect();
