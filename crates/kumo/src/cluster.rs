@@ -257,11 +257,17 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
         ));
     } else if cfg.addons && cfg.cloud.is_some() {
         // The real network: CoreDNS's pods are real, running this binary's DNS server.
-        let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
-        let exe = std::env::current_exe().context("finding the kumo binary")?;
-        crate::addons::ensure_real(&admin, &exe)
-            .await
-            .context("creating the cluster DNS")?;
+        match crate::machine::kumo_binary() {
+            Some(exe) => {
+                let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
+                crate::addons::ensure_real(&admin, &exe)
+                    .await
+                    .context("creating the cluster DNS")?;
+            }
+            None => tracing::warn!(
+                "no kumo binary to run the cluster DNS pods (not running as kumo; $KUMO_BINARY names one): no coredns pods"
+            ),
+        }
     }
     let (cm_addr, mut cm_rx) = watch::channel(None);
     if cfg.controller_manager {

@@ -57,7 +57,11 @@ pub fn boot(data_dir: &Path, node: &str) -> Result<Machine> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut images =
         kumo_node::images::build(&images_dir(data_dir)).context("packing kumo's offline images")?;
-    images.push(dns_image(&images_dir(data_dir)).context("packing the cluster DNS's image")?);
+    if let Some(exe) = kumo_binary() {
+        images.push(
+            dns_image(&images_dir(data_dir), &exe).context("packing the cluster DNS's image")?,
+        );
+    }
     images.extend(loaded_archives(data_dir));
     let host = kumo_node::NodeHost::start(&kumo_node::NodeSpec {
         name: node.to_owned(),
@@ -79,14 +83,24 @@ pub fn boot(data_dir: &Path, node: &str) -> Result<Machine> {
 
 /// The image the `coredns` pods run `kumo dns` in: this binary's libraries, the binary
 /// itself mounted from the machine (see [`crate::addons::ensure_real`]).
-fn dns_image(dir: &Path) -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("finding the kumo binary")?;
+fn dns_image(dir: &Path, exe: &Path) -> Result<PathBuf> {
     let image = kumo_node::images::program_image(
-        &exe,
+        exe,
         crate::addons::DNS_BINARY_MOUNT,
         vec![crate::addons::dns_image()],
     )?;
     Ok(kumo_node::images::write(dir, "kumo-dns.tar", &image)?)
+}
+
+/// The kumo binary the `coredns` pods run: `$KUMO_BINARY`, else this process's program
+/// when it is kumo (a test harness that runs a cluster in process is not: its clusters
+/// get no cluster DNS pods).
+pub fn kumo_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KUMO_BINARY").map(PathBuf::from) {
+        return p.is_file().then_some(p);
+    }
+    let exe = std::env::current_exe().ok()?;
+    (exe.file_name()? == "kumo").then_some(exe)
 }
 
 /// Where the cloud's VPC of a cluster on the real runtime is recorded (in the cloud's

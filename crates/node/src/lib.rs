@@ -65,10 +65,18 @@ pub fn prerequisites() -> Result<(), Error> {
         });
     }
     // nft and sysctl for the nodes' network (kube-proxy's table, forwarding).
-    let missing: Vec<&str> = ["containerd", "runc", "ctr", "nsenter", "ip", "nft", "sysctl"]
-        .into_iter()
-        .filter(|p| !on_path(p))
-        .collect();
+    let missing: Vec<&str> = [
+        "containerd",
+        "runc",
+        "ctr",
+        "nsenter",
+        "ip",
+        "nft",
+        "sysctl",
+    ]
+    .into_iter()
+    .filter(|p| !on_path(p))
+    .collect();
     let plugins: Vec<&str> = ["bridge", "host-local", "loopback", "portmap"]
         .into_iter()
         .filter(|p| !Path::new(CNI_BIN_DIR).join(p).is_file())
