@@ -40,6 +40,15 @@ async fn recorded_containerd_conformance_tests_still_pass_on_kumo() {
     .await
     .unwrap();
     assert!(built.status.success(), "{}\n{}", built.stdout, built.stderr);
+    // The cluster DNS pods run the kumo binary (built with the workspace's tests; the
+    // image script builds it when missing), not this harness.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let kumo_bin = target.join("debug").join("kumo");
+    assert!(kumo_bin.is_file(), "{} missing", kumo_bin.display());
+    // Set before the cluster's threads start; nothing else touches the environment then.
+    std::env::set_var("KUMO_BINARY", &kumo_bin);
     let data = dir.path().join("kumo");
     let mut cfg = kumo::cluster::ClusterConfig::with_cloud(&data);
     cfg.port = 0;
