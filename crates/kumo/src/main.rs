@@ -970,9 +970,7 @@ fn other(command: Command) -> Result<()> {
                 image.add_host_file(std::path::Path::new(&src), &dst)?;
             }
             for program in programs {
-                for file in kumo_node::images::with_libraries(&program)? {
-                    image.add_host_file(&file, &file.to_string_lossy())?;
-                }
+                image.add_program(&program)?;
             }
             for l in symlinks {
                 let (dst, target) = pair(&l, "--symlink")?;

@@ -96,6 +96,15 @@ impl Image {
         Ok(())
     }
 
+    /// Adds this machine's `program` at the same path, with the shared libraries it loads
+    /// and its loader (as `ldd` lists them).
+    pub fn add_program(&mut self, program: &Path) -> io::Result<()> {
+        for f in with_libraries(program)? {
+            self.add_host_file(&f, &f.to_string_lossy())?;
+        }
+        Ok(())
+    }
+
     /// Adds `entry`, replacing one at the same path (a later file wins, as in a layer
     /// on top).
     pub fn put(&mut self, entry: Entry) {
@@ -332,10 +341,7 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
     // Debian's busybox 1.35 `sh` drops environment variables whose names are not shell
     // identifiers (`data-1`, which Kubernetes allows and busybox 1.37 passes on); bash in
     // POSIX mode passes them, so it is the image's `sh` when the machine has it.
-    if let Ok(files) = with_libraries(Path::new(BASH)) {
-        for f in files {
-            busybox.add_host_file(&f, &f.to_string_lossy())?;
-        }
+    if busybox.add_program(Path::new(BASH)).is_ok() {
         busybox.put(Entry::Symlink("bin/sh".into(), BASH.into()));
     }
     let mut images = vec![("busybox.tar", busybox)];
@@ -353,9 +359,7 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
                 "docker.io/curlimages/curl:latest",
             ]),
         };
-        for f in with_libraries(Path::new(CURL))? {
-            curl.add_host_file(&f, &f.to_string_lossy())?;
-        }
+        curl.add_program(Path::new(CURL))?;
         curl.put(Entry::File(
             "entrypoint.sh".into(),
             b"#!/bin/sh\nif [ \"${1#-}\" != \"$1\" ]; then set -- curl \"$@\"; fi\nexec \"$@\"\n"
@@ -378,9 +382,7 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
                 "registry.k8s.io/e2e-test-images/nginx:1.28.0-2",
             ]),
         };
-        for f in with_libraries(Path::new(NGINX))? {
-            nginx.add_host_file(&f, &f.to_string_lossy())?;
-        }
+        nginx.add_program(Path::new(NGINX))?;
         if Path::new("/etc/nginx/mime.types").is_file() {
             nginx.add_host_file(Path::new("/etc/nginx/mime.types"), "/etc/nginx/mime.types")?;
         }

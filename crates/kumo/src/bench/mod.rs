@@ -46,6 +46,16 @@ pub async fn run(what: Bench) -> Result<()> {
     }
 }
 
+/// (p50, p99, max) of samples.
+pub fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (
+        percentile(&v, 50.0),
+        percentile(&v, 99.0),
+        v.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
 /// The p-th percentile (0..=100) of sorted samples.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

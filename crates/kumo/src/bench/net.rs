@@ -25,7 +25,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use super::percentile;
+use super::summary;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -87,15 +87,6 @@ pub async fn run(args: Args) -> Result<()> {
         .arg(&data)
         .output();
     result
-}
-
-fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (
-        percentile(&v, 50.0),
-        percentile(&v, 99.0),
-        v.last().copied().unwrap_or(f64::NAN),
-    )
 }
 
 /// Synthetic Services and their EndpointSlices (endpoints spread over two nodes).

@@ -28,7 +28,7 @@ use serde_json::json;
 
 use super::api::{proc_cpu_seconds, proc_memory};
 use super::nodes::{any_unpaged, check_running, wait_for_apiserver, Component};
-use super::percentile;
+use super::summary;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -46,15 +46,6 @@ pub struct Args {
 const NS: &str = "bench";
 const NODE: &str = "bench-node";
 const IMAGE: &str = "docker.io/library/busybox:1.37";
-
-fn summary(mut secs: Vec<f64>) -> (f64, f64, f64) {
-    secs.sort_by(f64::total_cmp);
-    (
-        percentile(&secs, 50.0),
-        percentile(&secs, 99.0),
-        secs.last().copied().unwrap_or(f64::NAN),
-    )
-}
 
 /// The raw runtime: `n` sandboxes with a container each, at once, through the CRI.
 fn raw(
