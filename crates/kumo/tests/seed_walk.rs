@@ -512,11 +512,15 @@ fn seed_003_control_plane_static_pods_and_mirror_pods() {
     // kubectl get --raw='/readyz?verbose'
     let readyz = u.ok(&["get", "--raw", "/readyz?verbose"]);
     assert!(readyz.ends_with("readyz check passed\n"), "{readyz}");
-    // The node proxy reaches the kubelet; a port of the node no kubelet holds is refused
-    // as the simulated network refuses it, never dialed from the host.
+    // The node proxy reaches the kubelet, by default and on 10250 (its well-known port,
+    // wherever kumo's kubelet listens); a port of the node no kubelet holds is refused as
+    // the simulated network refuses it, never dialed from the host.
     let path = format!("/api/v1/nodes/{cp}/proxy/healthz");
     assert_eq!(u.ok(&["get", "--raw", &path]), "ok");
     let path = format!("/api/v1/nodes/{cp}:10250/proxy/pods");
+    let pods = u.ok(&["get", "--raw", &path]);
+    assert!(pods.contains("\"kind\":\"PodList\""), "{pods}");
+    let path = format!("/api/v1/nodes/{cp}:10255/proxy/pods");
     let (ok, _, err) = u.k(&["get", "--raw", &path]);
     assert!(
         !ok && err.contains("error dialing backend: dial tcp 10.0.")
