@@ -539,7 +539,8 @@ async fn up(args: UpArgs) -> Result<()> {
             "kumo: runtime containerd: the control plane runs in this process (no static pods); \
              nodes are network namespaces in the cloud's VPC (pod routes in its route table), \
              each with its own containerd and an nftables kube-proxy; the coredns pods run \
-             kumo's DNS server; load balancers have no data plane yet"
+             kumo's DNS server; load balancer VIPs answer on the cloud's public side \
+             (`kumo cloud exec -- curl http://VIP/`)"
         );
     } else if real {
         println!(
