@@ -427,9 +427,14 @@ async fn health_checks(
     checked: &mut HashMap<(String, String), std::time::Instant>,
 ) {
     let now = std::time::Instant::now();
-    let due: Vec<_> = inner
-        .store
-        .read(|s| s.health_checks())
+    let checks = inner.store.read(|s| s.health_checks());
+    // Targets no longer registered (or no longer running) are forgotten.
+    let live: std::collections::HashSet<(String, String)> = checks
+        .iter()
+        .map(|(lb, inst, _, _)| (lb.clone(), inst.clone()))
+        .collect();
+    checked.retain(|k, _| live.contains(k));
+    let due: Vec<_> = checks
         .into_iter()
         .filter(|(lb, inst, _, check)| {
             checked.get(&(lb.clone(), inst.clone())).is_none_or(|t| {
@@ -438,13 +443,6 @@ async fn health_checks(
             })
         })
         .collect();
-    let live: std::collections::HashSet<(String, String)> = inner
-        .store
-        .read(|s| s.health_checks())
-        .into_iter()
-        .map(|(lb, inst, _, _)| (lb, inst))
-        .collect();
-    checked.retain(|k, _| live.contains(k));
     let results = futures_util::future::join_all(due.iter().map(|(_, _, addr, check)| {
         let timeout = Duration::from_secs(u64::from(check.timeout_seconds.max(1)));
         async move {

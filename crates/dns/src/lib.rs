@@ -358,31 +358,18 @@ async fn http_ok(
     path: &'static str,
     gate: Option<Arc<std::sync::atomic::AtomicBool>>,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            continue;
+    kumo_proxy::health::serve(listener, move |asked| {
+        let open = gate
+            .as_ref()
+            .is_none_or(|g| g.load(std::sync::atomic::Ordering::Relaxed));
+        let (code, body) = if asked != path {
+            (hyper::StatusCode::NOT_FOUND, "404 page not found\n")
+        } else if open {
+            (hyper::StatusCode::OK, "OK")
+        } else {
+            (hyper::StatusCode::SERVICE_UNAVAILABLE, "not ready")
         };
-        let gate = gate.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let n = conn.read(&mut buf).await.unwrap_or(0);
-            let line = String::from_utf8_lossy(&buf[..n]);
-            let asked = line.split_whitespace().nth(1).unwrap_or("");
-            let open = gate.is_none_or(|g| g.load(std::sync::atomic::Ordering::Relaxed));
-            let (status, body) = if asked != path {
-                ("404 Not Found", "404 page not found\n")
-            } else if open {
-                ("200 OK", "OK")
-            } else {
-                ("503 Service Unavailable", "not ready")
-            };
-            let reply = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = conn.write_all(reply.as_bytes()).await;
-        });
-    }
+        (code, "text/plain; charset=utf-8", body.to_owned())
+    })
+    .await
 }

@@ -247,6 +247,46 @@ mod tests {
     }
 
     #[test]
+    fn arbitrary_bytes_get_formerr_or_nothing_and_never_a_panic() {
+        let s = Server::new(Arc::new(Zone::new()));
+        let mut q = Message::query();
+        q.add_query(Query::query(
+            Name::from_ascii("kubernetes.default.svc.cluster.local.").expect("name"),
+            RecordType::A,
+        ));
+        let valid = q.to_vec().expect("encode");
+        // xorshift: deterministic, no dependency.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..4000 {
+            let bytes: Vec<u8> = if round % 2 == 0 {
+                let len = (next() % 80) as usize;
+                (0..len).map(|_| next() as u8).collect()
+            } else {
+                // A valid query with a few bytes flipped or cut short.
+                let mut b = valid.clone();
+                for _ in 0..1 + next() % 4 {
+                    let i = (next() as usize) % b.len();
+                    b[i] ^= next() as u8;
+                }
+                b.truncate(1 + (next() as usize) % b.len());
+                b
+            };
+            if let Some(reply) = s.respond(&bytes, round % 3 == 0) {
+                let m = Message::from_vec(&reply).expect("every reply decodes");
+                assert_eq!(m.metadata.id.to_be_bytes(), [bytes[0], bytes[1]]);
+            } else {
+                assert!(bytes.len() < 2 || Message::from_vec(&bytes).is_ok());
+            }
+        }
+    }
+
+    #[test]
     fn answers_on_the_wire_as_coredns() {
         let zone = Arc::new(Zone::new());
         zone.set_service(

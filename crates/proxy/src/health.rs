@@ -206,8 +206,8 @@ impl Drop for HealthServers {
 }
 
 /// Serves HTTP/1.1 on `listener`, every request answered by `answer(path)`: status,
-/// content type, body.
-async fn serve<F>(listener: tokio::net::TcpListener, answer: F)
+/// content type, body. (kumo-dns's `/health` and `/ready` are served with it too.)
+pub async fn serve<F>(listener: tokio::net::TcpListener, answer: F)
 where
     F: Fn(&str) -> (StatusCode, &'static str, String) + Send + Sync + 'static,
 {

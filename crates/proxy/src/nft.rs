@@ -833,25 +833,15 @@ fn compute(
                     Some(&comment),
                 );
             }
-            for ip in &external_ips {
-                if has_endpoints {
-                    d.elem("service-ips", key(*ip), Some(goto(&external_chain)), None);
-                }
-                if !has_external {
-                    d.elem(
-                        "no-endpoint-services",
-                        key(*ip),
-                        Some(external_verdict.clone()),
-                        Some(&comment),
-                    );
-                }
-            }
+            // External IPs and load-balancer ingress IPs lead to the external chain alike;
+            // only the latter are subject to loadBalancerSourceRanges.
             let uses_fw = !lb_ips.is_empty() && !source_ranges.is_empty();
-            for ip in &lb_ips {
+            let external = external_ips.iter().map(|ip| (ip, false));
+            for (ip, is_lb) in external.chain(lb_ips.iter().map(|ip| (ip, true))) {
                 if has_endpoints {
                     d.elem("service-ips", key(*ip), Some(goto(&external_chain)), None);
                 }
-                if uses_fw {
+                if is_lb && uses_fw {
                     d.elem("firewall-ips", key(*ip), Some(goto(&fw_chain)), None);
                 }
                 if !has_external {
