@@ -40,10 +40,7 @@ fn files_dir(pod_dir: &Path, container: &str, mount_path: &str) -> PathBuf {
 
 /// Writes `files` (relative path → (content, mode)) into `dir`, removing what is not
 /// among them.
-fn write_files(
-    dir: &Path,
-    files: &std::collections::BTreeMap<String, (String, u32)>,
-) -> io::Result<()> {
+fn write_files(dir: &Path, files: &kumo_cri::Files) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     for (rel, (content, mode)) in files {
         let rel = rel.trim_start_matches('/');
@@ -309,8 +306,11 @@ mod tests {
     fn file_volumes_are_written_refreshed_and_kept_inside_their_directory() {
         let pod = tempfile_dir("files");
         let mut files = BTreeMap::new();
-        files.insert("a".to_owned(), ("1".to_owned(), 0o644));
-        files.insert("d/b".to_owned(), ("2".to_owned(), 0o600));
+        files.insert("a".to_owned(), (b"1".to_vec(), 0o644));
+        files.insert("d/b".to_owned(), (b"2".to_vec(), 0o600));
+        // Bytes that are not text (a ConfigMap's binaryData) are written as they are.
+        let bin = vec![0xde, 0xca, 0xfe, 0xba, 0xd0, 0xfe, 0xff];
+        files.insert("dump.bin".to_owned(), (bin.clone(), 0o644));
         let mut config = ContainerConfig {
             name: "c".into(),
             termination_message_path: "/dev/termination-log".into(),
@@ -326,6 +326,7 @@ mod tests {
         let p = prepare(&pod, &config).expect("prepare");
         let dir = &p.mounts[0].host_path;
         assert_eq!(std::fs::read_to_string(dir.join("d/b")).unwrap(), "2");
+        assert_eq!(std::fs::read(dir.join("dump.bin")).unwrap(), bin);
         let mode = std::fs::metadata(dir.join("d/b"))
             .unwrap()
             .permissions()
@@ -333,13 +334,12 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(p.mounts[1].container_path, "/dev/termination-log");
         files.remove("a");
-        files.insert("d/b".to_owned(), ("3".to_owned(), 0o600));
+        files.insert("d/b".to_owned(), (b"3".to_vec(), 0o600));
         config.mounts[0].source = Source::Files(files);
         refresh(&pod, &config).expect("refresh");
         assert!(!dir.join("a").exists());
         assert_eq!(std::fs::read_to_string(dir.join("d/b")).unwrap(), "3");
-        config.mounts[0].source =
-            Source::Files([("../x".to_owned(), (String::new(), 0o644))].into());
+        config.mounts[0].source = Source::Files([("../x".to_owned(), (Vec::new(), 0o644))].into());
         assert!(prepare(&pod, &config).is_err());
         remove_pod_dir(&pod);
         assert!(!pod.exists());

@@ -393,6 +393,10 @@ impl Stream {
     }
 }
 
+/// The files of a kubelet-written volume: relative path → (content, mode). Content is
+/// bytes: a Secret's or a ConfigMap's binaryData need not be text.
+pub type Files = BTreeMap<String, (Vec<u8>, u32)>;
+
 /// What a volume mount shows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -400,9 +404,8 @@ pub enum Source {
     EmptyDir(String),
     /// A directory of the node (hostPath).
     HostPath(String),
-    /// Files the kubelet writes (ConfigMap, Secret, downward API, projected): relative
-    /// path → (content, mode). Read-only.
-    Files(BTreeMap<String, (String, u32)>),
+    /// Files the kubelet writes (ConfigMap, Secret, downward API, projected). Read-only.
+    Files(Files),
     /// An image volume: the files of the image with this reference, read-only.
     Image(String),
 }

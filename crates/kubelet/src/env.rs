@@ -11,11 +11,42 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use crate::expansion;
-use kumo_cri::{ContainerConfig, Mount, Source};
+use kumo_cri::{ContainerConfig, Files, Mount, Source};
 
 /// Where a prepared pod carries what its environment refers to: `{"configmaps": {name:
 /// data}, "secrets": {name: data}, "allocatable": {cpu, memory}, "hostIP": ip}`.
 pub const SOURCES: &str = "kumo.sources";
+
+/// The sources' key of the ConfigMaps' binaryData (name → key → value).
+const BINARY_DATA: &str = "configmapBinaryData";
+
+/// A base64 value as the sources keep it: text as a string, other bytes as
+/// `{"bytes": base64}`; undecodable base64 is empty.
+fn stored_bytes(b64: &str) -> Value {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap_or_default();
+    match String::from_utf8(bytes) {
+        Ok(text) => json!(text),
+        Err(_) => json!({ "bytes": b64 }),
+    }
+}
+
+/// The bytes of a sources value (a string, or `{"bytes": base64}`).
+fn value_bytes(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::String(s) => Some(s.clone().into_bytes()),
+        _ => v
+            .get("bytes")
+            .and_then(Value::as_str)
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok()),
+    }
+}
+
+/// The text of a sources value, for an environment variable.
+fn value_text(v: &Value) -> Option<String> {
+    value_bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
 
 fn str_at(v: &Value, p: &str) -> String {
     v.pointer(p)
@@ -203,6 +234,7 @@ pub async fn sources(
         "fetchedAt": unix_now(),
         "configmaps": {},
         "secrets": {},
+        BINARY_DATA: {},
         "allocatable": {"cpu": cpu, "memory": memory},
         "hostIP": host_ip,
     });
@@ -247,38 +279,23 @@ pub async fn sources(
             let Ok(req) = req else { continue };
             if let Ok(obj) = client.request::<Value>(req).await {
                 let mut data = obj.get("data").cloned().unwrap_or(json!({}));
-                // binaryData keys are files too (decoded; the sim keeps text).
-                if let (Some(m), Some(bin)) = (
-                    data.as_object_mut(),
-                    obj.get("binaryData").and_then(Value::as_object),
-                ) {
-                    for (k, v) in bin {
-                        let decoded = v
-                            .as_str()
-                            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-                            .map(|b| match String::from_utf8(b) {
-                                Ok(s) => s,
-                                // Bytes that are not text: one char per byte (Latin-1),
-                                // which `hexdump` turns back into the bytes.
-                                Err(e) => e.into_bytes().into_iter().map(char::from).collect(),
-                            })
-                            .unwrap_or_default();
-                        m.insert(k.clone(), json!(decoded));
-                    }
-                }
+                // A Secret's values are bytes: text as a string, anything else as
+                // `{"bytes": base64}` (files get the bytes; variables the text, as Go's
+                // string(bytes) gives them).
                 if kind == "secrets" {
                     if let Some(m) = data.as_object_mut() {
                         for v in m.values_mut() {
-                            let decoded = v
-                                .as_str()
-                                .and_then(|b| {
-                                    base64::engine::general_purpose::STANDARD.decode(b).ok()
-                                })
-                                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                                .unwrap_or_default();
-                            *v = json!(decoded);
+                            *v = stored_bytes(v.as_str().unwrap_or(""));
                         }
                     }
+                }
+                // A ConfigMap's binaryData shows in volumes only, never in variables.
+                if let Some(bin) = obj.get("binaryData").filter(|b| b.is_object()) {
+                    let mut bin = bin.clone();
+                    for v in bin.as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                        *v = stored_bytes(v.as_str().unwrap_or(""));
+                    }
+                    sources[BINARY_DATA][&name] = bin;
                 }
                 sources[kind][&name] = data;
             }
@@ -562,7 +579,7 @@ pub fn container_config(
                 set(
                     &mut env,
                     format!("{prefix}{k}"),
-                    v.as_str().unwrap_or("").to_owned(),
+                    value_text(v).unwrap_or_default(),
                 );
             }
         }
@@ -907,29 +924,28 @@ fn mode_of(v: &Value, key: &str, default: u32) -> u32 {
         .unwrap_or(default)
 }
 
-/// The files of a ConfigMap or Secret volume source (`items` select and rename keys).
-fn key_files(
-    src: &Value,
-    data: Option<&Value>,
-    mode: u32,
-    files: &mut BTreeMap<String, (String, u32)>,
-) {
-    let data = data.and_then(Value::as_object);
+/// The files of a ConfigMap or Secret volume source (`items` select and rename keys):
+/// `data`'s values and, for a ConfigMap, its binaryData's.
+fn key_files(src: &Value, data: &[Option<&Value>], mode: u32, files: &mut Files) {
+    let value = |key: &str| {
+        data.iter()
+            .flatten()
+            .find_map(|d| d.get(key))
+            .and_then(value_bytes)
+    };
     match src.get("items").and_then(Value::as_array) {
         Some(items) => {
             for it in items {
-                let key = str_at(it, "/key");
-                if let Some(v) = data.and_then(|d| d.get(&key)).and_then(Value::as_str) {
-                    files.insert(
-                        str_at(it, "/path"),
-                        (v.to_owned(), mode_of(it, "mode", mode)),
-                    );
+                if let Some(v) = value(&str_at(it, "/key")) {
+                    files.insert(str_at(it, "/path"), (v, mode_of(it, "mode", mode)));
                 }
             }
         }
         None => {
-            for (k, v) in data.into_iter().flatten() {
-                files.insert(k.clone(), (v.as_str().unwrap_or("").to_owned(), mode));
+            for d in data.iter().flatten().filter_map(|d| d.as_object()) {
+                for (k, v) in d {
+                    files.insert(k.clone(), (value_bytes(v).unwrap_or_default(), mode));
+                }
             }
         }
     }
@@ -953,7 +969,11 @@ fn volume_source(
     }
     let mut files = BTreeMap::new();
     let data = |kind: &str, n: &str| pod.pointer(&format!("/{SOURCES}/{kind}/{n}")).cloned();
-    let downward = |src: &Value, mode: u32, files: &mut BTreeMap<String, (String, u32)>| {
+    let binary = |n: &str| {
+        pod.pointer(&format!("/{SOURCES}/{BINARY_DATA}/{n}"))
+            .cloned()
+    };
+    let downward = |src: &Value, mode: u32, files: &mut Files| {
         for it in src
             .get("items")
             .and_then(Value::as_array)
@@ -967,25 +987,21 @@ fn volume_source(
             } else {
                 continue;
             };
-            files.insert(str_at(it, "/path"), (value, mode_of(it, "mode", mode)));
+            files.insert(
+                str_at(it, "/path"),
+                (value.into_bytes(), mode_of(it, "mode", mode)),
+            );
         }
     };
     if let Some(c) = vol.get("configMap") {
         let mode = mode_of(c, "defaultMode", 0o644);
-        key_files(
-            c,
-            data("configmaps", &str_at(c, "/name")).as_ref(),
-            mode,
-            &mut files,
-        );
+        let n = str_at(c, "/name");
+        let (text, bin) = (data("configmaps", &n), binary(&n));
+        key_files(c, &[text.as_ref(), bin.as_ref()], mode, &mut files);
     } else if let Some(c) = vol.get("secret") {
         let mode = mode_of(c, "defaultMode", 0o644);
-        key_files(
-            c,
-            data("secrets", &str_at(c, "/secretName")).as_ref(),
-            mode,
-            &mut files,
-        );
+        let secret = data("secrets", &str_at(c, "/secretName"));
+        key_files(c, &[secret.as_ref()], mode, &mut files);
     } else if let Some(d) = vol.get("downwardAPI") {
         downward(d, mode_of(d, "defaultMode", 0o644), &mut files);
     } else if let Some(p) = vol.get("projected") {
@@ -1015,7 +1031,7 @@ fn volume_source(
                 ] {
                     let path = str_at(pc, &format!("/{k}"));
                     if !path.is_empty() {
-                        files.insert(path, (content, mode));
+                        files.insert(path, (content.into_bytes(), mode));
                     }
                 }
                 continue;
@@ -1025,24 +1041,24 @@ fn volume_source(
                 if n == "kube-root-ca.crt" && data("configmaps", &n).is_none() {
                     files.insert(
                         "ca.crt".into(),
-                        ("-----BEGIN CERTIFICATE-----\n".into(), mode),
+                        (b"-----BEGIN CERTIFICATE-----\n".to_vec(), mode),
                     );
                     continue;
                 }
-                key_files(c, data("configmaps", &n).as_ref(), mode, &mut files);
+                let (text, bin) = (data("configmaps", &n), binary(&n));
+                key_files(c, &[text.as_ref(), bin.as_ref()], mode, &mut files);
             } else if let Some(c) = src.get("secret") {
-                key_files(
-                    c,
-                    data("secrets", &str_at(c, "/name")).as_ref(),
-                    mode,
-                    &mut files,
-                );
+                let secret = data("secrets", &str_at(c, "/name"));
+                key_files(c, &[secret.as_ref()], mode, &mut files);
             } else if let Some(d) = src.get("downwardAPI") {
                 downward(d, mode, &mut files);
             } else if let Some(c) = src.get("clusterTrustBundle") {
                 files.insert(
                     str_at(c, "/path"),
-                    (crate::trustbundle::content(pod.get(SOURCES), c), mode),
+                    (
+                        crate::trustbundle::content(pod.get(SOURCES), c).into_bytes(),
+                        mode,
+                    ),
                 );
             } else if let Some(t) = src.get("serviceAccountToken") {
                 let key = format!("{name}/{}", str_at(t, "/path"));
@@ -1052,7 +1068,7 @@ fn volume_source(
                     .and_then(|ts| ts.get(&key))
                     .map(|k| str_at(k, "/token"))
                     .unwrap_or_default();
-                files.insert(str_at(t, "/path"), (token, mode));
+                files.insert(str_at(t, "/path"), (token.into_bytes(), mode));
             }
         }
     } else if let Some(img) = vol.get("image") {
@@ -1166,8 +1182,8 @@ fn key_ref(
         return Ok(None);
     };
     let key = str_at(r, "/key");
-    match data.get(&key).and_then(Value::as_str) {
-        Some(v) => Ok(Some(v.to_owned())),
+    match data.get(&key).and_then(value_text) {
+        Some(v) => Ok(Some(v)),
         None if optional => Ok(None),
         None => Err(format!(
             "couldn't find key {key} in {title} {}/{}",
@@ -1264,7 +1280,7 @@ mod tests {
         assert!(c.files["/etc/hosts"]
             .contains("# Entries added by HostAliases.\n123.45.67.89\tfoo\tbar\n"));
         let mut want = BTreeMap::new();
-        want.insert("sub/k".to_owned(), ("from-cm".to_owned(), 0o644));
+        want.insert("sub/k".to_owned(), (b"from-cm".to_vec(), 0o644));
         assert_eq!(c.mounts[0].source, Source::Files(want));
         assert_eq!(c.mounts[1].sub_path, "a-x");
         let env = service_env(&[json!({
@@ -1276,6 +1292,43 @@ mod tests {
         assert_eq!(env["FOO_SVC_SERVICE_PORT_HTTP"], "8765");
         assert_eq!(env["FOO_SVC_PORT"], "tcp://10.96.0.5:8765");
         assert_eq!(env["FOO_SVC_PORT_8765_TCP_ADDR"], "10.96.0.5");
+    }
+
+    #[test]
+    fn binary_data_reaches_files_as_bytes_and_variables_as_text() {
+        let bin = [0xde_u8, 0xca, 0xfe, 0xba, 0xd0, 0xfe, 0xff];
+        let b64 = base64::engine::general_purpose::STANDARD.encode(bin);
+        let text = base64::engine::general_purpose::STANDARD.encode("s3cret");
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "ns", "annotations": {}},
+            "spec": {"volumes": [
+                {"name": "cm", "configMap": {"name": "cm"}},
+                {"name": "sec", "secret": {"secretName": "sec"}},
+            ]},
+            SOURCES: {
+                "configmaps": {"cm": {"data-1": "value-1"}},
+                BINARY_DATA: {"cm": {"dump.bin": stored_bytes(&b64)}},
+                "secrets": {"sec": {"bin": stored_bytes(&b64), "pw": stored_bytes(&text)}},
+            },
+        });
+        let spec = json!({"name": "c", "image": "busybox",
+            "volumeMounts": [{"name": "cm", "mountPath": "/cm"}, {"name": "sec", "mountPath": "/sec"}],
+            "envFrom": [{"configMapRef": {"name": "cm"}}, {"secretRef": {"name": "sec"}}]});
+        let c = container_config(&pod, &spec, &BTreeMap::new(), "10.244.0.9", 0).unwrap();
+        let files = |i: usize| match &c.mounts[i].source {
+            Source::Files(f) => f.clone(),
+            other => panic!("not files: {other:?}"),
+        };
+        assert_eq!(files(0)["dump.bin"].0, bin);
+        assert_eq!(files(0)["data-1"].0, b"value-1");
+        assert_eq!(files(1)["bin"].0, bin);
+        assert_eq!(files(1)["pw"].0, b"s3cret");
+        let env: BTreeMap<_, _> = c.env.iter().cloned().collect();
+        // binaryData never becomes a variable; a Secret's bytes do, as text.
+        assert!(!env.contains_key("dump.bin"));
+        assert_eq!(env["data-1"], "value-1");
+        assert_eq!(env["pw"], "s3cret");
+        assert_eq!(env["bin"], String::from_utf8_lossy(&bin));
     }
 
     #[test]

@@ -143,7 +143,7 @@ fn projected_files_follow_their_source() {
         .unwrap();
     let files = |v: &str| {
         let mut m = std::collections::BTreeMap::new();
-        m.insert("data-1".to_owned(), (v.to_owned(), 0o644));
+        m.insert("data-1".to_owned(), (v.as_bytes().to_vec(), 0o644));
         m
     };
     let mut c = config(

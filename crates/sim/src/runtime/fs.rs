@@ -123,16 +123,22 @@ const BASE_DIRS: &[&str] = &[
     "/var/run",
 ];
 
+/// The simulator's text of a file's bytes: UTF-8 as it is, other bytes one char per
+/// byte (Latin-1), which the simulated `hexdump` turns back into the bytes.
+pub fn text_of(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_owned(),
+        Err(_) => bytes.iter().copied().map(char::from).collect(),
+    }
+}
+
 /// Where a path leads.
 enum Loc<'a> {
     /// A stored node.
     Key { key: String, read_only: bool },
     /// A projected file or directory (read-only): the mount's files, or, once the
     /// kubelet has updated them, their versions in the store under the last key.
-    Projected(
-        std::borrow::Cow<'a, BTreeMap<String, (String, u32)>>,
-        String,
-    ),
+    Projected(std::borrow::Cow<'a, kumo_cri::Files>, String),
 }
 
 /// What one process sees of the files.
@@ -245,7 +251,12 @@ impl View {
                 std::borrow::Cow::Owned(
                     super::images::image_files(reference)
                         .into_iter()
-                        .map(|(p, c)| (p.trim_start_matches('/').to_owned(), (c, 0o644)))
+                        .map(|(p, c)| {
+                            (
+                                p.trim_start_matches('/').to_owned(),
+                                (c.into_bytes(), 0o644),
+                            )
+                        })
                         .collect(),
                 ),
                 rel,
@@ -319,7 +330,7 @@ impl View {
             Loc::Projected(files, rel) => {
                 if let Some((content, mode)) = files.get(&rel) {
                     return Some(Node::File {
-                        content: content.clone(),
+                        content: text_of(content),
                         mode: *mode,
                     });
                 }
@@ -492,7 +503,7 @@ mod tests {
     fn volumes_and_time() {
         let store = Arc::new(Store::default());
         let mut files = BTreeMap::new();
-        files.insert("data-1".to_owned(), ("value-1".to_owned(), 0o644));
+        files.insert("data-1".to_owned(), (b"value-1".to_vec(), 0o644));
         let view = |c: &str| View {
             store: store.clone(),
             mounts: vec![

@@ -4005,7 +4005,7 @@ mod tests {
     fn mounttest_and_volumes() {
         let store = Arc::new(fs::Store::default());
         let mut files = BTreeMap::new();
-        files.insert("data-1".to_owned(), ("value-1".to_owned(), 0o400));
+        files.insert("data-1".to_owned(), (b"value-1".to_vec(), 0o400));
         let c = Context {
             fs: Some(View {
                 store,
@@ -4055,13 +4055,7 @@ mod tests {
         let mut files = BTreeMap::new();
         files.insert(
             "dump.bin".to_owned(),
-            (
-                [0xde_u8, 0xca, 0xfe, 0xba, 0xd0, 0xfe, 0xff]
-                    .iter()
-                    .map(|b| char::from(*b))
-                    .collect(),
-                0o644,
-            ),
+            (vec![0xde_u8, 0xca, 0xfe, 0xba, 0xd0, 0xfe, 0xff], 0o644),
         );
         let c = Context {
             fs: Some(View {
