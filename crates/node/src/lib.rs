@@ -49,7 +49,7 @@ pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// The sandbox image, as upstream's kubelet names it by default.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
 /// The Debian packages the real runtime needs.
-pub const PACKAGES: &str = "containerd runc containernetworking-plugins nftables procps";
+pub const PACKAGES: &str = "containerd runc containernetworking-plugins nftables conntrack procps";
 
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
@@ -64,7 +64,8 @@ pub fn prerequisites() -> Result<(), Error> {
             hint: "it makes network namespaces, mounts and cgroups; run kumo up as root, or use --runtime sim".into(),
         });
     }
-    // nft and sysctl for the nodes' network (kube-proxy's table, forwarding).
+    // nft, conntrack and sysctl for the nodes' network (kube-proxy's table and stale UDP
+    // flows, forwarding).
     let missing: Vec<&str> = [
         "containerd",
         "runc",
@@ -72,6 +73,7 @@ pub fn prerequisites() -> Result<(), Error> {
         "nsenter",
         "ip",
         "nft",
+        "conntrack",
         "sysctl",
     ]
     .into_iter()

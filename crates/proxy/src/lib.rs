@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
+pub mod conntrack;
 pub mod dataplane;
 pub mod health;
 pub mod metrics;

@@ -2,10 +2,10 @@
 //! kube-proxy` with upstream's base chains, maps and per-Service chains, programmed in the
 //! node's network namespace through `nft -j` (the `nftables` crate's schema and runner).
 //!
-//! Each sync computes the whole table the Services and EndpointSlices call for and sends
-//! `nft` only the difference from what it sent last (chains added, changed or gone, map
-//! and set elements added or removed); the first sync, and the one after a failure,
-//! rebuilds the table. Names follow upstream's: `service-<HASH>-ns/name/tcp/port` for a
+//! Each sync recomputes only the Services whose object or EndpointSlices changed (their
+//! resourceVersions tell, as upstream's change trackers do) and sends `nft` only the
+//! difference from what it sent last (chains added, changed or gone, map and set elements
+//! added or removed); the first sync, and the one after a failure, rebuilds the table. Names follow upstream's: `service-<HASH>-ns/name/tcp/port` for a
 //! Service port's cluster-policy chain (`local-`, `external-`, `firewall-` alike),
 //! `endpoint-<HASH>-ns/name/tcp/port__ip/port` and `affinity-…` for ClientIP affinity,
 //! where HASH is the first 8 characters of the base32 SHA-256 of the rest.
@@ -19,6 +19,8 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use nftables::schema::NfObject;
 use serde_json::{json, Value};
+
+use crate::conntrack::UdpPort;
 
 /// The table's name and family.
 pub const TABLE: &str = "kube-proxy";
@@ -118,12 +120,37 @@ pub struct SyncStats {
     pub service_ports: usize,
 }
 
+/// A Service, by namespace and name.
+type ServiceKey = (String, String);
+
+/// One Service's part of the table, and what it was computed from.
+#[derive(Debug)]
+struct Fragment {
+    /// The Service's uid and resourceVersion and its slices' names and resourceVersions;
+    /// `None` (an object without a resourceVersion) is never reused.
+    inputs: Option<Vec<String>>,
+    desired: Desired,
+    /// Service ports programmed.
+    ports: usize,
+    /// Its UDP ports, for the conntrack cleanup.
+    udp: Vec<UdpPort>,
+}
+
+/// What the table holds, as the last sync sent it.
+#[derive(Debug, Default)]
+struct Applied {
+    fragments: BTreeMap<ServiceKey, Arc<Fragment>>,
+    /// How many Services want each set or map element (two Services selecting one pod
+    /// share its hairpin element): an element goes when its last owner lets it go.
+    owners: BTreeMap<(&'static str, String), usize>,
+}
+
 /// The nftables proxier of one node.
 pub struct NftProxier {
     cfg: NftConfig,
-    applied: Option<Desired>,
-    /// Chains flushed by an earlier sync, to delete.
-    stale: BTreeSet<String>,
+    applied: Option<Applied>,
+    /// Chains flushed by an earlier sync, to delete, with their Service.
+    stale: BTreeMap<String, ServiceKey>,
 }
 
 impl NftProxier {
@@ -131,7 +158,7 @@ impl NftProxier {
         NftProxier {
             cfg,
             applied: None,
-            stale: BTreeSet::new(),
+            stale: BTreeMap::new(),
         }
     }
 
@@ -146,41 +173,95 @@ impl NftProxier {
         services: &[Arc<Service>],
         slices: &[Arc<EndpointSlice>],
     ) -> Result<SyncStats, NftError> {
-        let (desired, service_ports) = compute(&self.cfg, services, slices);
         let full = self.applied.is_none();
+        let mut applied = self.applied.take().unwrap_or_default();
+        let by_service = slices_by_service(slices);
+        let mut fragments = BTreeMap::new();
+        for svc in services {
+            let key = (
+                svc.metadata.namespace.clone().unwrap_or_default(),
+                svc.metadata.name.clone().unwrap_or_default(),
+            );
+            let svc_slices = by_service.get(&key).map(Vec::as_slice).unwrap_or_default();
+            let inputs = inputs_of(svc, svc_slices);
+            let fragment = match applied.fragments.get(&key) {
+                Some(f) if inputs.is_some() && f.inputs == inputs => f.clone(),
+                _ => {
+                    let (desired, ports, udp) = compute(&self.cfg, svc, svc_slices);
+                    Arc::new(Fragment {
+                        inputs,
+                        desired,
+                        ports,
+                        udp,
+                    })
+                }
+            };
+            fragments.insert(key, fragment);
+        }
+        let empty = Desired::default();
+        let mut changes: Vec<(&Desired, &Desired)> = Vec::new();
+        let mut udp_changed = false;
+        for (key, after) in &fragments {
+            match applied.fragments.get(key) {
+                Some(before) if Arc::ptr_eq(before, after) => continue,
+                Some(before) => {
+                    changes.push((&before.desired, &after.desired));
+                    udp_changed |= !before.udp.is_empty();
+                }
+                None => changes.push((&empty, &after.desired)),
+            }
+            udp_changed |= !after.udp.is_empty();
+        }
+        for (key, before) in &applied.fragments {
+            if !fragments.contains_key(key) {
+                changes.push((&before.desired, &empty));
+                udp_changed |= !before.udp.is_empty();
+            }
+        }
         let mut cmds: Vec<Value> = Vec::new();
         let mut stale = std::mem::take(&mut self.stale);
-        match &self.applied {
-            None => {
-                // The table is made anew: nothing of it is stale.
-                stale.clear();
-                base(&self.cfg, &mut cmds);
-                diff(&Desired::default(), &desired, &mut cmds);
-            }
-            Some(before) => {
-                for name in &stale {
-                    if !desired.chains.contains_key(name) {
-                        cmds.push(json!({"delete": chain_obj(name)}));
-                    }
-                }
-                stale.clear();
-                diff(before, &desired, &mut cmds);
-                stale.extend(
-                    before
-                        .chains
-                        .keys()
-                        .filter(|n| !desired.chains.contains_key(*n))
-                        .cloned(),
-                );
+        if full {
+            // The table is made anew: nothing of it is stale.
+            stale.clear();
+            base(&self.cfg, &mut cmds);
+        }
+        for (name, key) in &stale {
+            let wanted = fragments
+                .get(key)
+                .is_some_and(|f| f.desired.chains.contains_key(name));
+            if !wanted {
+                cmds.push(json!({"delete": chain_obj(name)}));
             }
         }
+        stale.clear();
+        let mut owners = std::mem::take(&mut applied.owners);
+        diff(&changes, &mut owners, &mut cmds);
+        for (key, before) in &applied.fragments {
+            let after = fragments.get(key).map(|f| &f.desired.chains);
+            for name in before.desired.chains.keys() {
+                if !after.is_some_and(|a| a.contains_key(name)) {
+                    stale.insert(name.clone(), key.clone());
+                }
+            }
+        }
+        drop(changes);
         let commands = cmds.len();
         if commands > 0 {
-            // A failed transaction changes nothing; the next sync rebuilds the table.
-            self.applied = None;
+            // A failed transaction changes nothing known: the next sync rebuilds the table.
             self.apply(cmds)?;
         }
-        self.applied = Some(desired);
+        if udp_changed {
+            // Flows NATed to endpoints that are gone (or to nothing) are cleared once the
+            // rules that replace them are in; a failure here leaves them to expire.
+            let udp: Vec<&UdpPort> = fragments.values().flat_map(|f| &f.udp).collect();
+            match crate::conntrack::clean(self.cfg.netns.as_deref(), &udp) {
+                Ok(n) if n > 0 => tracing::debug!(deleted = n, "stale UDP conntrack entries"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "clearing stale UDP conntrack entries"),
+            }
+        }
+        let service_ports = fragments.values().map(|f| f.ports).sum();
+        self.applied = Some(Applied { fragments, owners });
         self.stale = stale;
         Ok(SyncStats {
             full,
@@ -232,6 +313,7 @@ impl NftProxier {
     /// Removes the table (the proxy stops).
     pub fn cleanup(&mut self) -> Result<(), NftError> {
         self.applied = None;
+        self.stale.clear();
         self.apply(vec![
             add(json!({"table": table()})),
             json!({"delete": {"table": table()}}),
@@ -540,30 +622,45 @@ fn base(cfg: &NftConfig, cmds: &mut Vec<Value>) {
     }
 }
 
-/// The commands that turn `before` into `after`.
-fn diff(before: &Desired, after: &Desired, cmds: &mut Vec<Value>) {
+/// The commands that turn each changed Service's part of the table from `before` into
+/// `after`; `owners` counts the Services that want each element.
+fn diff(
+    changes: &[(&Desired, &Desired)],
+    owners: &mut BTreeMap<(&'static str, String), usize>,
+    cmds: &mut Vec<Value>,
+) {
     // Affinity sets first: endpoint chains' rules update them.
-    for (name, timeout) in &after.affinity_sets {
-        if before.affinity_sets.get(name) != Some(timeout) {
-            if before.affinity_sets.contains_key(name) {
-                cmds.push(json!({"delete": {"set": {"family": "ip", "table": TABLE, "name": name, "type": "ipv4_addr"}}}));
+    for (before, after) in changes {
+        for (name, timeout) in &after.affinity_sets {
+            if before.affinity_sets.get(name) != Some(timeout) {
+                if before.affinity_sets.contains_key(name) {
+                    cmds.push(json!({"delete": {"set": {"family": "ip", "table": TABLE, "name": name, "type": "ipv4_addr"}}}));
+                }
+                cmds.push(add(
+                    json!({"set": {"family": "ip", "table": TABLE, "name": name,
+                    "type": "ipv4_addr", "flags": ["timeout"], "timeout": timeout}}),
+                ));
             }
-            cmds.push(add(
-                json!({"set": {"family": "ip", "table": TABLE, "name": name,
-                "type": "ipv4_addr", "flags": ["timeout"], "timeout": timeout}}),
-            ));
         }
     }
     // New and changed chains: every chain exists before any rule refers to it.
-    let changed: Vec<(&String, &Vec<Rule>)> = after
-        .chains
+    let changed: Vec<(&String, &Vec<Rule>)> = changes
         .iter()
-        .filter(|(name, rules)| before.chains.get(*name) != Some(*rules))
+        .flat_map(|(before, after)| {
+            after
+                .chains
+                .iter()
+                .filter(|(name, rules)| before.chains.get(*name) != Some(*rules))
+        })
         .collect();
-    for (name, _) in &changed {
-        cmds.push(add(chain_obj(name)));
-        if before.chains.contains_key(*name) {
-            cmds.push(json!({"flush": chain_obj(name)}));
+    for (before, after) in changes {
+        for (name, rules) in &after.chains {
+            if before.chains.get(name) != Some(rules) {
+                cmds.push(add(chain_obj(name)));
+                if before.chains.contains_key(name) {
+                    cmds.push(json!({"flush": chain_obj(name)}));
+                }
+            }
         }
     }
     for (name, rules) in &changed {
@@ -571,36 +668,55 @@ fn diff(before: &Desired, after: &Desired, cmds: &mut Vec<Value>) {
             cmds.push(add(rule_obj(name, r)));
         }
     }
-    // Elements gone or changed go, then the new ones come.
+    // Elements gone or changed go, then the new ones come; an element another Service
+    // still wants stays.
+    let empty = BTreeMap::new();
     for set in CONTAINERS {
-        let empty = BTreeMap::new();
-        let old = before.elements.get(set).unwrap_or(&empty);
-        let new = after.elements.get(set).unwrap_or(&empty);
-        let gone: Vec<Value> = old
-            .iter()
-            .filter(|(k, v)| new.get(*k) != Some(*v))
-            .map(|(_, (key, _, _))| key.clone())
-            .collect();
+        let mut gone = Vec::new();
+        for (before, after) in changes {
+            let old = before.elements.get(set).unwrap_or(&empty);
+            let new = after.elements.get(set).unwrap_or(&empty);
+            for (k, v) in old {
+                if new.get(k) == Some(v) {
+                    continue;
+                }
+                let count = owners.entry((set, k.clone())).or_default();
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    owners.remove(&(set, k.clone()));
+                    gone.push(v.0.clone());
+                }
+            }
+        }
+        let mut came = Vec::new();
+        for (before, after) in changes {
+            let old = before.elements.get(set).unwrap_or(&empty);
+            let new = after.elements.get(set).unwrap_or(&empty);
+            for (k, (key, value, comment)) in new {
+                if old.get(k) == Some(&(key.clone(), value.clone(), comment.clone())) {
+                    continue;
+                }
+                let count = owners.entry((set, k.clone())).or_default();
+                *count += 1;
+                if *count > 1 {
+                    continue;
+                }
+                let key = match comment {
+                    Some(c) => json!({"elem": {"val": key, "comment": c}}),
+                    None => key.clone(),
+                };
+                came.push(match value {
+                    Some(v) => json!([key, v]),
+                    None => key,
+                });
+            }
+        }
         if !gone.is_empty() {
             cmds.push(
                 json!({"delete": {"element": {"family": "ip", "table": TABLE,
                 "name": set, "elem": gone}}}),
             );
         }
-        let came: Vec<Value> = new
-            .iter()
-            .filter(|(k, v)| old.get(*k) != Some(*v))
-            .map(|(_, (key, value, comment))| {
-                let key = match comment {
-                    Some(c) => json!({"elem": {"val": key, "comment": c}}),
-                    None => key.clone(),
-                };
-                match value {
-                    Some(v) => json!([key, v]),
-                    None => key,
-                }
-            })
-            .collect();
         if !came.is_empty() {
             cmds.push(add(json!({"element": {"family": "ip", "table": TABLE,
                 "name": set, "elem": came}})));
@@ -609,14 +725,16 @@ fn diff(before: &Desired, after: &Desired, cmds: &mut Vec<Value>) {
     // Chains no longer wanted are flushed now and deleted by a later transaction: the
     // kernel counts the references of the map elements removed above until this one
     // commits (upstream does the same).
-    for name in before.chains.keys() {
-        if !after.chains.contains_key(name) {
-            cmds.push(json!({"flush": chain_obj(name)}));
+    for (before, after) in changes {
+        for name in before.chains.keys() {
+            if !after.chains.contains_key(name) {
+                cmds.push(json!({"flush": chain_obj(name)}));
+            }
         }
-    }
-    for name in before.affinity_sets.keys() {
-        if !after.affinity_sets.contains_key(name) {
-            cmds.push(json!({"delete": {"set": {"family": "ip", "table": TABLE, "name": name, "type": "ipv4_addr"}}}));
+        for name in before.affinity_sets.keys() {
+            if !after.affinity_sets.contains_key(name) {
+                cmds.push(json!({"delete": {"set": {"family": "ip", "table": TABLE, "name": name, "type": "ipv4_addr"}}}));
+            }
         }
     }
 }
@@ -674,14 +792,9 @@ fn proto_name(p: Option<&str>) -> &'static str {
 }
 
 /// The whole Service-dependent table, and how many Service ports it programs.
-fn compute(
-    cfg: &NftConfig,
-    services: &[Arc<Service>],
-    slices: &[Arc<EndpointSlice>],
-) -> (Desired, usize) {
-    let mut d = Desired::default();
-    let mut count = 0;
-    let mut by_service: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
+/// Each Service's IPv4 EndpointSlices.
+fn slices_by_service(slices: &[Arc<EndpointSlice>]) -> BTreeMap<ServiceKey, Vec<&EndpointSlice>> {
+    let mut by_service: BTreeMap<ServiceKey, Vec<&EndpointSlice>> = BTreeMap::new();
     for s in slices {
         if s.address_type != "IPv4" {
             continue;
@@ -697,31 +810,63 @@ fn compute(
         let ns = s.metadata.namespace.clone().unwrap_or_default();
         by_service.entry((ns, svc.clone())).or_default().push(s);
     }
-    for svc in services {
+    by_service
+}
+
+/// What a Service's part of the table is computed from: its uid and resourceVersion and
+/// its slices'; `None` when one has no resourceVersion.
+fn inputs_of(svc: &Service, slices: &[&EndpointSlice]) -> Option<Vec<String>> {
+    let mut inputs = vec![
+        svc.metadata.uid.clone().unwrap_or_default(),
+        svc.metadata.resource_version.clone()?,
+    ];
+    let mut of_slices = slices
+        .iter()
+        .map(|s| {
+            Some(format!(
+                "{}@{}",
+                s.metadata.name.as_deref().unwrap_or_default(),
+                s.metadata.resource_version.as_deref()?
+            ))
+        })
+        .collect::<Option<Vec<String>>>()?;
+    of_slices.sort();
+    inputs.extend(of_slices);
+    Some(inputs)
+}
+
+/// One Service's part of the table, how many of its ports it programs, and its UDP ports.
+fn compute(
+    cfg: &NftConfig,
+    svc: &Service,
+    svc_slices: &[&EndpointSlice],
+) -> (Desired, usize, Vec<UdpPort>) {
+    let mut d = Desired::default();
+    let mut count = 0;
+    let mut udp = Vec::new();
+    {
         let labels = svc.metadata.labels.as_ref();
         if labels.is_some_and(|l| {
             l.contains_key(crate::SERVICE_PROXY_NAME_LABEL) || l.contains_key(crate::HEADLESS_LABEL)
         }) {
-            continue;
+            return (d, 0, udp);
         }
-        let Some(spec) = &svc.spec else { continue };
+        let Some(spec) = &svc.spec else {
+            return (d, 0, udp);
+        };
         let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
         if ty == "ExternalName" {
-            continue;
+            return (d, 0, udp);
         }
         let Some(cluster_ip) = spec
             .cluster_ip
             .as_deref()
             .and_then(|c| c.parse::<Ipv4Addr>().ok())
         else {
-            continue;
+            return (d, 0, udp);
         };
         let ns = svc.metadata.namespace.clone().unwrap_or_default();
         let name = svc.metadata.name.clone().unwrap_or_default();
-        let svc_slices = by_service
-            .get(&(ns.clone(), name.clone()))
-            .cloned()
-            .unwrap_or_default();
         let external_ips: Vec<Ipv4Addr> = spec
             .external_ips
             .iter()
@@ -767,8 +912,8 @@ fn compute(
             let svc_port = u16::try_from(port.port).unwrap_or(0);
             let base = hash_and_truncate(&format!("{ns}/{name}/{proto}/{port_name}"));
             let comment = format!("{ns}/{name}:{port_name}");
-            let (cluster_eps, local_eps) = categorize(
-                &svc_slices,
+            let (cluster_eps, local_eps, serving) = categorize(
+                svc_slices,
                 &port_name,
                 port.protocol.as_deref(),
                 &cfg.node_name,
@@ -854,6 +999,17 @@ fn compute(
                 }
             }
             let node_port = port.node_port.and_then(|p| u16::try_from(p).ok());
+            if proto == "udp" {
+                udp.push(UdpPort {
+                    dests: std::iter::once(&cluster_ip)
+                        .chain(&external_ips)
+                        .chain(&lb_ips)
+                        .map(|ip| (*ip, svc_port))
+                        .collect(),
+                    node_port: node_port.filter(|p| *p != 0),
+                    serving,
+                });
+            }
             if let Some(np) = node_port.filter(|p| *p != 0) {
                 let k = json!({"concat": [proto, np]});
                 if has_endpoints {
@@ -974,7 +1130,7 @@ fn compute(
             }
         }
     }
-    (d, count)
+    (d, count, udp)
 }
 
 /// A Service port chain's DNAT: straight to the one endpoint, else to one picked at
@@ -1008,9 +1164,10 @@ fn categorize(
     port_name: &str,
     protocol: Option<&str>,
     node: &str,
-) -> (Vec<Endpoint>, Vec<Endpoint>) {
+) -> (Vec<Endpoint>, Vec<Endpoint>, BTreeSet<(Ipv4Addr, u16)>) {
     let mut ready = Vec::new();
     let mut terminating = Vec::new();
+    let mut all_serving = BTreeSet::new();
     let mut seen = BTreeSet::new();
     for s in slices {
         let Some(port) = s.ports.iter().flatten().find(|p| {
@@ -1035,6 +1192,9 @@ fn categorize(
                 if !seen.insert((ip, number)) {
                     continue;
                 }
+                if serving {
+                    all_serving.insert((ip, number));
+                }
                 let ep = Endpoint {
                     ip,
                     port: number,
@@ -1053,7 +1213,7 @@ fn categorize(
     let local_ready: Vec<Endpoint> = ready.iter().filter(|e| e.local).cloned().collect();
     let local_term: Vec<Endpoint> = terminating.iter().filter(|e| e.local).cloned().collect();
     let local = pick(&local_ready, &local_term);
-    (cluster, local)
+    (cluster, local, all_serving)
 }
 
 /// `10.0.0.0/8` as an address and prefix length.

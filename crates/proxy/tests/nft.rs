@@ -178,3 +178,167 @@ fn the_table_has_upstreams_shape_and_syncs_incrementally() {
         .expect("nft");
     assert!(!String::from_utf8_lossy(&o.stdout).contains("kube-proxy"));
 }
+
+/// `obj` with a uid and resourceVersion, as an informer hands it out.
+fn versioned<T>(obj: &T, rv: &str) -> Arc<T>
+where
+    T: Clone
+        + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+{
+    let mut obj = obj.clone();
+    let meta = obj.metadata_mut();
+    meta.resource_version = Some(rv.to_owned());
+    meta.uid = meta.name.as_ref().map(|n| format!("uid-{n}"));
+    Arc::new(obj)
+}
+
+#[test]
+fn unchanged_services_are_not_recomputed_and_shared_elements_stay() {
+    let ns = Netns(format!("kumo-nft-test2-{}", std::process::id()));
+    let ok = Command::new("ip")
+        .args(["netns", "add", &ns.0])
+        .status()
+        .expect("ip");
+    assert!(ok.success(), "ip netns add (root and iproute2 needed)");
+    let mut p = NftProxier::new(NftConfig {
+        node_name: "node-a".into(),
+        node_ips: vec!["10.0.1.4".parse().expect("ip")],
+        cluster_cidr: Some(("10.244.0.0".parse().expect("ip"), 16)),
+        service_cidrs: vec![("10.96.0.0".parse().expect("ip"), 12)],
+        netns: Some(format!("/run/netns/{}", ns.0).into()),
+    });
+    let svc = |name: &str, ip: &str| {
+        let s = service(
+            name,
+            json!({"type": "ClusterIP", "clusterIP": ip,
+                "ports": [{"name": "p80", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}),
+            json!({}),
+        );
+        versioned(&*s, "1")
+    };
+    // Two Services select the same local pod: both want its hairpin element.
+    let (a, b) = (svc("a", "10.96.0.51"), svc("b", "10.96.0.52"));
+    let pod = json!([ready("10.244.1.2", "node-a")]);
+    let (sa, sb) = (
+        versioned(&*slice("a", "p80", pod.clone()), "1"),
+        versioned(&*slice("b", "p80", pod.clone()), "1"),
+    );
+    let hairpin = "10.244.1.2 . 10.244.1.2 . tcp . 8080";
+    let first = p
+        .sync(&[a.clone(), b.clone()], &[sa.clone(), sb.clone()])
+        .expect("first sync");
+    assert!(first.full && first.service_ports == 2, "{first:?}");
+    assert!(list(&ns.0).contains(hairpin));
+    // The same objects (same resourceVersions): nothing recomputed, nothing sent, even
+    // if a copy's content differed (the informer's objects are what a version means).
+    let altered = versioned(&*slice("a", "p80", json!([])), "1");
+    let same = p
+        .sync(&[a.clone(), b.clone()], &[altered, sb.clone()])
+        .expect("second sync");
+    assert_eq!(same.commands, 0, "{same:?}");
+    // One slice at a new version: only its Service's part is sent.
+    let moved = versioned(
+        &*slice(
+            "a",
+            "p80",
+            json!([ready("10.244.1.2", "node-a"), ready("10.244.2.7", "node-b")]),
+        ),
+        "2",
+    );
+    let one = p
+        .sync(&[a.clone(), b.clone()], &[moved.clone(), sb.clone()])
+        .expect("third sync");
+    assert!(one.commands > 0 && one.commands <= 4, "{one:?}");
+    assert!(list(&ns.0).contains("numgen random mod 2"));
+    // b goes: the element a still wants stays; b's cluster IP goes.
+    p.sync(&[a.clone()], &[moved.clone()]).expect("fourth sync");
+    let text = list(&ns.0);
+    assert!(text.contains(hairpin), "{text}");
+    assert!(!text.contains("10.96.0.52"), "{text}");
+    // a goes too: so does the element.
+    p.sync(&[], &[]).expect("fifth sync");
+    let text = list(&ns.0);
+    assert!(!text.contains("10.244.1.2 . 10.244.1.2"), "{text}");
+    assert!(!text.contains("10.96.0.51"), "{text}");
+    p.cleanup().expect("cleanup");
+}
+
+/// `conntrack ARGS` in namespace `ns`.
+fn conntrack(ns: &str, args: &[&str]) -> String {
+    let o = Command::new("ip")
+        .args(["netns", "exec", ns, "conntrack"])
+        .args(args)
+        .output()
+        .expect("conntrack (apt-get install conntrack)");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn udp_flows_to_endpoints_that_are_gone_are_cleared() {
+    let ns = Netns(format!("kumo-nft-test3-{}", std::process::id()));
+    let ok = Command::new("ip")
+        .args(["netns", "add", &ns.0])
+        .status()
+        .expect("ip");
+    assert!(ok.success(), "ip netns add (root and iproute2 needed)");
+    let mut p = NftProxier::new(NftConfig {
+        node_name: "node-a".into(),
+        node_ips: vec!["10.0.1.4".parse().expect("ip")],
+        cluster_cidr: Some(("10.244.0.0".parse().expect("ip"), 16)),
+        service_cidrs: vec![("10.96.0.0".parse().expect("ip"), 12)],
+        netns: Some(format!("/run/netns/{}", ns.0).into()),
+    });
+    // A client's DNS flow, NATed to the endpoint 10.244.9.9, and one to the endpoint
+    // that stays (10.244.2.3).
+    for (sport, ep) in [("40000", "10.244.9.9"), ("40001", "10.244.2.3")] {
+        conntrack(
+            &ns.0,
+            &[
+                "-I",
+                "-p",
+                "udp",
+                "-s",
+                "10.244.1.5",
+                "-d",
+                "10.96.0.10",
+                "--sport",
+                sport,
+                "--dport",
+                "53",
+                "-r",
+                ep,
+                "-q",
+                "10.244.1.5",
+                "--reply-port-src",
+                "53",
+                "--reply-port-dst",
+                sport,
+                "-t",
+                "100",
+                "-u",
+                "SEEN_REPLY",
+            ],
+        );
+    }
+    let dns = versioned(
+        &*service(
+            "kube-dns",
+            json!({"type": "ClusterIP", "clusterIP": "10.96.0.10",
+                "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+            json!({}),
+        ),
+        "1",
+    );
+    let mut s = (*slice("kube-dns", "dns", json!([ready("10.244.2.3", "node-b")]))).clone();
+    s.ports = Some(vec![serde_json::from_value(
+        json!({"name": "dns", "port": 53, "protocol": "UDP"}),
+    )
+    .expect("port")]);
+    let s = versioned(&s, "1");
+    p.sync(&[dns], &[s]).expect("sync");
+    let flows = conntrack(&ns.0, &["-L", "-p", "udp"]);
+    assert!(!flows.contains("src=10.244.9.9"), "{flows}");
+    assert!(flows.contains("src=10.244.2.3"), "{flows}");
+    p.cleanup().expect("cleanup");
+}
