@@ -121,7 +121,13 @@ impl ApiServer {
             (None, ip) => ip,
         };
         let server_url = format!("https://{}", SocketAddr::new(host, local_addr.port()));
-        let (dns, ips) = pki::apiserver_sans(cfg.advertise_address, cfg.bind.ip());
+        let (dns, mut ips) = pki::apiserver_sans(cfg.advertise_address, cfg.bind.ip());
+        // In-cluster clients (and nodes, on the real network) reach it at the Service's
+        // endpoint: the certificate is for that address too, as for kubeadm's advertise
+        // address.
+        if let Some(e) = cfg.service_endpoint.filter(|e| !ips.contains(&e.ip())) {
+            ips.push(e.ip());
+        }
         let certs = pki::ensure(&cfg.data_dir, &server_url, &dns, &ips)?;
         let admin_kubeconfig = certs.admin_kubeconfig.clone();
         let audit = crate::audit::Auditor::from_config(

@@ -1,11 +1,11 @@
 //! Work inside a network namespace: a connection opened there stays there, whichever
-//! thread uses it afterwards. The kubelet runs in the host's namespace while the node's
-//! pods (and the runtime's streaming server) live in the node's; it dials them from a
-//! short-lived thread that entered the node's namespace first.
+//! thread uses it afterwards. What runs outside a node's namespace (the API server's
+//! relay to a kubelet, a kubelet on the host) dials the node's pods and servers from a
+//! short-lived thread that entered it first; a kubelet in its machine enters it for good.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use nix::sched::CloneFlags;
@@ -29,8 +29,9 @@ pub fn run_in<T: Send + 'static>(
         .unwrap_or_else(|_| Err(io::Error::other("the thread in the namespace panicked")))
 }
 
-/// Moves the calling thread into network namespace `ns`.
-fn enter(ns: &PathBuf) -> io::Result<()> {
+/// Moves the calling thread into network namespace `ns`; threads it starts afterwards are
+/// born there too.
+pub fn enter(ns: &Path) -> io::Result<()> {
     let file = std::fs::File::open(ns)
         .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", ns.display())))?;
     nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)

@@ -9,9 +9,14 @@
 //!
 //! Each kubelet runs on a thread and a tokio runtime of its own, so that halting it ends
 //! every task it started (its heartbeat, status loop, pod workers and API server), like a
-//! machine that goes away. Its API listens on a 127.0.0.1 port of its own: the instance's
-//! private IP does not route from the host, and must not be routed, so the API server is
-//! told where to dial it instead ([`KubeletDialOverrides`]).
+//! machine that goes away. On the real network (containerd machines in the cloud's VPC)
+//! that thread lives in its machine's network namespace, as a kubelet on its node: it
+//! reaches the API server through the VPC at the control-plane node's address
+//! (`https://10.0.1.4:6443`) and serves its API on its node's address, port 10250; the
+//! API server in this process reaches that through a port kumo maps to 127.0.0.1. On the
+//! simulated runtime the kubelet listens on a 127.0.0.1 port of its own. Either way the
+//! instance's private IP does not route from the host, and must not be routed, so the API
+//! server is told where to dial it instead ([`KubeletDialOverrides`]).
 //!
 //! What the node is for comes from the instance's user data, a [`NodeBootstrap`] document
 //! (an instance without user data is a plain worker).
@@ -90,6 +95,12 @@ impl NodeBootstrap {
     }
 }
 
+/// A node's kube-proxy thread and how to stop it (it removes its table as it goes).
+struct ProxyThread {
+    stop: watch::Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
 /// One booted instance: its kubelet's thread and how to stop it.
 struct Running {
     node: String,
@@ -97,8 +108,10 @@ struct Running {
     thread: std::thread::JoinHandle<()>,
     /// The API server's relay on a control-plane machine's address.
     relay: Option<tokio::task::JoinHandle<()>>,
+    /// The host-loopback port relayed to the kubelet's port in its machine.
+    kubelet_relay: Option<tokio::task::JoinHandle<()>>,
     /// The node's kube-proxy (nftables, in the machine's namespace).
-    proxy: Option<kumo_proxy::nft::NftProxy>,
+    proxy: Option<ProxyThread>,
 }
 
 /// Boots a kubelet per running instance (see the module documentation).
@@ -171,17 +184,18 @@ impl KubeletHypervisor {
         self.data_dir.join("nodes").join(node).join("manifests")
     }
 
-    /// The node's kube-proxy as `system:kube-proxy`, in nftables mode, programming the
-    /// machine's namespace.
+    /// The node's kube-proxy as `system:kube-proxy`, in nftables mode, on a thread and
+    /// runtime of its own in the machine's namespace: it programs that namespace and
+    /// reaches the API server through the VPC, as a node's kube-proxy does.
     async fn start_proxy(
         &self,
         node: &str,
         ip: Option<std::net::Ipv4Addr>,
         netns: &str,
-    ) -> anyhow::Result<kumo_proxy::nft::NftProxy> {
-        let kubeconfig = kumo_apiserver::pki::kube_proxy_kubeconfig(&self.data_dir, &self.server)?;
-        let config = kumo_client::clients::config_from_kubeconfig(&kubeconfig).await?;
-        let client = kube::Client::try_from(config)?;
+    ) -> anyhow::Result<ProxyThread> {
+        let kubeconfig =
+            kumo_apiserver::pki::kube_proxy_kubeconfig(&self.data_dir, &self.node_server())?;
+        let netns = std::path::Path::new("/run/netns").join(netns);
         let cfg = kumo_proxy::nft::NftConfig {
             node_name: node.to_owned(),
             node_ips: ip.into_iter().collect(),
@@ -189,13 +203,54 @@ impl KubeletHypervisor {
             service_cidrs: kumo_proxy::nft::parse_cidr(crate::cluster::SERVICE_CIDR)
                 .into_iter()
                 .collect(),
-            netns: Some(std::path::Path::new("/run/netns").join(netns)),
+            netns: Some(netns.clone()),
         };
-        Ok(kumo_proxy::nft::NftProxy::start(
-            client,
-            cfg,
-            kumo_proxy::nft::SyncPeriods::default(),
-        ))
+        let (stop, mut stop_rx) = watch::channel(false);
+        let (started_tx, started) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+        let thread = std::thread::Builder::new()
+            .name(format!("kube-proxy-{node}"))
+            .spawn(move || {
+                let run = || -> anyhow::Result<tokio::runtime::Runtime> {
+                    kumo_cri_remote::netns::enter(&netns)?;
+                    Ok(tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?)
+                };
+                let rt = match run() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(e));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let client = match async {
+                        let config =
+                            kumo_client::clients::config_from_kubeconfig(&kubeconfig).await?;
+                        Ok::<_, anyhow::Error>(kube::Client::try_from(config)?)
+                    }
+                    .await
+                    {
+                        Ok(c) => c,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = started_tx.send(Ok(()));
+                    let proxy = kumo_proxy::nft::NftProxy::start(
+                        client,
+                        cfg,
+                        kumo_proxy::nft::SyncPeriods::default(),
+                    );
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                    proxy.shutdown().await;
+                });
+            })?;
+        started
+            .await
+            .map_err(|_| anyhow::anyhow!("kube-proxy's thread ended"))??;
+        Ok(ProxyThread { stop, thread })
     }
 
     /// Names of the nodes whose kubelets run now.
@@ -211,6 +266,24 @@ impl KubeletHypervisor {
 
     /// The kubelet configuration of `inst`, whether it is the control plane, and how it
     /// joins when it does so with a bootstrap token.
+    /// Whether the machines are real and on the cloud's VPC.
+    fn on_vpc(&self) -> bool {
+        self.runtime == crate::machine::RuntimeKind::Containerd && self.vpc.is_some()
+    }
+
+    /// The API server's URL as a node reaches it: through the VPC at the control-plane
+    /// node's address on the real network, else this host's loopback.
+    fn node_server(&self) -> String {
+        if self.on_vpc() {
+            format!(
+                "https://{}:{API_SERVER_PORT}",
+                crate::cluster::CONTROL_PLANE_IP
+            )
+        } else {
+            self.server.clone()
+        }
+    }
+
     fn kubelet_config(
         &self,
         inst: &Instance,
@@ -220,13 +293,14 @@ impl KubeletHypervisor {
             .private_ip
             .parse()
             .map_err(|_| format!("the instance has no private IP ({:?})", inst.private_ip))?;
+        let server = self.node_server();
         let (kubeconfig, join) = match &boot.join_token {
             Some(token) => {
-                let join = self.tls_bootstrap(&inst.name, token)?;
+                let join = self.tls_bootstrap(&inst.name, token, &server)?;
                 (join.kubeconfig.clone(), Some(join))
             }
             None => (
-                kumo_apiserver::pki::kubelet_kubeconfig(&self.data_dir, &inst.name, &self.server)
+                kumo_apiserver::pki::kubelet_kubeconfig(&self.data_dir, &inst.name, &server)
                     .map_err(|e| format!("node {:?}: {e}", inst.name))?,
                 None,
             ),
@@ -253,9 +327,16 @@ impl KubeletHypervisor {
         };
         std::fs::create_dir_all(&manifests).map_err(|e| format!("{}: {e}", manifests.display()))?;
         cfg.pod_manifest_path = Some(manifests);
+        // In its machine the kubelet listens on its node's address as on a real node;
+        // otherwise on a loopback port picked when it starts.
+        let (address, port) = if self.on_vpc() {
+            (node_ip, KUBELET_PORT)
+        } else {
+            (IpAddr::V4(Ipv4Addr::LOCALHOST), 0)
+        };
         cfg.server = Some(kumo_kubelet::server::ServerConfig {
-            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            port: 0,
+            address,
+            port,
             client_ca_file: Some(self.data_dir.join("pki").join("ca.crt")),
             ..Default::default()
         });
@@ -265,7 +346,7 @@ impl KubeletHypervisor {
     /// What `kubeadm join` leaves on a worker: `bootstrap-kubelet.conf` with the token
     /// (mode 0600) in the node's directory, where the kubelet then keeps its certificate
     /// (`pki/`) and the `kubelet.conf` that uses it.
-    fn tls_bootstrap(&self, node: &str, token: &str) -> Result<TlsBootstrap, String> {
+    fn tls_bootstrap(&self, node: &str, token: &str, server: &str) -> Result<TlsBootstrap, String> {
         use base64::Engine;
         let dir = self.data_dir.join("nodes").join(node);
         let ca_file = self.data_dir.join("pki").join("ca.crt");
@@ -277,7 +358,7 @@ impl KubeletHypervisor {
              - name: tls-bootstrap-token-user\n  user:\n    token: {token}\ncontexts:\n\
              - name: tls-bootstrap-token-user@kubernetes\n  context:\n    cluster: kubernetes\n    \
              user: tls-bootstrap-token-user\ncurrent-context: tls-bootstrap-token-user@kubernetes\n",
-            self.server
+            server
         );
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let bootstrap = dir.join("bootstrap-kubelet.conf");
@@ -287,7 +368,7 @@ impl KubeletHypervisor {
         if kubeconfig.exists() {
             // Joined before: it keeps its certificate, but the API server may have moved
             // (`kumo up --port 0`), as a kubelet.conf follows a new control-plane endpoint.
-            repoint_kubeconfig(&kubeconfig, &self.server)
+            repoint_kubeconfig(&kubeconfig, server)
                 .map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
         }
         Ok(TlsBootstrap {
@@ -349,6 +430,8 @@ fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
 
 /// The port kube-apiserver serves on its node's address (kubeadm's default).
 pub const API_SERVER_PORT: u16 = 6443;
+/// The port a kubelet serves its API on (`--port`'s default).
+pub const KUBELET_PORT: u16 = 10250;
 
 /// The API server's address on this host, from its URL (`https://127.0.0.1:PORT`).
 fn api_address(server: &str) -> Result<std::net::SocketAddr, String> {
@@ -377,6 +460,8 @@ impl Hypervisor for KubeletHypervisor {
         let (mut cfg, control_plane, join) = self.kubelet_config(inst).map_err(HypervisorError)?;
         let mut relay = None;
         let mut proxy = None;
+        let mut kubelet_relay = None;
+        let mut netns = None;
         if self.runtime == crate::machine::RuntimeKind::Containerd {
             // The instance's machine: its namespace and containerd, before its kubelet;
             // on the real network, its NIC in the VPC.
@@ -414,16 +499,44 @@ impl Hypervisor for KubeletHypervisor {
                         .await
                         .map_err(|e| HypervisorError(format!("starting kube-proxy: {e:#}")))?,
                 );
+                // The kubelet runs in the machine; the API server dials its port there
+                // through loopback.
+                let path = std::path::Path::new("/run/netns").join(&machine.netns);
+                if let Some(ip) = ip {
+                    let to = SocketAddr::from((ip, KUBELET_PORT));
+                    let (at, task) = crate::machine::relay_into(&path, to)
+                        .await
+                        .map_err(|e| HypervisorError(format!("{e:#}")))?;
+                    if let Ok(mut m) = self.dial.write() {
+                        m.insert(inst.name.clone(), at);
+                    }
+                    kubelet_relay = Some(task);
+                }
+                netns = Some(path);
             }
             cfg.runtime = Some(machine.factory);
             cfg.cgroup_root = machine.cgroup_root;
         }
         let (stop, stop_rx) = watch::channel(false);
-        let dial = self.dial.clone();
-        let admin = control_plane.then(|| self.admin_kubeconfig.clone());
+        // A kubelet in its machine is told where it listens; the others pick a port.
+        let dial = netns.is_none().then(|| self.dial.clone());
+        if control_plane {
+            // kubeadm's phase runs beside the kubelet, with the admin's credentials.
+            let (admin, node, mut stop) = (
+                self.admin_kubeconfig.clone(),
+                inst.name.clone(),
+                stop_rx.clone(),
+            );
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = mark_control_plane(admin, node) => {}
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+            });
+        }
         let thread = std::thread::Builder::new()
             .name(format!("kubelet-{}", inst.name))
-            .spawn(move || kubelet_thread(cfg, join, dial, admin, stop_rx))
+            .spawn(move || kubelet_thread(cfg, join, dial, netns, stop_rx))
             .map_err(|e| HypervisorError(format!("starting the kubelet: {e}")))?;
         tracing::info!(instance = %inst.id, node = %inst.name, ip = %inst.private_ip, "kubelet booted");
         self.lock().insert(
@@ -433,6 +546,7 @@ impl Hypervisor for KubeletHypervisor {
                 stop,
                 thread,
                 relay,
+                kubelet_relay,
                 proxy,
             },
         );
@@ -448,10 +562,14 @@ impl Hypervisor for KubeletHypervisor {
             // Its listening socket would keep the machine's namespace alive.
             relay.abort();
         }
+        if let Some(relay) = &r.kubelet_relay {
+            relay.abort();
+        }
         let r = {
             let mut r = r;
             if let Some(p) = r.proxy.take() {
-                p.shutdown().await;
+                p.stop.send_replace(true);
+                let _ = tokio::task::spawn_blocking(move || p.thread.join()).await;
             }
             r
         };
@@ -489,11 +607,19 @@ fn free_port() -> std::io::Result<u16> {
 fn kubelet_thread(
     cfg: kumo_kubelet::KubeletConfig,
     join: Option<TlsBootstrap>,
-    dial: KubeletDialOverrides,
-    admin: Option<PathBuf>,
+    dial: Option<KubeletDialOverrides>,
+    netns: Option<PathBuf>,
     mut stop: watch::Receiver<bool>,
 ) {
     let node = cfg.node_name.clone();
+    if let Some(ns) = &netns {
+        // Into the machine: every socket the kubelet opens (and every thread it starts)
+        // is the node's from here on.
+        if let Err(e) = kumo_cri_remote::netns::enter(ns) {
+            tracing::error!(node = %node, error = %e, "kubelet: entering the machine's network namespace");
+            return;
+        }
+    }
     while !*stop.borrow() {
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -506,24 +632,23 @@ fn kubelet_thread(
             }
         };
         let mut cfg = cfg.clone();
-        let port = match free_port() {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(node = %node, error = %e, "kubelet: no free port");
-                std::thread::sleep(Duration::from_secs(1));
-                continue;
+        if let Some(dial) = &dial {
+            let port = match free_port() {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(node = %node, error = %e, "kubelet: no free port");
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            if let Some(s) = cfg.server.as_mut() {
+                s.port = port;
             }
-        };
-        if let Some(s) = cfg.server.as_mut() {
-            s.port = port;
-        }
-        if let Ok(mut m) = dial.write() {
-            m.insert(node.clone(), SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+            if let Ok(mut m) = dial.write() {
+                m.insert(node.clone(), SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+            }
         }
         let stopped = rt.block_on(async {
-            if let Some(admin) = &admin {
-                tokio::spawn(mark_control_plane(admin.clone(), node.clone()));
-            }
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => true,
                 r = async {

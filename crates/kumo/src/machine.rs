@@ -231,6 +231,46 @@ pub fn relay(
     }))
 }
 
+/// The other way round: connections made to a fresh port on this host's loopback are
+/// relayed to `to` inside namespace `netns` — how the API server in this process reaches a
+/// kubelet that listens on its node's address (a port kumo maps to 127.0.0.1; nothing is
+/// dialed from the host's own namespace). Returns the loopback address and the task.
+pub async fn relay_into(
+    netns: &Path,
+    to: std::net::SocketAddr,
+) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+    let at = listener.local_addr()?;
+    let netns = netns.to_path_buf();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            };
+            let netns = netns.clone();
+            tokio::spawn(async move {
+                let up = tokio::task::spawn_blocking(move || {
+                    let s = kumo_cri_remote::netns::connect(
+                        Some(&netns),
+                        to,
+                        std::time::Duration::from_secs(10),
+                    )?;
+                    s.set_nonblocking(true)?;
+                    Ok::<_, std::io::Error>(s)
+                })
+                .await;
+                if let Ok(Ok(up)) = up {
+                    if let Ok(mut up) = tokio::net::TcpStream::from_std(up) {
+                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                    }
+                }
+            });
+        }
+    });
+    Ok((at, task))
+}
+
 /// Powers node `node`'s machine off: its pods, containerd and namespace go.
 pub fn power_off(data_dir: &Path, node: &str) {
     if let Err(e) = kumo_node::teardown(&node_dir(data_dir, node)) {

@@ -117,6 +117,33 @@ fn pods_services_and_names_travel_over_real_packets() {
                 (r == "true").then_some(())
             });
         }
+        // The kubelets live in their machines: each serves on its node's address, port
+        // 10250 (what its Node says), and holds its connection to the API server through
+        // the VPC, to the control-plane node's address.
+        let worker_ip = jsonpath(
+            kc,
+            "node/kumo-worker",
+            "{.status.addresses[?(@.type==\"InternalIP\")].address}",
+        );
+        let port = jsonpath(
+            kc,
+            "node/kumo-worker",
+            "{.status.daemonEndpoints.kubeletEndpoint.Port}",
+        );
+        assert_eq!(port, "10250");
+        let listening = on_node(data, "kumo-worker", &["ss", "-Htln", "sport", "= :10250"]);
+        assert!(
+            listening.stdout.contains(&format!("{worker_ip}:10250")),
+            "{}{}",
+            listening.stdout,
+            listening.stderr
+        );
+        let to_api = on_node(
+            data,
+            "kumo-worker",
+            &["ss", "-Htn", "state", "established", "dst", "10.0.1.4:6443"],
+        );
+        assert!(!to_api.stdout.trim().is_empty(), "{}", to_api.stderr);
         let b_ip = jsonpath(kc, "pod/b", "{.status.podIP}");
         // Pod to pod across nodes, by address.
         let page = ok(
