@@ -1,6 +1,7 @@
 // Wrapper module for the e2e suite's agnhost 2.66.1 (test/images/agnhost of
-// k8s.io/kubernetes v1.37.2), the image most conformance tests run; the staging
-// modules pinned to v0.37.2 as in ../kubernetes. Only built by scripts/reference.
+// k8s.io/kubernetes v1.37.2), the image most conformance tests run, and for
+// k8s.io/sample-apiserver (the aggregator test's image); the staging modules pinned to
+// v0.37.2 as in ../kubernetes. Only built by scripts/reference.
 module kumo.local/reference/agnhost
 
 go 1.26.0
@@ -106,6 +107,7 @@ require (
 	k8s.io/kms v0.37.2 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/kubernetes v1.37.2 // indirect
+	k8s.io/sample-apiserver v0.0.0 // indirect
 	k8s.io/streaming v0.37.2 // indirect
 	k8s.io/utils v0.0.0-20260626114624-be93311217bd // indirect
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.36.0 // indirect
