@@ -65,21 +65,27 @@ fn list(ns: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-#[test]
-fn the_table_has_upstreams_shape_and_syncs_incrementally() {
-    let ns = Netns(format!("kumo-nft-test-{}", std::process::id()));
+/// A namespace of its own named `name`-PID, and node-a's proxier programming it.
+fn proxier(name: &str) -> (Netns, NftProxier) {
+    let ns = Netns(format!("{name}-{}", std::process::id()));
     let ok = Command::new("ip")
         .args(["netns", "add", &ns.0])
         .status()
         .expect("ip");
     assert!(ok.success(), "ip netns add (root and iproute2 needed)");
-    let mut p = NftProxier::new(NftConfig {
+    let p = NftProxier::new(NftConfig {
         node_name: "node-a".into(),
         node_ips: vec!["10.0.1.4".parse().expect("ip")],
         cluster_cidr: Some(("10.244.0.0".parse().expect("ip"), 16)),
         service_cidrs: vec![("10.96.0.0".parse().expect("ip"), 12)],
         netns: Some(format!("/run/netns/{}", ns.0).into()),
     });
+    (ns, p)
+}
+
+#[test]
+fn the_table_has_upstreams_shape_and_syncs_incrementally() {
+    let (ns, mut p) = proxier("kumo-nft-test");
     let web = service(
         "svc1",
         json!({"type": "NodePort", "clusterIP": "10.96.0.41",
@@ -194,19 +200,7 @@ where
 
 #[test]
 fn unchanged_services_are_not_recomputed_and_shared_elements_stay() {
-    let ns = Netns(format!("kumo-nft-test2-{}", std::process::id()));
-    let ok = Command::new("ip")
-        .args(["netns", "add", &ns.0])
-        .status()
-        .expect("ip");
-    assert!(ok.success(), "ip netns add (root and iproute2 needed)");
-    let mut p = NftProxier::new(NftConfig {
-        node_name: "node-a".into(),
-        node_ips: vec!["10.0.1.4".parse().expect("ip")],
-        cluster_cidr: Some(("10.244.0.0".parse().expect("ip"), 16)),
-        service_cidrs: vec![("10.96.0.0".parse().expect("ip"), 12)],
-        netns: Some(format!("/run/netns/{}", ns.0).into()),
-    });
+    let (ns, mut p) = proxier("kumo-nft-test2");
     let svc = |name: &str, ip: &str| {
         let s = service(
             name,
@@ -276,19 +270,7 @@ fn conntrack(ns: &str, args: &[&str]) -> String {
 
 #[test]
 fn udp_flows_to_endpoints_that_are_gone_are_cleared() {
-    let ns = Netns(format!("kumo-nft-test3-{}", std::process::id()));
-    let ok = Command::new("ip")
-        .args(["netns", "add", &ns.0])
-        .status()
-        .expect("ip");
-    assert!(ok.success(), "ip netns add (root and iproute2 needed)");
-    let mut p = NftProxier::new(NftConfig {
-        node_name: "node-a".into(),
-        node_ips: vec!["10.0.1.4".parse().expect("ip")],
-        cluster_cidr: Some(("10.244.0.0".parse().expect("ip"), 16)),
-        service_cidrs: vec![("10.96.0.0".parse().expect("ip"), 12)],
-        netns: Some(format!("/run/netns/{}", ns.0).into()),
-    });
+    let (ns, mut p) = proxier("kumo-nft-test3");
     // A client's DNS flow, NATed to the endpoint 10.244.9.9, and one to the endpoint
     // that stays (10.244.2.3).
     for (sport, ep) in [("40000", "10.244.9.9"), ("40001", "10.244.2.3")] {
