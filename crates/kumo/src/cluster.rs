@@ -320,6 +320,8 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
                     tokio::task::spawn_blocking(move || crate::machine::boot(&data_dir, &node))
                         .await
                         .context("booting the node's machine")??;
+                // Serves as long as the process (the machine goes with it).
+                crate::machine::serve_registry(&cfg.data_dir, machine.registry)?;
                 k.runtime = Some(machine.factory);
                 k.cgroup_root = machine.cgroup_root;
                 (k.cpu, k.memory) = crate::machine::host_capacity();

@@ -110,6 +110,8 @@ struct Running {
     relay: Option<tokio::task::JoinHandle<()>>,
     /// The host-loopback port relayed to the kubelet's port in its machine.
     kubelet_relay: Option<tokio::task::JoinHandle<()>>,
+    /// The machine's registry mirror.
+    registry: Option<tokio::task::JoinHandle<()>>,
     /// The node's kube-proxy (nftables, in the machine's namespace).
     proxy: Option<ProxyThread>,
 }
@@ -461,6 +463,7 @@ impl Hypervisor for KubeletHypervisor {
         let mut relay = None;
         let mut proxy = None;
         let mut kubelet_relay = None;
+        let mut registry = None;
         let mut netns = None;
         if self.runtime == crate::machine::RuntimeKind::Containerd {
             // The instance's machine: its namespace and containerd, before its kubelet;
@@ -514,6 +517,10 @@ impl Hypervisor for KubeletHypervisor {
                 }
                 netns = Some(path);
             }
+            registry = Some(
+                crate::machine::serve_registry(&self.data_dir, machine.registry)
+                    .map_err(|e| HypervisorError(format!("{e:#}")))?,
+            );
             cfg.runtime = Some(machine.factory);
             cfg.cgroup_root = machine.cgroup_root;
         }
@@ -547,6 +554,7 @@ impl Hypervisor for KubeletHypervisor {
                 thread,
                 relay,
                 kubelet_relay,
+                registry,
                 proxy,
             },
         );
@@ -562,8 +570,8 @@ impl Hypervisor for KubeletHypervisor {
             // Its listening socket would keep the machine's namespace alive.
             relay.abort();
         }
-        if let Some(relay) = &r.kubelet_relay {
-            relay.abort();
+        for task in [&r.kubelet_relay, &r.registry].into_iter().flatten() {
+            task.abort();
         }
         let r = {
             let mut r = r;

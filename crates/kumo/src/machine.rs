@@ -37,6 +37,8 @@ pub struct Machine {
     pub cgroup_root: String,
     /// The machine's network namespace (under `/run/netns`).
     pub netns: String,
+    /// The node's registry mirror's socket, on its loopback (see [`serve_registry`]).
+    pub registry: std::net::TcpListener,
 }
 
 /// The directory of node `node`'s machine.
@@ -74,11 +76,36 @@ pub fn boot(data_dir: &Path, node: &str) -> Result<Machine> {
         pod_logs_dir: dir.join("log").join("pods"),
         netns: Some(host.netns_path()),
     })?;
+    let registry = kumo_cri_remote::netns::run_in(Some(&host.netns_path()), || {
+        std::net::TcpListener::bind((
+            std::net::Ipv4Addr::LOCALHOST,
+            kumo_node::REGISTRY_MIRROR_PORT,
+        ))
+    })
+    .context("the node's registry mirror")?;
+    registry.set_nonblocking(true)?;
     Ok(Machine {
         factory: kumo_cri_remote::factory(Arc::new(runtime)),
         cgroup_root: host.record().cgroup_root.clone(),
         netns: host.record().netns.clone(),
+        registry,
     })
+}
+
+/// Serves the node's registry mirror on `listener`: the archives its containerd imported
+/// (kumo's offline images, those `kumo load image-archive` keeps), as a registry would,
+/// so pulls of them (`imagePullPolicy: Always`, `:latest`) work offline. Runs until the
+/// returned task is aborted.
+pub fn serve_registry(
+    data_dir: &Path,
+    listener: std::net::TcpListener,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let store = kumo_registry::Store::new(vec![images_dir(data_dir), loaded_dir(data_dir)]);
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    Ok(tokio::spawn(kumo_registry::serve(
+        listener,
+        Arc::new(store),
+    )))
 }
 
 /// The image the `coredns` pods run `kumo dns` in: this binary's libraries, the binary

@@ -223,6 +223,20 @@ fn exercise(kc: &Path, data: &Path, crictl: &Path, printed: &str) {
         "{events}"
     );
     assert!(events.contains("Error: ImagePullBackOff"), "{events}");
+    // Seed 003's `kubectl create deploy web --image=nginx`: no tag means `:latest` and
+    // imagePullPolicy Always, so the pull goes to a registry — the node's mirror, which
+    // serves the images kumo has.
+    ok(kc, &["create", "deployment", "latest", "--image=nginx"]);
+    eventually(90, "the nginx:latest deployment available", || {
+        (jsonpath(kc, "deploy/latest", "{.status.availableReplicas}") == "1").then_some(())
+    });
+    let pulled = kubectl(kc, &["get", "events", "--field-selector", "reason=Pulled"]).stdout;
+    assert!(
+        pulled.contains("Successfully pulled image \"nginx\""),
+        "{pulled}"
+    );
+    // With the size the runtime reports, as upstream's event gives it.
+    assert!(!pulled.contains("Image size: 0 bytes"), "{pulled}");
     // port-forward reaches the pod's server from the host's loopback.
     eventually(60, "web to be ready", || {
         (jsonpath(kc, "pod/web", "{.status.containerStatuses[0].ready}") == "true").then_some(())

@@ -332,12 +332,35 @@ const CNI_TEMPLATE: &str = r#"{
 }
 "#;
 
+/// The port of the node's registry mirror on its own loopback (the registry's usual one).
+pub const REGISTRY_MIRROR_PORT: u16 = 5000;
+
+/// The registry hosts whose pulls go to the node's mirror first (then to the host itself,
+/// as containerd does after its mirrors); `*` is every other host.
+const MIRRORED: [&str; 8] = [
+    "docker.io",
+    "registry.k8s.io",
+    "k8s.gcr.io",
+    "gcr.io",
+    "quay.io",
+    "ghcr.io",
+    "kumo.dev",
+    "*",
+];
+
 /// containerd's configuration for a node whose files are under `dir`. The settings
 /// this machine needs: no OOM score below what the bounding set allows, no AppArmor,
 /// cgroupfs, the sandboxes' network namespaces under the state directory, the sandbox
-/// image already imported.
+/// image already imported; and the node's registry mirror (kind's local registry: kumo
+/// serves the images it has there, so a pull of one of them needs no internet).
 fn containerd_config(dir: &Path) -> String {
     let d = dir.display();
+    let mut mirrors = String::new();
+    for host in MIRRORED {
+        mirrors.push_str(&format!(
+            "    [plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"{host}\"]\n      endpoint = [\"http://127.0.0.1:{REGISTRY_MIRROR_PORT}\"]\n"
+        ));
+    }
     format!(
         r#"version = 2
 root = "{d}/root"
@@ -367,7 +390,8 @@ state = "{d}/state"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-"#
+  [plugins."io.containerd.grpc.v1.cri".registry]
+{mirrors}"#
     )
 }
 
