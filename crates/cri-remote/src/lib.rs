@@ -422,19 +422,11 @@ impl Runtime for RemoteRuntime {
     }
 
     fn image_status(&self, image: &str) -> Option<String> {
-        let mut images = self.images.clone();
-        let req = cri::ImageStatusRequest {
-            image: Some(cri::ImageSpec {
-                image: image.to_owned(),
-                ..Default::default()
-            }),
-            verbose: false,
-        };
-        self.run(async move {
-            let image = images.image_status(req).await.ok()?.into_inner().image?;
-            Some(image.id)
-        })
-        .flatten()
+        self.image(image).map(|i| i.id)
+    }
+
+    fn image_size(&self, image: &str) -> Option<u64> {
+        self.image(image).map(|i| i.size)
     }
 
     fn pull_image(
@@ -999,6 +991,20 @@ impl Runtime for RemoteRuntime {
 }
 
 impl RemoteRuntime {
+    /// The runtime's ImageStatus of `image`, when it has it.
+    fn image(&self, image: &str) -> Option<cri::Image> {
+        let mut images = self.images.clone();
+        let req = cri::ImageStatusRequest {
+            image: Some(cri::ImageSpec {
+                image: image.to_owned(),
+                ..Default::default()
+            }),
+            verbose: false,
+        };
+        self.run(async move { images.image_status(req).await.ok()?.into_inner().image })
+            .flatten()
+    }
+
     /// The kubelet's image garbage collection (upstream's image GC manager, with its
     /// thresholds as percentages of the image filesystem): when the images take more than
     /// `high` % of the node's `capacity` bytes (its ephemeral storage: nodes on one machine

@@ -222,6 +222,11 @@ pub trait Runtime: Send + Sync {
     fn image_status(&self, _image: &str) -> Option<String> {
         None
     }
+    /// The size in bytes of image `image` on the node (ImageStatus's `size`), if known:
+    /// what the kubelet's Pulled event reports.
+    fn image_size(&self, _image: &str) -> Option<u64> {
+        None
+    }
     /// Creates a pod sandbox (with its network, where the runtime sets it up); returns its id.
     fn run_pod_sandbox(&self, config: &SandboxConfig) -> Result<String, RuntimeError>;
     /// Whether making a sandbox takes this runtime long (a network namespace, the CNI

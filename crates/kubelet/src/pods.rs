@@ -1782,10 +1782,11 @@ fn step(
                 ));
             } else {
                 let took = started_pull.elapsed();
+                let size = runtime.image_size(&image).unwrap_or(0);
                 events.push(ev(
                     false,
                     "Pulled",
-                    format!("Successfully pulled image \"{image}\" in {took:?} ({took:?} including waiting). Image size: 0 bytes."),
+                    format!("Successfully pulled image \"{image}\" in {took:?} ({took:?} including waiting). Image size: {size} bytes."),
                 ));
                 pulled.insert(image.clone());
             }
