@@ -377,6 +377,7 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
             cmd: Some(strings(&["nginx", "-g", "daemon off;"])),
             names: strings(&[
                 "docker.io/library/nginx:latest",
+                "docker.io/library/nginx:1.29",
                 "docker.io/library/nginx:1.27",
                 "registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
                 "registry.k8s.io/e2e-test-images/nginx:1.28.0-2",
