@@ -205,7 +205,12 @@ impl ApiServer {
             metrics: Default::default(),
             registry,
             rest,
-            address: SocketAddr::new(host, local_addr.port()).to_string(),
+            // Where clients reach it, as kube-apiserver's advertise address: what `/api`
+            // and the OIDC discovery document's `jwks_uri` name.
+            address: cfg
+                .service_endpoint
+                .unwrap_or(SocketAddr::new(host, local_addr.port()))
+                .to_string(),
             // The checks under upstream's names. Apart from etcd, each names work kumo has
             // finished before it serves (its post-start hooks run to completion first),
             // so they pass from the first request on.
