@@ -245,7 +245,8 @@ fn unchanged_services_are_not_recomputed_and_shared_elements_stay() {
     assert!(one.commands > 0 && one.commands <= 4, "{one:?}");
     assert!(list(&ns.0).contains("numgen random mod 2"));
     // b goes: the element a still wants stays; b's cluster IP goes.
-    p.sync(&[a.clone()], &[moved.clone()]).expect("fourth sync");
+    p.sync(std::slice::from_ref(&a), std::slice::from_ref(&moved))
+        .expect("fourth sync");
     let text = list(&ns.0);
     assert!(text.contains(hairpin), "{text}");
     assert!(!text.contains("10.96.0.52"), "{text}");

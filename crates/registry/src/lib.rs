@@ -55,11 +55,13 @@ pub enum RegistryError {
     Index(PathBuf, String),
 }
 
+/// An archive's modification time and size when it was indexed, and its index.
+type Indexed = (SystemTime, u64, Arc<Archive>);
+
 /// The archives of some directories, indexed.
 pub struct Store {
     dirs: Vec<PathBuf>,
-    /// Per archive: its modification time and size when indexed, and the index.
-    archives: Mutex<BTreeMap<PathBuf, (SystemTime, u64, Arc<Archive>)>>,
+    archives: Mutex<BTreeMap<PathBuf, Indexed>>,
 }
 
 impl Store {
