@@ -65,7 +65,8 @@ pub struct Store {
 }
 
 impl Store {
-    /// A store of the `*.tar` files in `dirs` (those that are OCI image layouts).
+    /// A store of the `*.tar` files in `dirs` (those that are OCI image layouts); where two
+    /// name the same image, the one in the later directory is served.
     pub fn new(dirs: Vec<PathBuf>) -> Store {
         Store {
             dirs,
@@ -121,7 +122,8 @@ impl Store {
     /// digest), and where its content is.
     pub fn manifest(&self, name: &str, reference: &str) -> Option<(Manifest, Location)> {
         let archives = self.current();
-        for a in &archives {
+        // A later directory's archive wins, as a later import does on the node.
+        for a in archives.iter().rev() {
             let found = if reference.starts_with("sha256:") {
                 a.names
                     .iter()
@@ -399,7 +401,7 @@ mod tests {
     use super::*;
 
     /// An OCI layout archive with one manifest named `name`; returns (manifest, layer) digests.
-    fn archive(path: &Path, name: &str) -> (String, String) {
+    fn archive(path: &Path, name: &str, layer: &[u8]) -> (String, String) {
         fn sha(data: &[u8]) -> String {
             // A stand-in digest: the store trusts the archive's names, as containerd's
             // import does not (it checks them); the registry only looks them up.
@@ -408,8 +410,7 @@ mod tests {
                 data.iter().map(|b| *b as u64).sum::<u64>() + data.len() as u64
             )
         }
-        let layer = b"layer-bytes".to_vec();
-        let layer_digest = sha(&layer);
+        let layer_digest = sha(layer);
         let manifest = serde_json::json!({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
             "layers": [{"digest": layer_digest, "size": layer.len()}]})
         .to_string()
@@ -433,7 +434,7 @@ mod tests {
             &format!("blobs/sha256/{}", &manifest_digest[7..]),
             &manifest,
         );
-        add(&format!("blobs/sha256/{}", &layer_digest[7..]), &layer);
+        add(&format!("blobs/sha256/{}", &layer_digest[7..]), layer);
         b.finish().unwrap();
         (manifest_digest, layer_digest)
     }
@@ -456,10 +457,12 @@ mod tests {
         let (m, l) = archive(
             &dir.path().join("agnhost.tar"),
             "registry.k8s.io/e2e-test-images/agnhost:2.66.1",
+            b"layer-bytes",
         );
         archive(
             &dir.path().join("busybox.tar"),
             "docker.io/library/busybox:1.37",
+            b"layer-bytes",
         );
         // A half-written archive and a file that is no archive are not served.
         std::fs::write(dir.path().join(".x.tar.1.tmp"), b"partial").unwrap();
@@ -519,5 +522,21 @@ mod tests {
         std::fs::remove_file(dir.path().join("busybox.tar")).unwrap();
         let (s, _, _) = get(&store, Method::HEAD, "/v2/busybox/manifests/1.37");
         assert_eq!(s, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn a_later_directory_wins_as_a_later_import_does() {
+        let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let name = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
+        archive(&first.path().join("busybox.tar"), name, b"kumo's");
+        let (m, _) = archive(&second.path().join("busybox.tar"), name, b"upstream's");
+        let store = Store::new(vec![first.path().to_owned(), second.path().to_owned()]);
+        let (s, h, _) = get(
+            &store,
+            Method::HEAD,
+            "/v2/e2e-test-images/busybox/manifests/1.37.0-2?ns=registry.k8s.io",
+        );
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(h["docker-content-digest"], m.as_str());
     }
 }
