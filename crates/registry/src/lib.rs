@@ -518,6 +518,20 @@ mod tests {
         assert_eq!(s, StatusCode::NOT_FOUND);
         let (s, _, _) = get(&store, Method::PUT, "/v2/x/manifests/1");
         assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+        // Paths that name nothing, or try to leave the index, are unknown: nothing is
+        // read by a path the request gives.
+        for odd in [
+            "/v2/../../etc/passwd",
+            "/v2//manifests/",
+            "/v2/x/manifests/../../index.json",
+            "/v2/x/blobs/../../../etc/shadow",
+            "/v2/x/blobs/sha256:",
+            "/x",
+            "/v2/e2e-test-images/agnhost/manifests/2.66.1?ns=",
+        ] {
+            let (s, _, _) = get(&store, Method::GET, odd);
+            assert_eq!(s, StatusCode::NOT_FOUND, "{odd}");
+        }
         // An archive removed is no longer served.
         std::fs::remove_file(dir.path().join("busybox.tar")).unwrap();
         let (s, _, _) = get(&store, Method::HEAD, "/v2/busybox/manifests/1.37");
