@@ -242,20 +242,31 @@ pub fn relay(
             .with_context(|| format!("listening on {listen} in {}", netns.display()))?;
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    Ok(tokio::spawn(async move {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                // Out of descriptors, say: try again in a moment rather than spin.
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            };
-            tokio::spawn(async move {
-                if let Ok(mut up) = tokio::net::TcpStream::connect(to).await {
-                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
-                }
-            });
-        }
-    }))
+    Ok(tokio::spawn(pipe_each(listener, move || async move {
+        tokio::net::TcpStream::connect(to).await
+    })))
+}
+
+/// Accepts connections on `listener` and pipes each, both ways, to a connection `dial`
+/// opens for it (one that does not open drops the accepted one). Ends when aborted.
+async fn pipe_each<F, Fut>(listener: tokio::net::TcpListener, dial: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<tokio::net::TcpStream>> + Send + 'static,
+{
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else {
+            // Out of descriptors, say: try again in a moment rather than spin.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        let up = dial();
+        tokio::spawn(async move {
+            if let Ok(mut up) = up.await {
+                let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+            }
+        });
+    }
 }
 
 /// The other way round: connections made to a fresh port on this host's loopback are
@@ -269,32 +280,23 @@ pub async fn relay_into(
     let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
     let at = listener.local_addr()?;
     let netns = netns.to_path_buf();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            };
-            let netns = netns.clone();
-            tokio::spawn(async move {
-                let up = tokio::task::spawn_blocking(move || {
-                    let s = kumo_cri_remote::netns::connect(
-                        Some(&netns),
-                        to,
-                        std::time::Duration::from_secs(10),
-                    )?;
-                    s.set_nonblocking(true)?;
-                    Ok::<_, std::io::Error>(s)
-                })
-                .await;
-                if let Ok(Ok(up)) = up {
-                    if let Ok(mut up) = tokio::net::TcpStream::from_std(up) {
-                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
-                    }
-                }
-            });
+    let task = tokio::spawn(pipe_each(listener, move || {
+        let netns = netns.clone();
+        async move {
+            let s = tokio::task::spawn_blocking(move || {
+                let s = kumo_cri_remote::netns::connect(
+                    Some(&netns),
+                    to,
+                    std::time::Duration::from_secs(10),
+                )?;
+                s.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>(s)
+            })
+            .await
+            .map_err(std::io::Error::other)??;
+            tokio::net::TcpStream::from_std(s)
         }
-    });
+    }));
     Ok((at, task))
 }
 
