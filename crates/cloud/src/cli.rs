@@ -94,6 +94,12 @@ pub enum Command {
         #[command(subcommand)]
         what: ListOnly<OutputArgs>,
     },
+    /// Volumes (disks): list, create, get, attach, detach, resize, delete.
+    Volumes {
+        /// The action.
+        #[command(subcommand)]
+        what: VolumeCmd,
+    },
     /// Run a command on the cloud's public side, "from the internet":
     /// `kumo cloud exec -- curl http://<EXTERNAL-IP>/`. Only where the cloud's network is
     /// real (`kumo up --runtime containerd`); the command runs in that network only.
@@ -225,6 +231,68 @@ pub enum InstanceCmd {
     },
 }
 
+/// `volumes ...`.
+#[derive(Subcommand, Debug)]
+pub enum VolumeCmd {
+    /// List the volumes.
+    List {
+        /// Only this zone's.
+        #[arg(long)]
+        zone: Option<String>,
+        /// Only those attached to this instance.
+        #[arg(long)]
+        instance: Option<String>,
+        /// table or json.
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Create a volume.
+    Create {
+        /// Zone (kumo-1a, kumo-1b, kumo-1c).
+        #[arg(long)]
+        zone: String,
+        /// Size in GiB.
+        #[arg(long)]
+        size_gib: u64,
+        /// A name (a create of the same name again answers the same volume).
+        #[arg(long)]
+        name: Option<String>,
+        /// Tags KEY=VALUE (repeatable).
+        #[arg(long)]
+        tag: Vec<String>,
+    },
+    /// Show one volume as JSON.
+    Get {
+        /// Volume id.
+        id: String,
+    },
+    /// Attach a volume to an instance of its zone.
+    Attach {
+        /// Volume id.
+        id: String,
+        /// Instance id.
+        instance: String,
+    },
+    /// Detach a volume.
+    Detach {
+        /// Volume id.
+        id: String,
+    },
+    /// Grow a volume.
+    Resize {
+        /// Volume id.
+        id: String,
+        /// The new size in GiB.
+        #[arg(long)]
+        size_gib: u64,
+    },
+    /// Delete a volume that is not attached.
+    Delete {
+        /// Volume id.
+        id: String,
+    },
+}
+
 /// `policy ...`.
 #[derive(Subcommand, Debug)]
 pub enum PolicyCmd {
@@ -292,6 +360,12 @@ pub enum QuotasCmd {
         /// Max routes per route table.
         #[arg(long)]
         max_routes_per_table: Option<u32>,
+        /// Max volumes.
+        #[arg(long)]
+        max_volumes: Option<u32>,
+        /// Max GiB of all volumes together.
+        #[arg(long)]
+        max_volume_gib: Option<u64>,
     },
 }
 
@@ -591,6 +665,70 @@ pub async fn run(args: Args) -> Result<(), Error> {
             );
             Ok(())
         }
+        Command::Volumes { what } => {
+            let c = client(())?;
+            match what {
+                VolumeCmd::List {
+                    zone,
+                    instance,
+                    output,
+                } => {
+                    let f = VolumeFilter {
+                        zone,
+                        instance_id: instance,
+                        ..VolumeFilter::default()
+                    };
+                    let list = c.list_volumes(&f).await?;
+                    if output == Output::Json {
+                        return json(&list);
+                    }
+                    table(
+                        &[
+                            "ID", "NAME", "ZONE", "SIZE", "STATE", "INSTANCE", "DEVICE", "CREATED",
+                        ],
+                        list.iter()
+                            .map(|v| {
+                                let (inst, dev) = v
+                                    .attachment
+                                    .as_ref()
+                                    .map(|a| (a.instance_id.clone(), a.device.clone()))
+                                    .unwrap_or_default();
+                                vec![
+                                    v.id.clone(),
+                                    none(&v.name),
+                                    v.zone.clone(),
+                                    format!("{}Gi", v.size_gib),
+                                    v.state.to_string(),
+                                    none(&inst),
+                                    none(&dev),
+                                    v.created_time.clone(),
+                                ]
+                            })
+                            .collect(),
+                    );
+                    Ok(())
+                }
+                VolumeCmd::Create {
+                    zone,
+                    size_gib,
+                    name,
+                    tag,
+                } => json(
+                    &c.create_volume(&CreateVolumeRequest {
+                        name: name.unwrap_or_default(),
+                        zone,
+                        size_gib,
+                        tags: tags(&tag)?,
+                    })
+                    .await?,
+                ),
+                VolumeCmd::Get { id } => json(&c.describe_volume(&id).await?),
+                VolumeCmd::Attach { id, instance } => json(&c.attach_volume(&id, &instance).await?),
+                VolumeCmd::Detach { id } => json(&c.detach_volume(&id, None).await?),
+                VolumeCmd::Resize { id, size_gib } => json(&c.modify_volume(&id, size_gib).await?),
+                VolumeCmd::Delete { id } => json(&c.delete_volume(&id).await?),
+            }
+        }
         Command::Routes {
             what:
                 RouteCmd::Delete {
@@ -746,11 +884,15 @@ pub async fn run(args: Args) -> Result<(), Error> {
                     max_instances,
                     max_load_balancers,
                     max_routes_per_table,
+                    max_volumes,
+                    max_volume_gib,
                 } => {
                     c.set_quotas(&UpdateQuotasRequest {
                         max_instances,
                         max_load_balancers,
                         max_routes_per_table,
+                        max_volumes,
+                        max_volume_gib,
                     })
                     .await?
                 }

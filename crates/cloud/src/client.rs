@@ -268,6 +268,10 @@ struct LoadBalancers {
     load_balancers: Vec<LoadBalancer>,
 }
 #[derive(Deserialize)]
+struct Volumes {
+    volumes: Vec<Volume>,
+}
+#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct RouteTables {
     route_tables: Vec<RouteTable>,
@@ -666,6 +670,74 @@ impl Client {
             NONE,
         )
         .await
+    }
+
+    // ---- volumes ----
+
+    /// `POST /v1/volumes`: the new volume, or the one of the same name.
+    pub async fn create_volume(&self, req: &CreateVolumeRequest) -> Result<Volume, Error> {
+        self.call(Method::POST, "/v1/volumes", Some(req)).await
+    }
+
+    /// `GET /v1/volumes/{id}`; 404 `InvalidVolume.NotFound` when unknown.
+    pub async fn describe_volume(&self, id: &str) -> Result<Volume, Error> {
+        self.call::<_, ()>(Method::GET, &format!("/v1/volumes/{}", enc(id)), NONE)
+            .await
+    }
+
+    /// `GET /v1/volumes` with `filter`.
+    pub async fn list_volumes(&self, filter: &VolumeFilter) -> Result<Vec<Volume>, Error> {
+        let path = format!("/v1/volumes{}", query(&filter.query_pairs()));
+        Ok(self
+            .call::<Volumes, ()>(Method::GET, &path, NONE)
+            .await?
+            .volumes)
+    }
+
+    /// `POST /v1/volumes/{id}/attach`.
+    pub async fn attach_volume(&self, id: &str, instance_id: &str) -> Result<Volume, Error> {
+        let req = AttachVolumeRequest {
+            instance_id: instance_id.to_owned(),
+        };
+        self.call(
+            Method::POST,
+            &format!("/v1/volumes/{}/attach", enc(id)),
+            Some(&req),
+        )
+        .await
+    }
+
+    /// `POST /v1/volumes/{id}/detach`; only from `instance_id` when given.
+    pub async fn detach_volume(
+        &self,
+        id: &str,
+        instance_id: Option<&str>,
+    ) -> Result<Volume, Error> {
+        let req = DetachVolumeRequest {
+            instance_id: instance_id.map(str::to_owned),
+        };
+        self.call(
+            Method::POST,
+            &format!("/v1/volumes/{}/detach", enc(id)),
+            Some(&req),
+        )
+        .await
+    }
+
+    /// `POST /v1/volumes/{id}/modify`: grows the volume to `size_gib`.
+    pub async fn modify_volume(&self, id: &str, size_gib: u64) -> Result<Volume, Error> {
+        self.call(
+            Method::POST,
+            &format!("/v1/volumes/{}/modify", enc(id)),
+            Some(&ModifyVolumeRequest { size_gib }),
+        )
+        .await
+    }
+
+    /// `DELETE /v1/volumes/{id}`: returns what was deleted.
+    pub async fn delete_volume(&self, id: &str) -> Result<Volume, Error> {
+        self.call::<_, ()>(Method::DELETE, &format!("/v1/volumes/{}", enc(id)), NONE)
+            .await
     }
 
     // ---- routes ----

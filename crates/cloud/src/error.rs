@@ -56,6 +56,20 @@ pub mod codes {
     pub const LOAD_BALANCER_LIMIT_EXCEEDED: &str = "LoadBalancerLimitExceeded";
     /// 400: the route quota is used up.
     pub const ROUTE_LIMIT_EXCEEDED: &str = "RouteLimitExceeded";
+    /// 404: no such volume.
+    pub const VOLUME_NOT_FOUND: &str = "InvalidVolume.NotFound";
+    /// 409: the volume is attached (to another instance, or at all for a delete).
+    pub const VOLUME_IN_USE: &str = "VolumeInUse";
+    /// 409: the volume's state does not allow the operation (detaching one not attached).
+    pub const INCORRECT_STATE: &str = "IncorrectState";
+    /// 400: the volume and the instance are in different zones.
+    pub const VOLUME_ZONE_MISMATCH: &str = "InvalidVolume.ZoneMismatch";
+    /// 409: a volume of that name exists with another zone or size.
+    pub const IDEMPOTENT_PARAMETER_MISMATCH: &str = "IdempotentParameterMismatch";
+    /// 400: the volume quota (count or GiB) is used up.
+    pub const VOLUME_LIMIT_EXCEEDED: &str = "VolumeLimitExceeded";
+    /// 400: the instance has no free device name.
+    pub const ATTACHMENT_LIMIT_EXCEEDED: &str = "AttachmentLimitExceeded";
     /// 503: the public or private address pool is empty.
     pub const INSUFFICIENT_ADDRESS_CAPACITY: &str = "InsufficientAddressCapacity";
     /// The private address asked for is taken.
@@ -135,6 +149,15 @@ impl ApiError {
             404,
             codes::LOAD_BALANCER_NOT_FOUND,
             format!("The load balancer '{id}' does not exist"),
+        )
+    }
+
+    /// 404 InvalidVolume.NotFound.
+    pub fn volume_not_found(id: &str) -> ApiError {
+        ApiError::new(
+            404,
+            codes::VOLUME_NOT_FOUND,
+            format!("The volume '{id}' does not exist."),
         )
     }
 

@@ -16,6 +16,8 @@
 //! Target health is derived from instance state until the network data plane probes for
 //! real (see [`model::Target`]).
 
+#![recursion_limit = "256"]
+
 pub mod cli;
 pub mod client;
 pub mod error;

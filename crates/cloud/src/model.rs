@@ -504,6 +504,171 @@ pub struct UpdateLoadBalancerRequest {
     pub tags: Option<BTreeMap<String, String>>,
 }
 
+/// The largest volume, in GiB.
+pub const MAX_VOLUME_GIB: u64 = 16_384;
+/// The devices a volume is attached as, in the order they are handed out (`/dev/vda` is
+/// the root disk).
+pub const VOLUME_DEVICES: std::ops::RangeInclusive<char> = 'b'..='z';
+
+/// Where a volume is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VolumeState {
+    /// Not attached to any instance.
+    Available,
+    /// Attached to an instance.
+    InUse,
+}
+
+impl VolumeState {
+    /// The state named `s`.
+    pub fn parse(s: &str) -> Option<VolumeState> {
+        match s {
+            "available" => Some(VolumeState::Available),
+            "in-use" => Some(VolumeState::InUse),
+            _ => None,
+        }
+    }
+
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeState::Available => "available",
+            VolumeState::InUse => "in-use",
+        }
+    }
+}
+
+impl std::fmt::Display for VolumeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A volume's attachment to an instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeAttachment {
+    /// The instance.
+    pub instance_id: String,
+    /// The device it appears as on the instance (`/dev/vdb` ...).
+    pub device: String,
+    /// RFC 3339.
+    pub attach_time: String,
+}
+
+/// A block volume (a disk) in one zone: storage of its own, kept while instances come and
+/// go, attached to at most one instance of its zone at a time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    /// `vol-` and 17 hex digits.
+    pub id: String,
+    /// Unique among the cloud's volumes when given: creating a volume of the same name
+    /// again answers the one there is (a retried create makes no second volume).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Its zone.
+    pub zone: String,
+    /// Its size.
+    pub size_gib: u64,
+    /// `available` or `in-use`.
+    pub state: VolumeState,
+    /// The instance it is attached to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<VolumeAttachment>,
+    /// Tags.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// RFC 3339 creation time.
+    pub created_time: String,
+}
+
+/// `POST /v1/volumes`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateVolumeRequest {
+    /// An idempotency name (see [`Volume::name`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// One of [`ZONES`].
+    pub zone: String,
+    /// 1 to [`MAX_VOLUME_GIB`].
+    pub size_gib: u64,
+    /// Tags.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Filters of `GET /v1/volumes` (query parameters `zone`, `instanceId`, `name`, `state`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VolumeFilter {
+    /// In this zone.
+    pub zone: Option<String>,
+    /// Attached to this instance.
+    pub instance_id: Option<String>,
+    /// With this name.
+    pub name: Option<String>,
+    /// In this state.
+    pub state: Option<VolumeState>,
+}
+
+impl VolumeFilter {
+    /// Whether `v` passes the filter.
+    pub fn matches(&self, v: &Volume) -> bool {
+        self.zone.as_ref().is_none_or(|z| *z == v.zone)
+            && self.name.as_ref().is_none_or(|n| *n == v.name)
+            && self.state.is_none_or(|s| s == v.state)
+            && self
+                .instance_id
+                .as_ref()
+                .is_none_or(|i| v.attachment.as_ref().is_some_and(|a| a.instance_id == *i))
+    }
+
+    /// The filter as query parameters (unencoded pairs).
+    pub fn query_pairs(&self) -> Vec<(String, String)> {
+        let mut q = Vec::new();
+        if let Some(z) = &self.zone {
+            q.push(("zone".to_owned(), z.clone()));
+        }
+        if let Some(i) = &self.instance_id {
+            q.push(("instanceId".to_owned(), i.clone()));
+        }
+        if let Some(n) = &self.name {
+            q.push(("name".to_owned(), n.clone()));
+        }
+        if let Some(s) = self.state {
+            q.push(("state".to_owned(), s.as_str().to_owned()));
+        }
+        q
+    }
+}
+
+/// `POST /v1/volumes/{id}/attach`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttachVolumeRequest {
+    /// An instance of the volume's zone, not terminated.
+    pub instance_id: String,
+}
+
+/// `POST /v1/volumes/{id}/detach`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DetachVolumeRequest {
+    /// When given, the volume must be attached to this instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+}
+
+/// `POST /v1/volumes/{id}/modify`: grows a volume (volumes never shrink).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModifyVolumeRequest {
+    /// The new size, not below the current one.
+    pub size_gib: u64,
+}
+
 /// Whether a route's target can carry traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -646,6 +811,21 @@ pub struct Quotas {
     pub max_load_balancers: u32,
     /// Max routes per route table (the local route not counted).
     pub max_routes_per_table: u32,
+    /// Max volumes.
+    #[serde(default = "Quotas::default_max_volumes")]
+    pub max_volumes: u32,
+    /// Max GiB of all volumes together.
+    #[serde(default = "Quotas::default_max_volume_gib")]
+    pub max_volume_gib: u64,
+}
+
+impl Quotas {
+    fn default_max_volumes() -> u32 {
+        1024
+    }
+    fn default_max_volume_gib() -> u64 {
+        65_536
+    }
 }
 
 impl Default for Quotas {
@@ -654,6 +834,8 @@ impl Default for Quotas {
             max_instances: 256,
             max_load_balancers: 2048,
             max_routes_per_table: 1024,
+            max_volumes: Quotas::default_max_volumes(),
+            max_volume_gib: Quotas::default_max_volume_gib(),
         }
     }
 }
@@ -671,6 +853,12 @@ pub struct UpdateQuotasRequest {
     /// New max routes per table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_routes_per_table: Option<u32>,
+    /// New max volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_volumes: Option<u32>,
+    /// New max GiB of all volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_volume_gib: Option<u64>,
 }
 
 /// An access key. The secret is only returned when the key is created.

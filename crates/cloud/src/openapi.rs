@@ -101,6 +101,19 @@ fn schemas() -> Value {
             ("listeners", arr(r("Listener"))), ("targets", arr(s("string"))), ("healthCheck", r("HealthCheck")), ("tags", tags())], true),
         "UpdateLoadBalancerRequest": obj(&[], &[
             ("listeners", arr(r("Listener"))), ("targets", arr(s("string"))), ("healthCheck", r("HealthCheck")), ("tags", tags())], true),
+        "VolumeAttachment": obj(&["instanceId", "device", "attachTime"], &[
+            ("instanceId", s("string")), ("device", s("string")), ("attachTime", json!({"type": "string", "format": "date-time"}))], false),
+        "Volume": obj(&["id", "zone", "sizeGib", "state", "tags", "createdTime"], &[
+            ("id", json!({"type": "string", "pattern": "^vol-[0-9a-f]{17}$"})), ("name", s("string")), ("zone", s("string")),
+            ("sizeGib", s("integer")), ("state", enumer(&["available", "in-use"])), ("attachment", r("VolumeAttachment")),
+            ("tags", tags()), ("createdTime", json!({"type": "string", "format": "date-time"}))], false),
+        "VolumeList": list("volumes", "Volume"),
+        "CreateVolumeRequest": obj(&["zone", "sizeGib"], &[
+            ("name", json!({"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$"})), ("zone", s("string")),
+            ("sizeGib", json!({"type": "integer", "minimum": 1, "maximum": 16384})), ("tags", tags())], true),
+        "AttachVolumeRequest": obj(&["instanceId"], &[("instanceId", s("string"))], true),
+        "DetachVolumeRequest": obj(&[], &[("instanceId", s("string"))], true),
+        "ModifyVolumeRequest": obj(&["sizeGib"], &[("sizeGib", json!({"type": "integer", "minimum": 1, "maximum": 16384}))], true),
         "Route": obj(&["destinationCidr", "instanceId", "name", "description", "state", "origin"], &[
             ("destinationCidr", s("string")), ("instanceId", s("string")), ("name", s("string")), ("description", s("string")),
             ("state", enumer(&["active", "blackhole"])), ("origin", s("string"))], false),
@@ -116,10 +129,12 @@ fn schemas() -> Value {
         "PolicyStatement": obj(&["id", "effect", "action"], &[("id", s("string")), ("effect", enumer(&["Deny"])), ("action", s("string")), ("credential", s("string"))], false),
         "PolicyList": list("policies", "PolicyStatement"),
         "CreatePolicyRequest": obj(&["action"], &[("effect", enumer(&["Deny"])), ("action", s("string")), ("credential", s("string"))], true),
-        "Quotas": obj(&["maxInstances", "maxLoadBalancers", "maxRoutesPerTable"], &[
-            ("maxInstances", s("integer")), ("maxLoadBalancers", s("integer")), ("maxRoutesPerTable", s("integer"))], true),
+        "Quotas": obj(&["maxInstances", "maxLoadBalancers", "maxRoutesPerTable", "maxVolumes", "maxVolumeGib"], &[
+            ("maxInstances", s("integer")), ("maxLoadBalancers", s("integer")), ("maxRoutesPerTable", s("integer")),
+            ("maxVolumes", s("integer")), ("maxVolumeGib", s("integer"))], true),
         "UpdateQuotasRequest": obj(&[], &[
-            ("maxInstances", s("integer")), ("maxLoadBalancers", s("integer")), ("maxRoutesPerTable", s("integer"))], true),
+            ("maxInstances", s("integer")), ("maxLoadBalancers", s("integer")), ("maxRoutesPerTable", s("integer")),
+            ("maxVolumes", s("integer")), ("maxVolumeGib", s("integer"))], true),
         "AccessKey": obj(&["accessKeyId", "name"], &[("accessKeyId", s("string")), ("name", s("string")), ("secretAccessKey", s("string"))], false),
         "AccessKeyList": list("accessKeys", "AccessKey"),
         "CreateAccessKeyRequest": obj(&["name"], &[("name", s("string"))], true),

@@ -80,6 +80,72 @@ macro_rules! route {
     };
 }
 
+const VOLUME_QUERY: &[(&str, &str)] = &[
+    ("zone", "The zone"),
+    ("instanceId", "Attached to this instance"),
+    ("name", "The volume's name"),
+    ("state", "available or in-use"),
+];
+
+/// The file that holds volume `id`'s data in the cloud's data directory `dir`: a sparse
+/// file of the volume's size, its blocks the volume's blocks. It is the disk the
+/// instances' machines attach (the hypervisor's side of a volume).
+pub fn volume_file(dir: &Path, id: &str) -> PathBuf {
+    dir.join("volumes").join(format!("{id}.img"))
+}
+
+/// Makes (or grows) a volume's file to `size_gib`; sparse, so only what is written takes
+/// room.
+fn size_volume_file(dir: &Path, id: &str, size_gib: u64) -> Result<(), ApiError> {
+    let path = volume_file(dir, id);
+    let fail = |e: std::io::Error| {
+        tracing::error!(volume = id, "cloud: sizing {}: {e}", path.display());
+        ApiError::new(
+            500,
+            codes::INTERNAL_ERROR,
+            format!("The volume '{id}' could not be provisioned"),
+        )
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(fail)?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(fail)?;
+    let want = size_gib << 30;
+    if f.metadata().map_err(fail)?.len() < want {
+        f.set_len(want).map_err(fail)?;
+    }
+    Ok(())
+}
+
+fn volume_filter(query: &[(String, String)]) -> Result<VolumeFilter, ApiError> {
+    let mut f = VolumeFilter::default();
+    for (k, v) in query {
+        match k.as_str() {
+            "zone" => f.zone = Some(v.clone()),
+            "instanceId" => f.instance_id = Some(v.clone()),
+            "name" => f.name = Some(v.clone()),
+            "state" => {
+                f.state = Some(VolumeState::parse(v).ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "The filter value '{v}' for 'state' is invalid: available or in-use"
+                    ))
+                })?)
+            }
+            k => {
+                return Err(ApiError::invalid(format!(
+                    "The filter '{k}' is invalid: zone, instanceId, name or state"
+                )))
+            }
+        }
+    }
+    Ok(f)
+}
+
 const INSTANCE_QUERY: &[(&str, &str)] = &[
     (
         "state",
@@ -111,6 +177,13 @@ pub const ROUTES: &[RouteSpec] = &[
     route!("GET" "/v1/load-balancers/{id}" DescribeLoadBalancer "DescribeLoadBalancers" false 200 "LoadBalancer" None, &[], "One load balancer"),
     route!("PATCH" "/v1/load-balancers/{id}" UpdateLoadBalancer "UpdateLoadBalancer" false 200 "LoadBalancer" Some("UpdateLoadBalancerRequest"), &[], "Replace listeners, targets, health check or tags"),
     route!("DELETE" "/v1/load-balancers/{id}" DeleteLoadBalancer "DeleteLoadBalancer" false 200 "LoadBalancer" None, &[], "Delete a load balancer, releasing its VIP"),
+    route!("GET" "/v1/volumes" DescribeVolumes "DescribeVolumes" false 200 "VolumeList" None, VOLUME_QUERY, "List volumes"),
+    route!("POST" "/v1/volumes" CreateVolume "CreateVolume" false 201 "Volume" Some("CreateVolumeRequest"), &[], "Create a volume in a zone (a retried create of the same name answers the same volume)"),
+    route!("GET" "/v1/volumes/{id}" DescribeVolume "DescribeVolumes" false 200 "Volume" None, &[], "One volume"),
+    route!("DELETE" "/v1/volumes/{id}" DeleteVolume "DeleteVolume" false 200 "Volume" None, &[], "Delete a volume that is not attached, with its data"),
+    route!("POST" "/v1/volumes/{id}/attach" AttachVolume "AttachVolume" false 200 "Volume" Some("AttachVolumeRequest"), &[], "Attach a volume to an instance of its zone"),
+    route!("POST" "/v1/volumes/{id}/detach" DetachVolume "DetachVolume" false 200 "Volume" Some("DetachVolumeRequest"), &[], "Detach a volume"),
+    route!("POST" "/v1/volumes/{id}/modify" ModifyVolume "ModifyVolume" false 200 "Volume" Some("ModifyVolumeRequest"), &[], "Grow a volume"),
     route!("GET" "/v1/route-tables" DescribeRouteTables "DescribeRouteTables" false 200 "RouteTableList" None, &[], "List route tables"),
     route!("GET" "/v1/route-tables/{id}" DescribeRouteTable "DescribeRouteTables" false 200 "RouteTable" None, &[], "One route table"),
     route!("GET" "/v1/route-tables/{id}/routes" DescribeRoutes "DescribeRouteTables" false 200 "RouteList" None, &[], "The routes of a table"),
@@ -164,6 +237,8 @@ impl CloudConfig {
 
 struct Inner {
     store: Store,
+    /// Where volumes' data lives (see [`volume_file`]).
+    data_dir: PathBuf,
     hypervisor: Arc<dyn Hypervisor>,
     transition_delay: Duration,
     tasks: parking_lot::Mutex<JoinSet<()>>,
@@ -280,6 +355,7 @@ impl CloudServer {
 
         let inner = Arc::new(Inner {
             store,
+            data_dir: dir.clone(),
             hypervisor: cfg.hypervisor.clone(),
             transition_delay: cfg.transition_delay,
             tasks: parking_lot::Mutex::new(JoinSet::new()),
@@ -995,6 +1071,46 @@ async fn dispatch(
             )
         }
         "DeleteLoadBalancer" => js(200, &store.write(|s| s.delete_load_balancer(id)).await?),
+        "DescribeVolumes" => {
+            let f = volume_filter(query)?;
+            js(200, &json!({ "volumes": store.read(|s| s.volumes(&f)) }))
+        }
+        "DescribeVolume" => js(200, &store.read(|s| s.volume(id))?),
+        "CreateVolume" => {
+            let req: CreateVolumeRequest = decode(body)?;
+            let (v, new) = store.write(|s| s.create_volume(req)).await?;
+            if let Err(e) = size_volume_file(&inner.data_dir, &v.id, v.size_gib) {
+                if new {
+                    let _ = store.write(|s| s.delete_volume(&v.id)).await;
+                }
+                return Err(e);
+            }
+            js(if new { 201 } else { 200 }, &v)
+        }
+        "AttachVolume" => {
+            let req: AttachVolumeRequest = decode(body)?;
+            js(200, &store.write(|s| s.attach_volume(id, req)).await?)
+        }
+        "DetachVolume" => {
+            let req: DetachVolumeRequest = decode(body)?;
+            js(200, &store.write(|s| s.detach_volume(id, req)).await?)
+        }
+        "ModifyVolume" => {
+            let req: ModifyVolumeRequest = decode(body)?;
+            let v = store.write(|s| s.modify_volume(id, req)).await?;
+            size_volume_file(&inner.data_dir, &v.id, v.size_gib)?;
+            js(200, &v)
+        }
+        "DeleteVolume" => {
+            let v = store.write(|s| s.delete_volume(id)).await?;
+            let path = volume_file(&inner.data_dir, &v.id);
+            if let Err(e) = std::fs::remove_file(&path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(volume = %v.id, "cloud: removing {}: {e}", path.display());
+                }
+            }
+            js(200, &v)
+        }
         "DescribeRouteTables" => js(
             200,
             &json!({ "routeTables": store.read(|s| s.route_tables()) }),

@@ -213,6 +213,8 @@ pub struct State {
     route_table_id: String,
     instances: Tracked<Instance>,
     load_balancers: Tracked<LbRecord>,
+    #[serde(default)]
+    volumes: Tracked<Volume>,
     routes: Vec<RouteRecord>,
     faults: BTreeMap<String, Fault>,
     policies: Vec<PolicyStatement>,
@@ -265,6 +267,7 @@ impl State {
             route_table_id: new_id("rtb"),
             instances: Tracked::default(),
             load_balancers: Tracked::default(),
+            volumes: Tracked::default(),
             routes: Vec::new(),
             faults: BTreeMap::new(),
             policies: Vec::new(),
@@ -526,6 +529,12 @@ impl State {
         }
         if let Some(v) = u.max_routes_per_table {
             self.quotas.max_routes_per_table = v;
+        }
+        if let Some(v) = u.max_volumes {
+            self.quotas.max_volumes = v;
+        }
+        if let Some(v) = u.max_volume_gib {
+            self.quotas.max_volume_gib = v;
         }
         self.quotas.clone()
     }
@@ -878,7 +887,23 @@ impl State {
             i.private_dns_name.clear();
             i.terminated_time = Some(now_rfc3339());
         }
-        Some(i.clone())
+        let i = i.clone();
+        if to == InstanceState::Terminated {
+            // A terminated instance's disks are detached, as a cloud does.
+            let attached: Vec<String> = self
+                .volumes
+                .values()
+                .filter(|v| v.attachment.as_ref().is_some_and(|a| a.instance_id == id))
+                .map(|v| v.id.clone())
+                .collect();
+            for v in attached {
+                if let Some(v) = self.volumes.get_mut(&v) {
+                    v.attachment = None;
+                    v.state = VolumeState::Available;
+                }
+            }
+        }
+        Some(i)
     }
 
     // ---- load balancers ----
@@ -1093,6 +1118,257 @@ impl State {
             .remove(id)
             .ok_or_else(|| ApiError::load_balancer_not_found(id))?;
         Ok(self.lb_view(&r))
+    }
+
+    // ---- volumes ----
+
+    /// The volumes, by id; only those in `zone`, attached to `instance` or named `name`
+    /// when given.
+    pub fn volumes(&self, filter: &VolumeFilter) -> Vec<Volume> {
+        self.volumes
+            .values()
+            .filter(|v| filter.matches(v))
+            .cloned()
+            .collect()
+    }
+
+    /// One volume by id.
+    pub fn volume(&self, id: &str) -> Result<Volume, ApiError> {
+        self.volumes
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::volume_not_found(id))
+    }
+
+    /// Creates a volume, or answers the one of the same name (the same zone and size).
+    /// The bool says whether it is new.
+    pub fn create_volume(&mut self, req: CreateVolumeRequest) -> Result<(Volume, bool), ApiError> {
+        if !ZONES.contains(&req.zone.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "Invalid availability zone: [{}]",
+                req.zone
+            )));
+        }
+        if !(1..=MAX_VOLUME_GIB).contains(&req.size_gib) {
+            return Err(ApiError::invalid(format!(
+                "Volume of {} GiB is outside the range 1-{MAX_VOLUME_GIB} GiB",
+                req.size_gib
+            )));
+        }
+        validate_tags(&req.tags)?;
+        if !req.name.is_empty() {
+            validate_volume_name(&req.name)?;
+            if let Some(v) = self.volumes.values().find(|v| v.name == req.name) {
+                if v.zone != req.zone || v.size_gib != req.size_gib {
+                    return Err(ApiError::new(
+                        409,
+                        codes::IDEMPOTENT_PARAMETER_MISMATCH,
+                        format!(
+                            "The volume '{}' named '{}' exists with zone {} and size {} GiB",
+                            v.id, v.name, v.zone, v.size_gib
+                        ),
+                    ));
+                }
+                return Ok((v.clone(), false));
+            }
+        }
+        if self.volumes.len() >= self.quotas.max_volumes as usize {
+            return Err(ApiError::new(
+                400,
+                codes::VOLUME_LIMIT_EXCEEDED,
+                format!(
+                    "Exceeded quota of account: the limit of {} volumes is reached",
+                    self.quotas.max_volumes
+                ),
+            ));
+        }
+        self.check_volume_gib(req.size_gib)?;
+        let mut id = new_id("vol");
+        while self.volumes.contains_key(&id) {
+            id = new_id("vol");
+        }
+        let v = Volume {
+            id: id.clone(),
+            name: req.name,
+            zone: req.zone,
+            size_gib: req.size_gib,
+            state: VolumeState::Available,
+            attachment: None,
+            tags: req.tags,
+            created_time: now_rfc3339(),
+        };
+        self.volumes.insert(id, v.clone());
+        Ok((v, true))
+    }
+
+    fn check_volume_gib(&self, more: u64) -> Result<(), ApiError> {
+        let used: u64 = self.volumes.values().map(|v| v.size_gib).sum();
+        if used.saturating_add(more) > self.quotas.max_volume_gib {
+            return Err(ApiError::new(
+                400,
+                codes::VOLUME_LIMIT_EXCEEDED,
+                format!(
+                    "Exceeded quota of account: {more} GiB more would exceed the limit of {} GiB of volumes ({used} GiB used)",
+                    self.quotas.max_volume_gib
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Attaches a volume to an instance of its zone as the instance's next free device.
+    /// Attaching it again to the instance it is attached to answers it unchanged.
+    pub fn attach_volume(
+        &mut self,
+        id: &str,
+        req: AttachVolumeRequest,
+    ) -> Result<Volume, ApiError> {
+        let v = self.volume(id)?;
+        let inst = self.instance(&req.instance_id)?.clone();
+        if let Some(a) = &v.attachment {
+            if a.instance_id == req.instance_id {
+                return Ok(v);
+            }
+            return Err(ApiError::new(
+                409,
+                codes::VOLUME_IN_USE,
+                format!(
+                    "{id} is already attached to an instance ({})",
+                    a.instance_id
+                ),
+            ));
+        }
+        if matches!(
+            inst.state,
+            InstanceState::Terminated | InstanceState::ShuttingDown
+        ) {
+            return Err(ApiError::new(
+                409,
+                codes::INCORRECT_INSTANCE_STATE,
+                format!(
+                    "The instance '{}' is not in a valid state for this operation ({})",
+                    inst.id, inst.state
+                ),
+            ));
+        }
+        if inst.zone != v.zone {
+            return Err(ApiError::new(
+                400,
+                codes::VOLUME_ZONE_MISMATCH,
+                format!(
+                    "The volume '{id}' is not in the same availability zone as instance '{}'",
+                    inst.id
+                ),
+            ));
+        }
+        let taken: BTreeSet<&str> = self
+            .volumes
+            .values()
+            .filter_map(|o| o.attachment.as_ref())
+            .filter(|a| a.instance_id == inst.id)
+            .map(|a| a.device.as_str())
+            .collect();
+        let device = VOLUME_DEVICES
+            .map(|c| format!("/dev/vd{c}"))
+            .find(|d| !taken.contains(d.as_str()))
+            .ok_or_else(|| {
+                ApiError::new(
+                    400,
+                    codes::ATTACHMENT_LIMIT_EXCEEDED,
+                    format!(
+                        "The instance '{}' has no free device for another volume",
+                        inst.id
+                    ),
+                )
+            })?;
+        let v = self
+            .volumes
+            .get_mut(id)
+            .ok_or_else(|| ApiError::volume_not_found(id))?;
+        v.state = VolumeState::InUse;
+        v.attachment = Some(VolumeAttachment {
+            instance_id: inst.id,
+            device,
+            attach_time: now_rfc3339(),
+        });
+        Ok(v.clone())
+    }
+
+    /// Detaches a volume.
+    pub fn detach_volume(
+        &mut self,
+        id: &str,
+        req: DetachVolumeRequest,
+    ) -> Result<Volume, ApiError> {
+        let v = self.volume(id)?;
+        let Some(a) = &v.attachment else {
+            return Err(ApiError::new(
+                409,
+                codes::INCORRECT_STATE,
+                format!("Volume '{id}' is in the 'available' state."),
+            ));
+        };
+        if let Some(want) = &req.instance_id {
+            if *want != a.instance_id {
+                return Err(ApiError::new(
+                    409,
+                    codes::INCORRECT_STATE,
+                    format!(
+                        "Volume '{id}' is attached to '{}', not to '{want}'",
+                        a.instance_id
+                    ),
+                ));
+            }
+        }
+        let v = self
+            .volumes
+            .get_mut(id)
+            .ok_or_else(|| ApiError::volume_not_found(id))?;
+        v.state = VolumeState::Available;
+        v.attachment = None;
+        Ok(v.clone())
+    }
+
+    /// Grows a volume.
+    pub fn modify_volume(
+        &mut self,
+        id: &str,
+        req: ModifyVolumeRequest,
+    ) -> Result<Volume, ApiError> {
+        let v = self.volume(id)?;
+        if req.size_gib < v.size_gib {
+            return Err(ApiError::invalid(format!(
+                "New size {} GiB of volume '{id}' is smaller than its size {} GiB: volumes only grow",
+                req.size_gib, v.size_gib
+            )));
+        }
+        if req.size_gib > MAX_VOLUME_GIB {
+            return Err(ApiError::invalid(format!(
+                "Volume of {} GiB is outside the range 1-{MAX_VOLUME_GIB} GiB",
+                req.size_gib
+            )));
+        }
+        self.check_volume_gib(req.size_gib - v.size_gib)?;
+        let v = self
+            .volumes
+            .get_mut(id)
+            .ok_or_else(|| ApiError::volume_not_found(id))?;
+        v.size_gib = req.size_gib;
+        Ok(v.clone())
+    }
+
+    /// Deletes a volume that is not attached.
+    pub fn delete_volume(&mut self, id: &str) -> Result<Volume, ApiError> {
+        let v = self.volume(id)?;
+        if let Some(a) = &v.attachment {
+            return Err(ApiError::new(
+                409,
+                codes::VOLUME_IN_USE,
+                format!("Volume {id} is currently attached to {}", a.instance_id),
+            ));
+        }
+        self.volumes.remove(id);
+        Ok(v)
     }
 
     // ---- routes ----
@@ -1327,6 +1603,20 @@ fn validate_action(a: &str) -> Result<(), ApiError> {
         )));
     }
     Ok(())
+}
+
+fn validate_volume_name(name: &str) -> Result<(), ApiError> {
+    let ok = name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "Invalid volume name '{name}': at most 128 letters, digits, '-', '_' and '.'"
+        )))
+    }
 }
 
 fn validate_tags(tags: &BTreeMap<String, String>) -> Result<(), ApiError> {
@@ -1565,6 +1855,8 @@ struct RecordOut<'a> {
     instances: BTreeMap<&'a str, Option<&'a Instance>>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     load_balancers: BTreeMap<&'a str, Option<&'a LbRecord>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    volumes: BTreeMap<&'a str, Option<&'a Volume>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     rest: Option<RestRef<'a>>,
 }
@@ -1577,6 +1869,8 @@ struct RecordIn {
     instances: Before<Instance>,
     #[serde(default)]
     load_balancers: Before<LbRecord>,
+    #[serde(default)]
+    volumes: Before<Volume>,
     #[serde(default)]
     rest: Option<Rest>,
 }
@@ -1603,6 +1897,7 @@ fn header_record(generation: u64) -> Result<Vec<u8>, String> {
 struct Undo {
     instances: Before<Instance>,
     load_balancers: Before<LbRecord>,
+    volumes: Before<Volume>,
 }
 
 impl State {
@@ -1640,13 +1935,18 @@ impl State {
         Undo {
             instances: self.instances.take(),
             load_balancers: self.load_balancers.take(),
+            volumes: self.volumes.take(),
         }
     }
 
     /// The journal record for the keys in `undo` (their current values) and the rest when
     /// `rest_changed`; `None` when there is nothing to write.
     fn record(&self, undo: &Undo, rest_changed: bool) -> Result<Option<Vec<u8>>, String> {
-        if undo.instances.is_empty() && undo.load_balancers.is_empty() && !rest_changed {
+        if undo.instances.is_empty()
+            && undo.load_balancers.is_empty()
+            && undo.volumes.is_empty()
+            && !rest_changed
+        {
             return Ok(None);
         }
         let r = RecordOut {
@@ -1659,6 +1959,11 @@ impl State {
                 .load_balancers
                 .keys()
                 .map(|k| (k.as_str(), self.load_balancers.get(k)))
+                .collect(),
+            volumes: undo
+                .volumes
+                .keys()
+                .map(|k| (k.as_str(), self.volumes.get(k)))
                 .collect(),
             rest: rest_changed.then(|| self.rest()),
         };
@@ -1674,6 +1979,7 @@ impl State {
         for u in [later, batch] {
             self.instances.set_all(u.instances);
             self.load_balancers.set_all(u.load_balancers);
+            self.volumes.set_all(u.volumes);
         }
         match serde_json::from_slice::<Rest>(durable_rest) {
             Ok(r) => self.set_rest(r),
@@ -1684,6 +1990,7 @@ impl State {
     fn replay(&mut self, r: RecordIn) {
         self.instances.set_all(r.instances);
         self.load_balancers.set_all(r.load_balancers);
+        self.volumes.set_all(r.volumes);
         if let Some(rest) = r.rest {
             self.set_rest(rest);
         }

@@ -929,3 +929,180 @@ async fn quotas_limit_instances_and_load_balancers() {
     );
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn volumes_are_files_attached_to_one_instance_of_their_zone() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (s, c, _) = start(dir.path()).await;
+    let in_zone = |z: &str| RunInstanceRequest {
+        zone: Some(z.into()),
+        ..Default::default()
+    };
+    let a = c.run_instance(&in_zone("kumo-1a")).await.expect("a");
+    let b = c.run_instance(&in_zone("kumo-1a")).await.expect("b");
+    let other = c.run_instance(&in_zone("kumo-1b")).await.expect("other");
+    for i in [&a, &b, &other] {
+        running(&c, &i.id).await;
+    }
+    let req = CreateVolumeRequest {
+        name: "pvc-1".into(),
+        zone: "kumo-1a".into(),
+        size_gib: 2,
+        ..Default::default()
+    };
+    let v = c.create_volume(&req).await.expect("create");
+    assert_eq!(
+        (v.state, v.size_gib, v.zone.as_str()),
+        (VolumeState::Available, 2, "kumo-1a")
+    );
+    // The data is a sparse file of the volume's size.
+    let file = server::volume_file(&std::fs::canonicalize(dir.path()).expect("dir"), &v.id);
+    let meta = std::fs::metadata(&file).expect("the volume's file");
+    assert_eq!(meta.len(), 2 << 30);
+    assert!(meta.blocks() < 64, "sparse: {} blocks", meta.blocks());
+    // A retried create answers the same volume; another size under that name is refused.
+    assert_eq!(c.create_volume(&req).await.expect("again").id, v.id);
+    let e = c
+        .create_volume(&CreateVolumeRequest {
+            size_gib: 3,
+            ..req.clone()
+        })
+        .await
+        .expect_err("mismatch");
+    assert_eq!(
+        (e.status(), err_code(&e)),
+        (Some(409), "IdempotentParameterMismatch")
+    );
+    for (zone, size) in [("mars-1a", 1), ("kumo-1a", 0), ("kumo-1a", 20_000)] {
+        let e = c
+            .create_volume(&CreateVolumeRequest {
+                zone: zone.into(),
+                size_gib: size,
+                ..Default::default()
+            })
+            .await
+            .expect_err("invalid");
+        assert_eq!(err_code(&e), "InvalidParameterValue", "{zone} {size}");
+    }
+
+    // Attach: only to an instance of its zone, to one instance at a time.
+    let e = c.attach_volume(&v.id, &other.id).await.expect_err("zone");
+    assert_eq!(
+        (e.status(), err_code(&e)),
+        (Some(400), "InvalidVolume.ZoneMismatch")
+    );
+    let e = c
+        .attach_volume("vol-0123456789abcdef0", &a.id)
+        .await
+        .expect_err("none");
+    assert_eq!(
+        (e.status(), err_code(&e)),
+        (Some(404), "InvalidVolume.NotFound")
+    );
+    let att = c.attach_volume(&v.id, &a.id).await.expect("attach");
+    assert_eq!(att.state, VolumeState::InUse);
+    let at = att.attachment.clone().expect("attachment");
+    assert_eq!(
+        (at.instance_id.as_str(), at.device.as_str()),
+        (a.id.as_str(), "/dev/vdb")
+    );
+    assert_eq!(c.attach_volume(&v.id, &a.id).await.expect("again"), att);
+    let e = c.attach_volume(&v.id, &b.id).await.expect_err("in use");
+    assert_eq!((e.status(), err_code(&e)), (Some(409), "VolumeInUse"));
+    let e = c.delete_volume(&v.id).await.expect_err("attached");
+    assert_eq!((e.status(), err_code(&e)), (Some(409), "VolumeInUse"));
+    let w = c
+        .create_volume(&CreateVolumeRequest {
+            zone: "kumo-1a".into(),
+            size_gib: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("second");
+    let w = c.attach_volume(&w.id, &a.id).await.expect("second attach");
+    assert_eq!(w.attachment.expect("att").device, "/dev/vdc");
+    let f = VolumeFilter {
+        instance_id: Some(a.id.clone()),
+        ..Default::default()
+    };
+    assert_eq!(c.list_volumes(&f).await.expect("list").len(), 2);
+
+    // Grow only.
+    let g = c.modify_volume(&v.id, 4).await.expect("grow");
+    assert_eq!(g.size_gib, 4);
+    assert_eq!(std::fs::metadata(&file).expect("file").len(), 4 << 30);
+    let e = c.modify_volume(&v.id, 1).await.expect_err("shrink");
+    assert_eq!(
+        (e.status(), err_code(&e)),
+        (Some(400), "InvalidParameterValue")
+    );
+
+    // Detach, then attach elsewhere; deleting takes the data.
+    let e = c
+        .detach_volume(&v.id, Some(&b.id))
+        .await
+        .expect_err("not there");
+    assert_eq!((e.status(), err_code(&e)), (Some(409), "IncorrectState"));
+    c.detach_volume(&v.id, None).await.expect("detach");
+    let e = c.detach_volume(&v.id, None).await.expect_err("twice");
+    assert_eq!((e.status(), err_code(&e)), (Some(409), "IncorrectState"));
+    c.attach_volume(&v.id, &b.id).await.expect("to b");
+
+    // Terminating an instance detaches its volumes.
+    c.terminate_instance(&a.id).await.expect("terminate");
+    c.wait_for_instance_state(&a.id, InstanceState::Terminated, Duration::from_secs(5))
+        .await
+        .expect("terminated");
+    assert!(c.list_volumes(&f).await.expect("list").is_empty());
+
+    // Quotas: a count and a total size.
+    c.set_quotas(&UpdateQuotasRequest {
+        max_volume_gib: Some(6),
+        ..Default::default()
+    })
+    .await
+    .expect("quota");
+    let big = CreateVolumeRequest {
+        zone: "kumo-1c".into(),
+        size_gib: 2,
+        ..Default::default()
+    };
+    let e = c.create_volume(&big).await.expect_err("gib");
+    assert_eq!(
+        (e.status(), err_code(&e)),
+        (Some(400), "VolumeLimitExceeded")
+    );
+    c.set_quotas(&UpdateQuotasRequest {
+        max_volume_gib: Some(1000),
+        max_volumes: Some(2),
+        ..Default::default()
+    })
+    .await
+    .expect("quota");
+    let e = c.create_volume(&big).await.expect_err("count");
+    assert_eq!(
+        (e.status(), err_code(&e)),
+        (Some(400), "VolumeLimitExceeded")
+    );
+
+    // A deny policy covers the volume actions like any other.
+    c.deny("AttachVolume", None).await.expect("deny");
+    let e = c.attach_volume(&v.id, &b.id).await.expect_err("denied");
+    assert_eq!((e.status(), err_code(&e)), (Some(403), "AccessDenied"));
+
+    // Everything survives a restart; deleting removes the file.
+    s.shutdown().await;
+    let (s, c, _) = start(dir.path()).await;
+    let again = c.describe_volume(&v.id).await.expect("after restart");
+    assert_eq!(
+        (again.size_gib, again.attachment.map(|a| a.instance_id)),
+        (4, Some(b.id.clone()))
+    );
+    c.detach_volume(&v.id, Some(&b.id)).await.expect("detach");
+    c.delete_volume(&v.id).await.expect("delete");
+    assert!(!file.exists());
+    let e = c.describe_volume(&v.id).await.expect_err("gone");
+    assert_eq!(err_code(&e), "InvalidVolume.NotFound");
+    s.shutdown().await;
+}
