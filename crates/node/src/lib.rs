@@ -49,7 +49,8 @@ pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// The sandbox image, as upstream's kubelet names it by default.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
 /// The Debian packages the real runtime needs.
-pub const PACKAGES: &str = "containerd runc containernetworking-plugins nftables conntrack procps";
+pub const PACKAGES: &str =
+    "containerd runc containernetworking-plugins nftables conntrack procps mount e2fsprogs xfsprogs";
 
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
@@ -75,6 +76,11 @@ pub fn prerequisites() -> Result<(), Error> {
         "nft",
         "conntrack",
         "sysctl",
+        // The disks' loop devices and file systems (the CSI driver's node plugin).
+        "losetup",
+        "mkfs.ext4",
+        "mkfs.xfs",
+        "xfs_growfs",
     ]
     .into_iter()
     .filter(|p| !on_path(p))
