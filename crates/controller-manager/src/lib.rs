@@ -126,7 +126,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "persistentvolume-binder-controller",
         Some("persistentvolume-binder"),
         true,
-        false,
+        true,
     ),
     (
         "persistentvolume-expander-controller",
@@ -699,6 +699,13 @@ fn start_controllers(
     }
     if on("persistentvolume-protection-controller") {
         tasks.push(controllers::pvprotection::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("persistentvolume-binder-controller") {
+        tasks.push(controllers::pvbinder::start(
             clients.clone(),
             &factory,
             stop.clone(),

@@ -128,7 +128,8 @@ pub fn prepare(pod_dir: &Path, config: &ContainerConfig) -> io::Result<Prepared>
                 }
                 p
             }
-            Source::HostPath(p) => {
+            // A disk is where its driver published it for this pod.
+            Source::HostPath(p) | Source::Disk { path: p, .. } => {
                 let p = join_sub_path(PathBuf::from(p), &m.sub_path)?;
                 // A subPath that is not there yet is made, as upstream's kubelet does.
                 if !m.sub_path.is_empty() && !p.exists() {
@@ -284,10 +285,18 @@ pub fn remove_pod_dir(dir: &Path) {
         .filter(|p| Path::new(p).starts_with(dir))
         .collect();
     mounts.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    let mut stuck = false;
     for m in mounts {
         if let Err(e) = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH) {
             tracing::warn!(mount = m, error = %e, "unmounting a pod volume");
+            stuck = true;
         }
+    }
+    if stuck {
+        // Removing the tree would descend into what is still mounted (a persistent
+        // volume's data): it is left for the next try.
+        tracing::warn!(dir = %dir.display(), "keeping the pod's directory: a mount under it remains");
+        return;
     }
     if let Err(e) = std::fs::remove_dir_all(dir) {
         if e.kind() != io::ErrorKind::NotFound {

@@ -413,6 +413,16 @@ pub enum Source {
     Files(Files),
     /// An image volume: the files of the image with this reference, read-only.
     Image(String),
+    /// A persistent volume a storage driver published for the pod: at `path` on the node
+    /// (where a runtime with a host file system bind-mounts it from); `id` names its data
+    /// for a runtime without one (the simulator keeps a disk's files by it, shared by every
+    /// node, as a disk moves between instances).
+    Disk {
+        /// The volume's id (its CSI volume handle).
+        id: String,
+        /// Where the driver published it on the node.
+        path: String,
+    },
 }
 
 /// One volume mount of a container.

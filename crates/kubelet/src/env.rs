@@ -48,7 +48,7 @@ fn value_text(v: &Value) -> Option<String> {
     value_bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
-fn str_at(v: &Value, p: &str) -> String {
+pub(crate) fn str_at(v: &Value, p: &str) -> String {
     v.pointer(p)
         .and_then(Value::as_str)
         .unwrap_or("")
@@ -436,13 +436,55 @@ fn mount_failures_with(pod: &Value, sources: Option<&Value>) -> Vec<(String, Str
                 }
             }
         }
-        match why.len() {
-            0 => {}
-            1 => out.push((vname, why.remove(0))),
-            _ => out.push((vname, format!("[{}]", why.join(", ")))),
+        let why = match why.len() {
+            0 => None,
+            1 => Some(why.remove(0)),
+            _ => Some(format!("[{}]", why.join(", "))),
+        };
+        if let Some(why) = why {
+            out.push((
+                vname.clone(),
+                format!("MountVolume.SetUp failed for volume \"{vname}\" : {why}"),
+            ));
+        }
+        // A persistent volume its driver could not mount says how itself.
+        if let Some(message) = disk_entry(sources, &vname)
+            .and_then(|e| e.get("error"))
+            .and_then(Value::as_str)
+        {
+            out.push((vname, message.to_owned()));
         }
     }
     out
+}
+
+/// Whether `vol` is a persistent volume (a claim, or a generic ephemeral volume's).
+fn is_persistent(vol: &Value) -> bool {
+    vol.get("persistentVolumeClaim").is_some() || vol.get("ephemeral").is_some()
+}
+
+/// What the volume manager said of the pod's persistent volume `name` (see
+/// [`crate::csi::Volumes::mount`]).
+fn disk_entry<'a>(sources: Option<&'a Value>, name: &str) -> Option<&'a Value> {
+    sources?.get(crate::csi::DISKS)?.get(name)
+}
+
+/// Whether a persistent volume of the pod is not mounted yet (its claim not bound, its
+/// volume not attached): its containers wait, without an event.
+pub fn mounts_pending(pod: &Value) -> bool {
+    mounts_pending_with(pod, pod.get(SOURCES))
+}
+
+fn mounts_pending_with(pod: &Value, sources: Option<&Value>) -> bool {
+    pod.pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| is_persistent(v))
+        .any(|v| {
+            disk_entry(sources, &str_at(v, "/name"))
+                .is_none_or(|e| e.get("disk").is_none() && e.get("hostPath").is_none() && e.get("error").is_none())
+        })
 }
 
 /// `pod` with its sources.
@@ -831,7 +873,9 @@ pub fn sources_stale(pod: &Value, sources: &Value) -> bool {
     token_due
         || (has_projected_volumes(pod) && age >= 5)
         // A volume that cannot be set up is retried every second.
-        || (age >= 1 && !mount_failures_with(pod, Some(sources)).is_empty())
+        || (age >= 1
+            && (!mount_failures_with(pod, Some(sources)).is_empty()
+                || mounts_pending_with(pod, Some(sources))))
 }
 
 /// The kubelet-managed `/etc/hosts` of a pod (pod network).
@@ -966,6 +1010,24 @@ fn volume_source(
     }
     if let Some(h) = vol.get("hostPath") {
         return (Source::HostPath(str_at(h, "/path")), false);
+    }
+    if is_persistent(vol) {
+        // As the volume manager mounted it (the containers wait until it did).
+        let entry = disk_entry(pod.get(SOURCES), &name);
+        let ro = entry.and_then(|e| e.get("readOnly")).and_then(Value::as_bool) == Some(true);
+        if let Some(d) = entry.and_then(|e| e.get("disk")) {
+            return (
+                Source::Disk {
+                    id: str_at(d, "/id"),
+                    path: str_at(d, "/path"),
+                },
+                ro,
+            );
+        }
+        if let Some(p) = entry.and_then(|e| e.get("hostPath")).and_then(Value::as_str) {
+            return (Source::HostPath(p.to_owned()), ro);
+        }
+        return (Source::EmptyDir(name), false);
     }
     let mut files = BTreeMap::new();
     let data = |kind: &str, n: &str| pod.pointer(&format!("/{SOURCES}/{kind}/{n}")).cloned();
@@ -1214,10 +1276,14 @@ mod tests {
         assert_eq!(
             mount_failures(&with_sources(&pod, &sources)),
             vec![
-                ("cm".to_owned(), "configmap \"gone\" not found".to_owned()),
+                (
+                    "cm".to_owned(),
+                    "MountVolume.SetUp failed for volume \"cm\" : configmap \"gone\" not found"
+                        .to_owned()
+                ),
                 (
                     "proj".to_owned(),
-                    "clustertrustbundle.certificates.k8s.io \"ctb\" not found".to_owned()
+                    "MountVolume.SetUp failed for volume \"proj\" : clustertrustbundle.certificates.k8s.io \"ctb\" not found".to_owned()
                 ),
             ]
         );

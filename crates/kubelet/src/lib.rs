@@ -14,6 +14,7 @@ pub mod admission;
 pub mod bootstrap;
 pub mod cli;
 mod credentials;
+pub mod csi;
 pub mod env;
 pub mod events;
 mod expansion;
@@ -119,6 +120,15 @@ pub struct KubeletConfig {
     /// `--cgroup-root`: pods' cgroups go under `<root>/kubepods` (nodes sharing a machine
     /// each take a root of their own).
     pub cgroup_root: String,
+    /// `--root-dir`: where the kubelet keeps its state, CSI volumes' staging and publish
+    /// directories among it (`plugins/kubernetes.io/csi/...`, `pods/<uid>/volumes/...`).
+    /// Without one, the kubelet mounts no CSI volume.
+    pub root_dir: Option<PathBuf>,
+    /// The Unix sockets of the CSI node plugins on this node (what each driver's
+    /// node-driver-registrar announces through the plugin registry): each is registered
+    /// (the Node's `csi.volume.kubernetes.io/nodeid`, its topology labels, the CSINode's
+    /// driver entry) and mounts the pods' volumes of its driver.
+    pub csi_plugins: Vec<PathBuf>,
 }
 
 impl KubeletConfig {
@@ -148,6 +158,8 @@ impl KubeletConfig {
             server: None,
             runtime: None,
             cgroup_root: "/".into(),
+            root_dir: None,
+            csi_plugins: Vec::new(),
         }
     }
 }
@@ -291,6 +303,10 @@ async fn run_with(
         cfg.clone(),
         runtime.clone(),
     ));
+    let volumes = csi::Volumes::new(client.clone(), &cfg.node_name, cfg.root_dir.clone());
+    for socket in &cfg.csi_plugins {
+        tokio::spawn(volumes.clone().register(socket.clone()));
+    }
     let statics = static_pods::Source::new(cfg.clone());
-    pods::run(client, cfg, runtime, network, node_uid, statics).await
+    pods::run(client, cfg, runtime, network, node_uid, statics, volumes).await
 }

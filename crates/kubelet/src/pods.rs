@@ -229,6 +229,8 @@ struct Workers {
     node_seen: Option<(Instant, Node)>,
     /// Mirror pods this kubelet deleted to replace them, and when.
     mirrors_deleted: HashMap<(String, String), Instant>,
+    /// The pods' persistent volumes and the node's CSI drivers.
+    volumes: Arc<crate::csi::Volumes>,
 }
 
 fn parse_cidr(c: &str) -> Option<(Ipv4Addr, u8)> {
@@ -263,6 +265,7 @@ pub async fn run(
     network: Arc<dyn kumo_cri::PodNetwork>,
     node_uid: String,
     mut statics: static_pods::Source,
+    volumes: Arc<crate::csi::Volumes>,
 ) -> Result<()> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<Pod>(&()));
     let selector = format!("spec.nodeName={}", cfg.node_name);
@@ -341,6 +344,7 @@ pub async fn run(
         admitted: HashMap::new(),
         node_seen: None,
         mirrors_deleted: HashMap::new(),
+        volumes,
     };
     let mut last_node_read = None::<Instant>;
     loop {
@@ -532,7 +536,7 @@ impl Workers {
                 .get(&uid)
                 .is_none_or(|s| crate::env::sources_stale(pod, s))
             {
-                let src = crate::env::sources(
+                let mut src = crate::env::sources(
                     &self.client,
                     pod,
                     self.sources.get(&uid),
@@ -541,6 +545,8 @@ impl Workers {
                     &self.cfg.memory,
                 )
                 .await;
+                // Its claims' volumes, mounted (or why not yet).
+                src[crate::csi::DISKS] = self.volumes.mount(pod).await;
                 self.sources.insert(uid.clone(), src);
             }
             let prepared =
@@ -1054,6 +1060,12 @@ impl Workers {
     fn kill(&mut self, uid: &str) {
         self.admitted.remove(uid);
         self.sources.remove(uid);
+        {
+            // Its persistent volumes are unpublished (and unstaged when no other pod here
+            // uses them) after its containers and sandbox are gone.
+            let (volumes, uid) = (self.volumes.clone(), uid.to_owned());
+            tokio::spawn(async move { volumes.release(&uid).await });
+        }
         crate::podcertificate::forget(uid);
         if let Some(w) = self.workers.remove(uid) {
             for c in w.containers.values() {
@@ -1294,7 +1306,7 @@ impl Workers {
                 .is_none_or(|t| t.elapsed() >= MOUNT_EVENT_INTERVAL)
         {
             w.mount_failed_at = Some(Instant::now());
-            for (volume, why) in &mount_failures {
+            for (_, message) in &mount_failures {
                 events.push(Record {
                     kind: "Pod",
                     namespace: s(pod, "/metadata/namespace").to_owned(),
@@ -1303,7 +1315,7 @@ impl Workers {
                     field_path: None,
                     warning: true,
                     reason: "FailedMount".into(),
-                    message: format!("MountVolume.SetUp failed for volume \"{volume}\" : {why}"),
+                    message: message.clone(),
                 });
             }
         }
@@ -1324,7 +1336,9 @@ impl Workers {
                     events,
                 )
             };
-        if !terminal && mount_failures.is_empty() && has_sandbox {
+        let mounts_pending =
+            w.containers.is_empty() && !terminal && crate::env::mounts_pending(pod);
+        if !terminal && mount_failures.is_empty() && !mounts_pending && has_sandbox {
             // Init containers one at a time, each to a successful exit; a sidecar
             // (restartPolicy Always) only has to be started before the next one begins.
             if !w.init_done {

@@ -114,6 +114,8 @@ struct Running {
     registry: Option<tokio::task::JoinHandle<()>>,
     /// The node's kube-proxy (nftables, in the machine's namespace).
     proxy: Option<ProxyThread>,
+    /// The instance's CSI node plugin (the cloud's disk driver).
+    csi: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Boots a kubelet per running instance (see the module documentation).
@@ -284,6 +286,41 @@ impl KubeletHypervisor {
         } else {
             self.server.clone()
         }
+    }
+
+    /// Starts the instance's node plugin of the cloud's CSI driver, as the driver's
+    /// DaemonSet would on a node, and tells the kubelet where it is: the kubelet's
+    /// directory under the node's, the plugin's socket in it. On a machine the disks are
+    /// loop devices of the cloud's volume files; on a simulated node, directories.
+    fn start_node_plugin(
+        &self,
+        inst: &Instance,
+        cfg: &mut kumo_kubelet::KubeletConfig,
+    ) -> tokio::task::JoinHandle<()> {
+        let root = self.data_dir.join("nodes").join(&inst.name).join("kubelet");
+        let socket = root
+            .join("plugins")
+            .join(kumo_disk::DRIVER)
+            .join("csi.sock");
+        let mounter: std::sync::Arc<dyn kumo_disk::Mounter> =
+            if self.runtime == crate::machine::RuntimeKind::Containerd {
+                std::sync::Arc::new(kumo_disk::mount::Loop::new(self.data_dir.join("cloud")))
+            } else {
+                std::sync::Arc::new(kumo_disk::mount::Directories)
+            };
+        let services = kumo_csi::endpoint::Services {
+            identity: kumo_disk::Identity { controller: false },
+            controller: None::<kumo_disk::Controller>,
+            node: Some(kumo_disk::Node::new(&inst.id, &inst.zone, mounter)),
+        };
+        cfg.root_dir = Some(root);
+        cfg.csi_plugins = vec![socket.clone()];
+        let node = inst.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = kumo_csi::serve(&socket, services, std::future::pending()).await {
+                tracing::error!(node = %node, error = %e, "the CSI node plugin stopped");
+            }
+        })
     }
 
     fn kubelet_config(
@@ -524,6 +561,7 @@ impl Hypervisor for KubeletHypervisor {
             cfg.runtime = Some(machine.factory);
             cfg.cgroup_root = machine.cgroup_root;
         }
+        let csi = Some(self.start_node_plugin(inst, &mut cfg));
         let (stop, stop_rx) = watch::channel(false);
         // A kubelet in its machine is told where it listens; the others pick a port.
         let dial = netns.is_none().then(|| self.dial.clone());
@@ -556,6 +594,7 @@ impl Hypervisor for KubeletHypervisor {
                 kubelet_relay,
                 registry,
                 proxy,
+                csi,
             },
         );
         Ok(())
@@ -570,7 +609,7 @@ impl Hypervisor for KubeletHypervisor {
             // Its listening socket would keep the machine's namespace alive.
             relay.abort();
         }
-        for task in [&r.kubelet_relay, &r.registry].into_iter().flatten() {
+        for task in [&r.kubelet_relay, &r.registry, &r.csi].into_iter().flatten() {
             task.abort();
         }
         let r = {

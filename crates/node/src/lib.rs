@@ -446,6 +446,24 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
+/// The loop devices mounted somewhere under `dir` (mountinfo's source after the ` - `).
+fn loop_devices_under(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<String> = text
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|p| Path::new(&p.replace("\\040", " ")).starts_with(dir))
+        })
+        .filter_map(|l| l.split(" - ").nth(1)?.split(' ').nth(1).map(str::to_owned))
+        .filter(|s| s.starts_with("/dev/loop"))
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
 /// Stops what the node of directory `dir` runs: its pods (through the CRI, while
 /// containerd answers, so each shim ends with its container), then containerd, then any
 /// process left in its namespace; unmounts what is mounted under `dir`, removes the
@@ -479,9 +497,17 @@ pub fn teardown(dir: &Path) -> Result<(), Error> {
             kill(pid, nix::sys::signal::Signal::SIGKILL);
         }
     }
+    // The node's disks (the CSI driver's loop devices) are let go with their mounts.
+    let loops = loop_devices_under(dir);
     for m in mounts_under(dir) {
         if let Err(e) = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH) {
             tracing::warn!(mount = %m.display(), error = %e, "unmounting");
+        }
+    }
+    for d in loops {
+        // Freed now, or (still busy with a lazily detached mount) when its last user goes.
+        if let Err(e) = run(Command::new("losetup").args(["-d", &d])) {
+            tracing::warn!(device = %d, error = %e, "freeing a loop device");
         }
     }
     if netns.exists() {

@@ -987,6 +987,7 @@ impl Runtime for Sim {
         // Its process sees the new files from now on: run it again over them, without
         // the lock (the program may read other containers' files).
         self.files.forget_writer(id);
+        fs::disks().forget_writer(id);
         let (sandbox, config, start) = (c.sandbox.clone(), c.config.clone(), c.program_start);
         drop(all);
         let (exit, output, writes, suspended) =

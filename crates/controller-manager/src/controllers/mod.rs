@@ -16,6 +16,7 @@ pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod podautoscaler;
 pub mod podgc;
+pub mod pvbinder;
 pub mod pvcprotection;
 pub mod pvprotection;
 pub mod replicaset;

@@ -62,7 +62,7 @@ pub async fn run(args: Args) -> Result<()> {
         .set_quotas(&UpdateQuotasRequest {
             max_instances: Some(args.nodes as u32 + 10),
             max_load_balancers: Some(want),
-            max_routes_per_table: None,
+            ..Default::default()
         })
         .await?;
     let client = admin_client(&api.admin_kubeconfig).await?;

@@ -184,7 +184,24 @@ impl FsError {
     }
 }
 
+/// The files of every simulated disk (a persistent volume's data), by volume id: one store
+/// for the whole process, as a disk outlives the pods, kubelets and nodes that mount it and
+/// moves between nodes with its claim.
+pub fn disks() -> &'static Store {
+    static DISKS: std::sync::LazyLock<Store> = std::sync::LazyLock::new(Store::default);
+    &DISKS
+}
+
 impl View {
+    /// The store that holds `key`: the disks' for a disk's files, else the runtime's.
+    fn store_of(&self, key: &str) -> &Store {
+        if key.starts_with("disk/") {
+            disks()
+        } else {
+            &self.store
+        }
+    }
+
     /// The prefix of every key of this sandbox (removed with it).
     pub fn sandbox_prefix(sandbox: &str) -> String {
         format!("pod/{sandbox}/")
@@ -236,9 +253,13 @@ impl View {
                     .to_owned(),
                 read_only: m.read_only,
             },
+            Source::Disk { id, .. } => Loc::Key {
+                key: format!("disk/{id}/{rel}").trim_end_matches('/').to_owned(),
+                read_only: m.read_only,
+            },
             Source::Files(files) => {
                 let key = Self::projected_key(&self.container, &m.path);
-                match self.store.get(&key, at) {
+                match self.store_of(&key).get(&key, at) {
                     Some(Node::File { content, .. }) => Loc::Projected(
                         std::borrow::Cow::Owned(serde_json::from_str(&content).unwrap_or_default()),
                         rel,
@@ -278,13 +299,14 @@ impl View {
             let base = match &m.source {
                 Source::EmptyDir(vol) => format!("pod/{}/{vol}", self.sandbox),
                 Source::HostPath(dir) => format!("host/{}", dir.trim_matches('/')),
+                Source::Disk { id, .. } => format!("disk/{id}"),
                 Source::Files(_) | Source::Image(_) => continue,
             };
             let mut key = base;
             for seg in m.sub_path.split('/').filter(|s| !s.is_empty() && *s != ".") {
                 key = format!("{key}/{seg}");
-                if self.store.get(&key, at).is_none() {
-                    self.store.put(&key, at, Some(Node::Dir { mode: 0o755 }));
+                if self.store_of(&key).get(&key, at).is_none() {
+                    self.store_of(&key).put(&key, at, Some(Node::Dir { mode: 0o755 }));
                 }
             }
         }
@@ -307,7 +329,7 @@ impl View {
         }
         match self.locate(path, at) {
             Loc::Key { key, .. } => {
-                if let Some(n) = self.store.get(&key, at) {
+                if let Some(n) = self.store_of(&key).get(&key, at) {
                     return Some(n);
                 }
                 if let Some(text) = node_file(&key) {
@@ -325,7 +347,7 @@ impl View {
                     return Some(Node::Dir { mode: 0o755 });
                 }
                 // A directory that holds something is there.
-                (!self.store.children(&key, at).is_empty()).then_some(Node::Dir { mode: 0o755 })
+                (!self.store_of(&key).children(&key, at).is_empty()).then_some(Node::Dir { mode: 0o755 })
             }
             Loc::Projected(files, rel) => {
                 if let Some((content, mode)) = files.get(&rel) {
@@ -351,7 +373,7 @@ impl View {
             Some(Node::Dir { .. }) => {}
         }
         let mut names: BTreeSet<String> = match self.locate(path, at) {
-            Loc::Key { key, .. } => self.store.children(&key, at),
+            Loc::Key { key, .. } => self.store_of(&key).children(&key, at),
             Loc::Projected(files, rel) => {
                 let prefix = if rel.is_empty() {
                     String::new()
@@ -460,7 +482,7 @@ impl View {
             self.parent_ok(path, at)?;
         }
         let key = self.writable(path)?;
-        self.store
+        self.store_of(&key)
             .put_by(&key, at, Some(Node::Dir { mode: 0o755 }), &self.container);
         Ok(())
     }
@@ -477,7 +499,7 @@ impl View {
             }
         }
         let key = self.writable(path)?;
-        self.store.put_by(&key, at, None, &self.container);
+        self.store_of(&key).put_by(&key, at, None, &self.container);
         Ok(())
     }
 
@@ -489,7 +511,7 @@ impl View {
             Node::File { content, .. } => Node::File { content, mode },
             Node::Dir { .. } => Node::Dir { mode },
         };
-        self.store.put_by(&key, at, Some(node), &self.container);
+        self.store_of(&key).put_by(&key, at, Some(node), &self.container);
         Ok(())
     }
 }
