@@ -705,9 +705,15 @@ pub fn kubelet_kubeconfig(data_dir: &Path, node: &str, server: &str) -> Result<P
 /// The kube-proxy's kubeconfig: `<data-dir>/kube-proxy.conf` for user `system:kube-proxy`
 /// (the user the bootstrap policy binds to `system:node-proxier`), created on first use.
 pub fn kube_proxy_kubeconfig(data_dir: &Path, server: &str) -> Result<PathBuf> {
-    let path = data_dir.join("kube-proxy.conf");
+    user_kubeconfig(data_dir, "kube-proxy.conf", "system:kube-proxy", server)
+}
+
+/// A kubeconfig `<data-dir>/<file>` for `user` (no groups: what it may do is what RBAC
+/// binds to that user), created on first use.
+pub fn user_kubeconfig(data_dir: &Path, file: &str, user: &str, server: &str) -> Result<PathBuf> {
+    let path = data_dir.join(file);
     let ca = Ca::load_or_create(&data_dir.join("pki"))?;
-    ensure_kubeconfig(&path, &ca, server, "system:kube-proxy", &[])?;
+    ensure_kubeconfig(&path, &ca, server, user, &[])?;
     Ok(path)
 }
 

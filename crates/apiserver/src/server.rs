@@ -157,6 +157,7 @@ impl ApiServer {
             Arc::new(crate::admission::noderestriction::NodeRestriction),
             Arc::new(crate::admission::taintnodes::TaintNodesByCondition),
             Arc::new(crate::admission::podsecurity::PodSecurity::default()),
+            Arc::new(crate::admission::pvcresize::PersistentVolumeClaimResize),
             Arc::new(crate::admission::runtimeclass::RuntimeClass),
             Arc::new(crate::admission::certificates::CertificateApproval::new(
                 authorizers.clone(),

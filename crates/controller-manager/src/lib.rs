@@ -81,7 +81,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "ephemeral-volume-controller",
         Some("ephemeral-volume"),
         true,
-        false,
+        true,
     ),
     (
         "garbage-collector-controller",
@@ -120,7 +120,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "persistentvolume-attach-detach-controller",
         Some("attachdetach"),
         true,
-        false,
+        true,
     ),
     (
         "persistentvolume-binder-controller",
@@ -132,7 +132,7 @@ pub const KNOWN_CONTROLLERS: &[(&str, Option<&str>, bool, bool)] = &[
         "persistentvolume-expander-controller",
         Some("persistentvolume-expander"),
         true,
-        false,
+        true,
     ),
     (
         "persistentvolume-protection-controller",
@@ -699,6 +699,27 @@ fn start_controllers(
     }
     if on("persistentvolume-protection-controller") {
         tasks.push(controllers::pvprotection::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("persistentvolume-attach-detach-controller") {
+        tasks.push(controllers::attachdetach::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("ephemeral-volume-controller") {
+        tasks.push(controllers::ephemeral::start(
+            clients.clone(),
+            &factory,
+            stop.clone(),
+        ));
+    }
+    if on("persistentvolume-expander-controller") {
+        tasks.push(controllers::expand::start(
             clients.clone(),
             &factory,
             stop.clone(),

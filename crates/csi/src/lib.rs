@@ -6,11 +6,54 @@
 //! ([`Client`]) and serves one. Nothing here knows a particular driver or cloud.
 
 pub mod endpoint;
+pub mod sidecar;
 
 pub use bpfman_csi::v1 as spec;
 pub use endpoint::{serve, Client, Error};
 pub use tonic_csi as grpc;
 
+/// The VolumeAttachment of a volume on a node, as upstream's CSI attacher names it:
+/// `csi-` and the hex SHA-256 of the volume handle, the driver and the node, run together.
+pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
+    format!("csi-{}", hex_sha256(&format!("{handle}{driver}{node}")))
+}
+
+/// The name the attach-detach controller and a node's `volumesInUse`/`volumesAttached`
+/// know a CSI volume by.
+pub fn unique_name(driver: &str, handle: &str) -> String {
+    format!("kubernetes.io/csi/{driver}^{handle}")
+}
+
+/// Lower-case hex SHA-256 (the kubelet's staging directories are named by it too).
+pub fn hex_sha256(s: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The topology key of a node's zone (a driver's `accessible_topology` segments use it
 /// when they follow the well-known labels).
 pub const ZONE_KEY: &str = "topology.kubernetes.io/zone";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_are_upstreams() {
+        assert_eq!(
+            super::hex_sha256(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        let n = super::attachment_name("vol-1", "disk.csi.kumo.dev", "node-a");
+        assert_eq!(
+            n,
+            format!("csi-{}", super::hex_sha256("vol-1disk.csi.kumo.devnode-a"))
+        );
+        assert_eq!(n.len(), 68);
+        assert_eq!(
+            super::unique_name("disk.csi.kumo.dev", "vol-1"),
+            "kubernetes.io/csi/disk.csi.kumo.dev^vol-1"
+        );
+    }
+}

@@ -82,10 +82,12 @@ pub fn check_capabilities(caps: &[VolumeCapability]) -> Result<(), Status> {
             | Mode::SingleNodeReaderOnly
             | Mode::SingleNodeSingleWriter
             | Mode::SingleNodeMultiWriter => {}
-            other => return Err(Status::invalid_argument(format!(
+            other => {
+                return Err(Status::invalid_argument(format!(
                 "access mode {} is not supported: a kumo disk is attached to one node at a time",
                 other.as_str_name()
-            ))),
+            )))
+            }
         }
     }
     Ok(())

@@ -35,11 +35,18 @@ struct Staged {
     users: BTreeSet<String>,
 }
 
+/// How long a failed file system resize waits before it is tried again.
+const EXPAND_RETRY: Duration = Duration::from_secs(60);
+
 /// A volume published for one pod.
 #[derive(Clone, Debug)]
 struct Published {
     /// The pod's volume name.
     volume: String,
+    /// The pod's namespace and name, and its claim's name.
+    namespace: String,
+    pod: String,
+    claim: String,
     /// `kubernetes.io/csi/<driver>^<handle>`.
     unique: String,
     handle: String,
@@ -54,6 +61,8 @@ struct State {
     published: HashMap<String, Vec<Published>>,
     /// The volumesInUse last reported.
     reported: Option<Vec<String>>,
+    /// When growing a volume's file system last failed (retried a minute later).
+    expand_failed: HashMap<String, std::time::Instant>,
 }
 
 /// The node's CSI drivers and what they mounted.
@@ -65,30 +74,10 @@ pub struct Volumes {
     state: Mutex<State>,
 }
 
-fn hex_sha256(s: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// The VolumeAttachment of a volume on a node, named as upstream's CSI attacher names it.
-pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
-    format!("csi-{}", hex_sha256(&format!("{handle}{driver}{node}")))
-}
-
-/// The name the attach-detach controller and `status.volumesInUse` know a CSI volume by.
-pub fn unique_name(driver: &str, handle: &str) -> String {
-    format!("kubernetes.io/csi/{driver}^{handle}")
-}
+use kumo_csi::{attachment_name, hex_sha256, unique_name};
 
 fn status_text(e: &kumo_csi::grpc::Status) -> String {
-    format!(
-        "rpc error: code = {:?} desc = {}",
-        e.code(),
-        e.message()
-    )
+    format!("rpc error: code = {:?} desc = {}", e.code(), e.message())
 }
 
 /// A CSI access mode for a PersistentVolume's access modes.
@@ -278,7 +267,7 @@ impl Volumes {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        if drivers.iter().any(|d| *d == entry) {
+        if drivers.contains(&entry) {
             return Ok(());
         }
         drivers.retain(|d| d["name"] != driver);
@@ -326,7 +315,10 @@ impl Volumes {
                 .and_then(|p| p.iter().find(|p| p.volume == name).map(|p| p.entry.clone()));
             let entry = match published {
                 Some(e) => e,
-                None => self.mount_one(pod, &uid, &name, &claim, read_only, ephemeral).await,
+                None => {
+                    self.mount_one(pod, &uid, &name, &claim, read_only, ephemeral)
+                        .await
+                }
             };
             out.insert(name, entry);
         }
@@ -387,8 +379,8 @@ impl Volumes {
             Some(Err(e)) => return waiting(e),
             None => return waiting(format!("persistentvolume {pv_name:?} not found")),
         };
-        let read_only = read_only
-            || pv.pointer("/spec/csi/readOnly").and_then(Value::as_bool) == Some(true);
+        let read_only =
+            read_only || pv.pointer("/spec/csi/readOnly").and_then(Value::as_bool) == Some(true);
         if let Some(p) = pv
             .pointer("/spec/hostPath/path")
             .or_else(|| pv.pointer("/spec/local/path"))
@@ -401,6 +393,9 @@ impl Volumes {
                 .or_default()
                 .push(Published {
                     volume: volume.to_owned(),
+                    namespace: str_at(pod, "/metadata/namespace"),
+                    pod: str_at(pod, "/metadata/name"),
+                    claim: claim.to_owned(),
                     unique: String::new(),
                     handle: String::new(),
                     target: PathBuf::new(),
@@ -426,11 +421,13 @@ impl Volumes {
             ));
         };
         // Attached first, unless the driver says it needs no attaching.
-        let attach_required = match get(format!("/apis/storage.k8s.io/v1/csidrivers/{driver}")).await
-        {
-            Some(Ok(d)) => d.pointer("/spec/attachRequired").and_then(Value::as_bool) != Some(false),
-            _ => true,
-        };
+        let attach_required =
+            match get(format!("/apis/storage.k8s.io/v1/csidrivers/{driver}")).await {
+                Some(Ok(d)) => {
+                    d.pointer("/spec/attachRequired").and_then(Value::as_bool) != Some(false)
+                }
+                _ => true,
+            };
         let mut publish_context = HashMap::new();
         if attach_required {
             let va_name = attachment_name(&handle, &driver, &self.node);
@@ -462,6 +459,9 @@ impl Volumes {
             .join("globalmount");
         let already = self.lock().staged.contains_key(&unique);
         if !already {
+            // A fresh stage grows a file system that could not grow while mounted: its
+            // resize is tried again at once.
+            self.lock().expand_failed.remove(&unique);
             // Reported in use before it is mounted, so it is not detached under the mount.
             self.lock().staged.insert(
                 unique.clone(),
@@ -554,12 +554,171 @@ impl Volumes {
             .or_default()
             .push(Published {
                 volume: volume.to_owned(),
+                namespace: ns.clone(),
+                pod: str_at(pod, "/metadata/name"),
+                claim: claim.to_owned(),
                 unique,
                 handle,
                 target,
                 entry: entry.clone(),
             });
         entry
+    }
+
+    /// Looks every 2 s for claims mounted here whose resize waits for this node (the
+    /// volume manager's resize check), and finishes them.
+    pub async fn expand_pending(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let mounted: Vec<(String, Published)> = self
+                .lock()
+                .published
+                .iter()
+                .flat_map(|(uid, ps)| ps.iter().map(move |p| (uid.clone(), p.clone())))
+                .filter(|(_, p)| !p.unique.is_empty())
+                .collect();
+            for (uid, p) in mounted {
+                self.expand_if_pending(&uid, &p).await;
+            }
+        }
+    }
+
+    /// Finishes a resize of the claim's volume on this node (NodeExpandVolume) when the
+    /// resizer left it pending here, then writes the claim's new capacity, as upstream's
+    /// node expander does.
+    async fn expand_if_pending(&self, uid: &str, p: &Published) {
+        let (ns, claim) = (p.namespace.clone(), p.claim.as_str());
+        let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &ns);
+        let Ok(Some(pvc)) = api.get_opt(claim).await else {
+            return;
+        };
+        let st = pvc.status.clone().unwrap_or_default();
+        let pending = st
+            .allocated_resource_statuses
+            .as_ref()
+            .and_then(|m| m.get("storage"))
+            .map(String::as_str)
+            == Some("NodeResizePending");
+        let Some(size) = st
+            .allocated_resources
+            .as_ref()
+            .and_then(|m| m.get("storage"))
+            .cloned()
+        else {
+            return;
+        };
+        if !pending {
+            return;
+        }
+        if self
+            .lock()
+            .expand_failed
+            .get(&p.unique)
+            .is_some_and(|t| t.elapsed() < EXPAND_RETRY)
+        {
+            return;
+        }
+        let (driver, staging) = match self.lock().staged.get(&p.unique) {
+            Some(s) => (s.driver.clone(), s.path.clone()),
+            None => return,
+        };
+        let Some(client) = self.drivers.read().await.get(&driver).cloned() else {
+            return;
+        };
+        let pv_name = pvc
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .unwrap_or_default();
+        let bytes = kumo_apimachinery::quantity::Quantity::parse(&size.0)
+            .map(|q| i64::try_from(q.value()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        let r = client
+            .node
+            .clone()
+            .node_expand_volume(kumo_csi::spec::NodeExpandVolumeRequest {
+                volume_id: p.handle.clone(),
+                volume_path: p.target.display().to_string(),
+                capacity_range: Some(kumo_csi::spec::CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                staging_target_path: staging.display().to_string(),
+                volume_capability: None,
+                secrets: HashMap::new(),
+            })
+            .await;
+        let pod_event =
+            |warning: bool, reason: &'static str, message: String| crate::events::Record {
+                kind: "Pod",
+                namespace: ns.clone(),
+                name: p.pod.clone(),
+                uid: uid.to_owned(),
+                field_path: None,
+                warning,
+                reason: reason.into(),
+                message,
+            };
+        if let Err(e) = r {
+            self.lock()
+                .expand_failed
+                .insert(p.unique.clone(), std::time::Instant::now());
+            crate::events::emit(
+                &self.client,
+                &self.node,
+                vec![pod_event(
+                    true,
+                    "FileSystemResizeFailed",
+                    format!(
+                        "MountVolume.NodeExpandVolume failed for volume \"{pv_name}\" : {}",
+                        status_text(&e)
+                    ),
+                )],
+            );
+            return;
+        }
+        self.lock().expand_failed.remove(&p.unique);
+        let mut n = pvc.clone();
+        let s = n.status.get_or_insert_with(Default::default);
+        s.capacity = Some(BTreeMap::from([("storage".to_owned(), size)]));
+        if let Some(m) = s.allocated_resource_statuses.as_mut() {
+            m.remove("storage");
+        }
+        if s.allocated_resource_statuses
+            .as_ref()
+            .is_some_and(|m| m.is_empty())
+        {
+            s.allocated_resource_statuses = None;
+        }
+        if let Some(c) = s.conditions.as_mut() {
+            c.retain(|c| {
+                !matches!(
+                    c.type_.as_str(),
+                    "FileSystemResizePending" | "Resizing" | "NodeResizeError"
+                )
+            });
+        }
+        if let Err(e) = api.replace_status(claim, &PostParams::default(), &n).await {
+            tracing::warn!(node = %self.node, claim, error = %e, "writing the claim's resized capacity");
+            return;
+        }
+        let message = format!(
+            "MountVolume.NodeExpandVolume succeeded for volume \"{pv_name}\" {}",
+            self.node
+        );
+        let mut claim_event = pod_event(false, "FileSystemResizeSuccessful", message.clone());
+        claim_event.kind = "PersistentVolumeClaim";
+        claim_event.name = claim.to_owned();
+        claim_event.uid = pvc.metadata.uid.clone().unwrap_or_default();
+        crate::events::emit(
+            &self.client,
+            &self.node,
+            vec![
+                pod_event(false, "FileSystemResizeSuccessful", message),
+                claim_event,
+            ],
+        );
     }
 
     /// Unpublishes the volumes of pod `uid` (its containers are gone) and unstages those
@@ -650,27 +809,5 @@ impl Volumes {
             Ok(_) => self.lock().reported = Some(now),
             Err(e) => tracing::warn!(node = %self.node, error = %e, "reporting volumesInUse"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn attachment_names_are_upstreams() {
-        // sha256("vol-1" + "disk.csi.kumo.dev" + "node-a")
-        let n = attachment_name("vol-1", "disk.csi.kumo.dev", "node-a");
-        assert_eq!(n.len(), 68);
-        assert!(n.starts_with("csi-"));
-        assert_eq!(n, format!("csi-{}", hex_sha256("vol-1disk.csi.kumo.devnode-a")));
-        assert_eq!(
-            hex_sha256(""),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
-        assert_eq!(
-            unique_name("disk.csi.kumo.dev", "vol-1"),
-            "kubernetes.io/csi/disk.csi.kumo.dev^vol-1"
-        );
     }
 }

@@ -482,8 +482,9 @@ fn mounts_pending_with(pod: &Value, sources: Option<&Value>) -> bool {
         .flatten()
         .filter(|v| is_persistent(v))
         .any(|v| {
-            disk_entry(sources, &str_at(v, "/name"))
-                .is_none_or(|e| e.get("disk").is_none() && e.get("hostPath").is_none() && e.get("error").is_none())
+            disk_entry(sources, &str_at(v, "/name")).is_none_or(|e| {
+                e.get("disk").is_none() && e.get("hostPath").is_none() && e.get("error").is_none()
+            })
         })
 }
 
@@ -1014,7 +1015,10 @@ fn volume_source(
     if is_persistent(vol) {
         // As the volume manager mounted it (the containers wait until it did).
         let entry = disk_entry(pod.get(SOURCES), &name);
-        let ro = entry.and_then(|e| e.get("readOnly")).and_then(Value::as_bool) == Some(true);
+        let ro = entry
+            .and_then(|e| e.get("readOnly"))
+            .and_then(Value::as_bool)
+            == Some(true);
         if let Some(d) = entry.and_then(|e| e.get("disk")) {
             return (
                 Source::Disk {
@@ -1024,7 +1028,10 @@ fn volume_source(
                 ro,
             );
         }
-        if let Some(p) = entry.and_then(|e| e.get("hostPath")).and_then(Value::as_str) {
+        if let Some(p) = entry
+            .and_then(|e| e.get("hostPath"))
+            .and_then(Value::as_str)
+        {
             return (Source::HostPath(p.to_owned()), ro);
         }
         return (Source::EmptyDir(name), false);

@@ -307,6 +307,9 @@ async fn run_with(
     for socket in &cfg.csi_plugins {
         tokio::spawn(volumes.clone().register(socket.clone()));
     }
+    if !cfg.csi_plugins.is_empty() {
+        tokio::spawn(volumes.clone().expand_pending());
+    }
     let statics = static_pods::Source::new(cfg.clone());
     pods::run(client, cfg, runtime, network, node_uid, statics, volumes).await
 }

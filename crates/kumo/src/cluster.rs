@@ -502,6 +502,14 @@ async fn start_cloud(
         instances
             .push(ensure_instance(&client, &settings.name, &name, role, boot, i, address).await?);
     }
+    {
+        // The cloud's CSI add-on: its driver, default StorageClass, controller and sidecars.
+        let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
+        let server = server_url(&api.admin_kubeconfig)?;
+        crate::storage::start(&cfg.data_dir, &cfg.cloud_dir(), &client, &admin, &server)
+            .await
+            .context("installing the cloud's CSI driver")?;
+    }
     let mut ccm_access_key_id = None;
     if !settings.controllers.is_empty() {
         let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
@@ -509,7 +517,13 @@ async fn start_cloud(
         kumo_cloud_provider::ccm::rbac::ensure(&admin)
             .await
             .context("installing the cloud-controller-manager's RBAC")?;
-        let ccm_cloud = ccm_credentials(&cfg.cloud_dir(), &client, &cfg.ccm_cloud_config()).await?;
+        let ccm_cloud = cloud_credentials(
+            &cfg.cloud_dir(),
+            &client,
+            &cfg.ccm_cloud_config(),
+            "cloud-controller-manager",
+        )
+        .await?;
         ccm_access_key_id = Some(ccm_cloud.1);
         tokio::spawn(run_cloud_controller_manager(
             cfg.data_dir.join("cloud-controller-manager.conf"),
@@ -659,10 +673,13 @@ async fn ensure_instance(
 /// The cloud-controller-manager's access key: the one saved in `path` while the cloud
 /// still knows it, else a new one. `path` is (re)written as a `--cloud-config` file with
 /// the cloud's current endpoint. Returns a client with the key, and the key's id.
-async fn ccm_credentials(
+/// A cloud client with an access key of its own named `name`, kept in `path` (a key the
+/// cloud no longer knows is replaced), and the key's id.
+pub(crate) async fn cloud_credentials(
     cloud_dir: &Path,
     admin: &kumo_cloud::Client,
     path: &Path,
+    name: &str,
 ) -> Result<(kumo_cloud::Client, String)> {
     let here = kumo_cloud::ClientConfig::from_data_dir(cloud_dir)?;
     let mut key = None;
@@ -672,16 +689,16 @@ async fn ccm_credentials(
             Ok(_) => key = Some((saved.access_key_id, saved.secret_access_key)),
             // Unknown to this cloud (its state was reset): make another.
             Err(kumo_cloud::Error::Api { status, .. }) if status == 401 || status == 403 => {}
-            Err(e) => return Err(e).context("checking the cloud-controller-manager's key"),
+            Err(e) => return Err(e).with_context(|| format!("checking the {name}'s key")),
         }
     }
     let (id, secret) = match key {
         Some(k) => k,
         None => {
             let k = admin
-                .create_access_key("cloud-controller-manager")
+                .create_access_key(name)
                 .await
-                .context("creating the cloud-controller-manager's access key")?;
+                .with_context(|| format!("creating the {name}'s access key"))?;
             let secret = k
                 .secret_access_key
                 .context("the cloud returned no secret for the new key")?;

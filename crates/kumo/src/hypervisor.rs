@@ -609,7 +609,10 @@ impl Hypervisor for KubeletHypervisor {
             // Its listening socket would keep the machine's namespace alive.
             relay.abort();
         }
-        for task in [&r.kubelet_relay, &r.registry, &r.csi].into_iter().flatten() {
+        for task in [&r.kubelet_relay, &r.registry, &r.csi]
+            .into_iter()
+            .flatten()
+        {
             task.abort();
         }
         let r = {

@@ -8,3 +8,4 @@ pub mod controlplane;
 pub mod hypervisor;
 pub mod kubeconfig;
 pub mod machine;
+pub mod storage;

@@ -324,4 +324,112 @@ fn exercise(kc: &Path, data: &Path, crictl: &Path, printed: &str) {
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&web_uid), "web's mounts left");
+    volumes(kc, data);
+}
+
+const WRITER: &str = r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: writer}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'echo kept > /data/greeting && sync']
+    volumeMounts: [{name: d, mountPath: /data}]
+  volumes: [{name: d, persistentVolumeClaim: {claimName: data}}]
+"#;
+
+const READER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: reader}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'cat /data/greeting; df -k /data | tail -1; sleep 3600']
+    volumeMounts: [{name: d, mountPath: /data}]
+  volumes: [{name: d, persistentVolumeClaim: {claimName: data}}]
+"#;
+
+/// A claim on the real node: the cloud's volume formatted ext4 on a loop device, mounted
+/// into the pod; its data there for the next pod; grown (offline here: this machine does
+/// not let a mounted ext4 grow, which the driver says) once the next pod stages it.
+fn volumes(kc: &Path, data: &Path) {
+    let applied = kubectl_in(kc, &["apply", "-f", "-"], Some(WRITER));
+    assert!(applied.ok, "{}", applied.stderr);
+    eventually(90, "the writer done", || {
+        (jsonpath(kc, "pod/writer", "{.status.phase}") == "Succeeded").then_some(())
+    });
+    let pv = jsonpath(kc, "pvc/data", "{.spec.volumeName}");
+    let handle = jsonpath(kc, &format!("pv/{pv}"), "{.spec.csi.volumeHandle}");
+    let file = data
+        .join("cloud")
+        .join("volumes")
+        .join(format!("{handle}.img"));
+    assert!(file.is_file(), "{} is the volume", file.display());
+    ok(kc, &["delete", "pod", "writer", "--wait=true"]);
+    let applied = kubectl_in(kc, &["apply", "-f", "-"], Some(READER));
+    assert!(applied.ok, "{}", applied.stderr);
+    let first = eventually(90, "the reader's log", || {
+        let o = kubectl(kc, &["logs", "reader"]);
+        (o.ok && o.stdout.lines().count() >= 2).then_some(o.stdout)
+    });
+    let mut lines = first.lines();
+    assert_eq!(lines.next(), Some("kept"), "{first}");
+    let df = lines.next().unwrap_or_default().to_owned();
+    assert!(
+        df.starts_with("/dev/loop"),
+        "an ext4 on a loop device: {df}"
+    );
+    let kib = |line: &str| -> u64 {
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(kib(&df) > 900_000 && kib(&df) < 1_100_000, "1 GiB: {df}");
+    // Grow to 2Gi: the volume grows at once; the file system when the next pod stages it.
+    ok(
+        kc,
+        &[
+            "patch",
+            "pvc",
+            "data",
+            "-p",
+            r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#,
+        ],
+    );
+    eventually(60, "the cloud's volume grown", || {
+        (std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) == 2 << 30).then_some(())
+    });
+    ok(kc, &["delete", "pod", "reader", "--wait=true"]);
+    let applied = kubectl_in(kc, &["apply", "-f", "-"], Some(READER));
+    assert!(applied.ok, "{}", applied.stderr);
+    eventually(90, "the claim's new capacity", || {
+        (jsonpath(kc, "pvc/data", "{.status.capacity.storage}") == "2Gi").then_some(())
+    });
+    let second = eventually(90, "the reader's log again", || {
+        let o = kubectl(kc, &["logs", "reader"]);
+        (o.ok && o.stdout.lines().count() >= 2).then_some(o.stdout)
+    });
+    assert!(second.starts_with("kept\n"), "{second}");
+    let df = second.lines().nth(1).unwrap_or_default().to_owned();
+    assert!(kib(&df) > 1_900_000, "grown to 2 GiB: {df}");
+    // Deleting the claim deletes the volume and its file.
+    ok(kc, &["delete", "pod", "reader", "--wait=true"]);
+    ok(kc, &["delete", "pvc", "data", "--wait=true"]);
+    eventually(60, "the volume's file gone", || {
+        (!file.exists()).then_some(())
+    });
 }

@@ -98,3 +98,31 @@ fn the_kubelet_and_the_proxy_know_interfaces_not_the_simulator() {
     assert!(!sim.contains(&"kumo-kubelet".to_owned()), "{sim:?}");
     assert_eq!(deps("kumo-cri"), Vec::<String>::new());
 }
+
+#[test]
+fn storage_is_known_through_the_csi_interface_and_the_cloud_only_by_its_driver() {
+    let edges = edges();
+    let deps = |p: &str| -> Vec<String> {
+        edges
+            .iter()
+            .filter(|(from, _)| from == p)
+            .map(|(_, d)| d.clone())
+            .collect()
+    };
+    // The kubelet and the controllers speak CSI through kumo-csi, to any driver.
+    for component in ["kumo-kubelet", "kumo-controller-manager"] {
+        let d = deps(component);
+        assert!(d.contains(&"kumo-csi".to_owned()), "{component}: {d:?}");
+        for banned in ["kumo-disk", "kumo-cloud"] {
+            assert!(!d.contains(&banned.to_owned()), "{component} -> {banned}");
+        }
+    }
+    // The interface knows no driver and no cloud; the driver is the cloud's.
+    let csi = deps("kumo-csi");
+    for banned in ["kumo-disk", "kumo-cloud", "kumo-kubelet"] {
+        assert!(!csi.contains(&banned.to_owned()), "kumo-csi -> {banned}");
+    }
+    let disk = deps("kumo-disk");
+    assert!(disk.contains(&"kumo-cloud".to_owned()), "{disk:?}");
+    assert!(disk.contains(&"kumo-csi".to_owned()), "{disk:?}");
+}

@@ -637,3 +637,321 @@ fn without_a_ccm_nodes_stay_uninitialized_and_pods_pending() {
     ]);
     assert_eq!(phase, "Pending");
 }
+
+/// Seed 000's CSI lines and the volume life cycle on the simulator: each node registers
+/// the cloud's CSI driver (the Node's `csi.volume.kubernetes.io/nodeid`, the CSINode's
+/// driver); a claim of the default class waits for its first consumer, is provisioned in
+/// that pod's zone, attached, mounted; its data is there for the next pod on another node
+/// of the zone; it grows; reclaim Delete removes the cloud's volume and Retain keeps it;
+/// a deny policy on AttachVolume and a volume quota show as upstream's events; a generic
+/// ephemeral volume's claim comes and goes with its pod.
+#[test]
+fn seed_000_csi_registration_and_volumes() {
+    let u = up(&["--nodes", "4"]);
+    let nodes = wait_nodes(&u, 5);
+    let instances = u.cloud(&["instances", "list", "-o", "json"]);
+    let instances: serde_json::Value = serde_json::from_str(&instances).unwrap();
+    for node in nodes["items"].as_array().unwrap() {
+        let name = node["metadata"]["name"].as_str().unwrap();
+        // kubectl get node "$NODE" -o jsonpath='{.metadata.annotations}' | jq ... csi
+        let annotations = u.ok(&[
+            "get",
+            "node",
+            name,
+            "-o",
+            "jsonpath={.metadata.annotations}",
+        ]);
+        let annotations: serde_json::Value = serde_json::from_str(&annotations).unwrap();
+        let ids: serde_json::Value = serde_json::from_str(
+            annotations["csi.volume.kubernetes.io/nodeid"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let instance = instances
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["name"] == name)
+            .unwrap();
+        assert_eq!(
+            ids,
+            serde_json::json!({"disk.csi.kumo.dev": instance["id"]})
+        );
+        // kubectl get csinodes "$NODE" -o jsonpath='{.spec.drivers[*].name}'
+        let drivers = eventually(10, "the CSINode's driver", || {
+            let d = u.ok(&[
+                "get",
+                "csinodes",
+                name,
+                "-o",
+                "jsonpath={.spec.drivers[*].name}",
+            ]);
+            (!d.is_empty()).then_some(d)
+        });
+        assert_eq!(drivers, "disk.csi.kumo.dev");
+    }
+    let classes = u.ok(&["get", "storageclass"]);
+    assert!(classes.contains("standard (default)"), "{classes}");
+    assert!(classes.contains("WaitForFirstConsumer"), "{classes}");
+
+    let apply = |manifest: &str| {
+        let out = Command::new("kubectl")
+            .args(["apply", "-f", "-"])
+            .env("KUBECONFIG", &u.kubeconfig)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(manifest.as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    };
+    let pod = |name: &str, node: &str, claim: &str, cmd: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n  containers:\n  - name: c\n    image: busybox:1.37\n    command: [sh, -c, '{cmd}']\n    volumeMounts: [{{name: d, mountPath: /data}}]\n  volumes: [{{name: d, persistentVolumeClaim: {{claimName: {claim}}}}}]\n"
+        )
+    };
+    let events_of = |name: &str| {
+        u.ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={name}"),
+        ])
+    };
+    let claim = |name: &str, class: &str| {
+        format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: {class}\n  resources: {{requests: {{storage: 1Gi}}}}\n")
+    };
+
+    // Waits for its first consumer; then provisioned in the consumer's zone (kumo-1b).
+    apply(&claim("data", "standard"));
+    eventually(20, "WaitForFirstConsumer", || {
+        events_of("data")
+            .contains("waiting for first consumer to be created before binding")
+            .then_some(())
+    });
+    assert_eq!(
+        u.ok(&["get", "pvc", "data", "-o", "jsonpath={.status.phase}"]),
+        "Pending"
+    );
+    apply(&pod(
+        "writer",
+        "kumo-worker",
+        "data",
+        "echo hello > /data/greeting; sleep 3600",
+    ));
+    u.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/writer",
+        "--timeout=60s",
+    ]);
+    let pv = u.ok(&["get", "pvc", "data", "-o", "jsonpath={.spec.volumeName}"]);
+    let pv_json = u.json(&["get", "pv", &pv]);
+    assert_eq!(pv_json["spec"]["csi"]["driver"], "disk.csi.kumo.dev");
+    assert_eq!(
+        pv_json["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0],
+        serde_json::json!({"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["kumo-1b"]})
+    );
+    let handle = pv_json["spec"]["csi"]["volumeHandle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let claim_events = events_of("data");
+    for reason in [
+        "ExternalProvisioning",
+        "Provisioning",
+        "ProvisioningSucceeded",
+    ] {
+        assert!(claim_events.contains(reason), "{reason}: {claim_events}");
+    }
+    let va = u.ok(&[
+        "get",
+        "volumeattachments",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.nodeName} {.status.attached}{\"\\n\"}{end}",
+    ]);
+    assert_eq!(va.trim(), "kumo-worker true");
+    assert!(events_of("writer").contains("AttachVolume.Attach succeeded for volume"));
+    let volumes = u.cloud(&["volumes", "list"]);
+    let writer_instance = instances
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "kumo-worker")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let line = volumes
+        .lines()
+        .find(|l| l.starts_with(&handle))
+        .unwrap_or_else(|| panic!("{volumes}"));
+    assert!(
+        line.contains("in-use") && line.contains(&writer_instance) && line.contains("kumo-1b"),
+        "{volumes}"
+    );
+    assert_eq!(
+        u.ok(&["exec", "writer", "--", "cat", "/data/greeting"]),
+        "hello\n"
+    );
+
+    // The data outlives the pod; another node of the zone mounts it.
+    u.ok(&["delete", "pod", "writer"]);
+    eventually(30, "detached", || {
+        u.cloud(&["volumes", "list"])
+            .lines()
+            .any(|l| l.starts_with(&handle) && l.contains("available"))
+            .then_some(())
+    });
+    apply(&pod(
+        "reader",
+        "kumo-worker4",
+        "data",
+        "cat /data/greeting; sleep 3600",
+    ));
+    u.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/reader",
+        "--timeout=60s",
+    ]);
+    assert_eq!(
+        eventually(10, "the reader's log", || {
+            let l = u.ok(&["logs", "reader"]);
+            (!l.is_empty()).then_some(l)
+        }),
+        "hello\n"
+    );
+
+    // Growing the claim grows the volume (the simulator has no file system to grow).
+    u.ok(&[
+        "patch",
+        "pvc",
+        "data",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#,
+    ]);
+    eventually(60, "the claim's new capacity", || {
+        (u.ok(&[
+            "get",
+            "pvc",
+            "data",
+            "-o",
+            "jsonpath={.status.capacity.storage}",
+        ]) == "2Gi")
+            .then_some(())
+    });
+    let claim_events = events_of("data");
+    for reason in [
+        "ExternalExpanding",
+        "Resizing",
+        "FileSystemResizeRequired",
+        "FileSystemResizeSuccessful",
+    ] {
+        assert!(claim_events.contains(reason), "{reason}: {claim_events}");
+    }
+    assert!(u
+        .cloud(&["volumes", "list"])
+        .lines()
+        .any(|l| l.starts_with(&handle) && l.contains("2Gi")));
+
+    // reclaimPolicy Delete: the claim's deletion deletes the cloud's volume.
+    u.ok(&["delete", "pod", "reader"]);
+    u.ok(&["delete", "pvc", "data"]);
+    eventually(60, "the volume deleted", || {
+        (!u.cloud(&["volumes", "list"]).contains(&handle)).then_some(())
+    });
+    eventually(20, "the PV deleted", || {
+        (!u.ok(&["get", "pv"]).contains(&pv)).then_some(())
+    });
+
+    // Retain keeps it, Released.
+    apply("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: keep}\nprovisioner: disk.csi.kumo.dev\nreclaimPolicy: Retain\nvolumeBindingMode: WaitForFirstConsumer\n");
+    apply(&claim("kept", "keep"));
+    apply(&pod("keeper", "kumo-worker2", "kept", "sleep 3600"));
+    u.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/keeper",
+        "--timeout=60s",
+    ]);
+    let kept_pv = u.ok(&["get", "pvc", "kept", "-o", "jsonpath={.spec.volumeName}"]);
+    let kept_handle = u.ok(&[
+        "get",
+        "pv",
+        &kept_pv,
+        "-o",
+        "jsonpath={.spec.csi.volumeHandle}",
+    ]);
+    u.ok(&["delete", "pod", "keeper"]);
+    u.ok(&["delete", "pvc", "kept"]);
+    eventually(30, "Released", || {
+        (u.ok(&["get", "pv", &kept_pv, "-o", "jsonpath={.status.phase}"]) == "Released")
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(u.cloud(&["volumes", "list"]).contains(&kept_handle));
+
+    // A deny policy on AttachVolume: FailedAttachVolume with the cloud's message, retried
+    // until allowed.
+    u.cloud(&["policy", "deny", "AttachVolume"]);
+    apply(&claim("denied", "standard"));
+    apply(&pod("blocked", "kumo-worker3", "denied", "sleep 3600"));
+    let ev = eventually(60, "FailedAttachVolume", || {
+        let e = events_of("blocked");
+        e.contains("FailedAttachVolume").then_some(e)
+    });
+    assert!(ev.contains("AttachVolume.Attach failed for volume"), "{ev}");
+    assert!(ev.contains("AccessDenied"), "{ev}");
+    assert_eq!(
+        u.ok(&["get", "pod", "blocked", "-o", "jsonpath={.status.phase}"]),
+        "Pending"
+    );
+    u.cloud(&["policy", "allow", "AttachVolume"]);
+    u.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/blocked",
+        "--timeout=120s",
+    ]);
+
+    // A volume quota: ProvisioningFailed with the cloud's code.
+    u.cloud(&["quotas", "set", "--max-volumes", "0"]);
+    apply(&claim("over", "standard"));
+    apply(&pod("over", "kumo-worker3", "over", "sleep 3600"));
+    let ev = eventually(60, "ProvisioningFailed", || {
+        let e = events_of("over");
+        e.contains("ProvisioningFailed").then_some(e)
+    });
+    assert!(ev.contains("VolumeLimitExceeded"), "{ev}");
+    u.cloud(&["quotas", "set", "--max-volumes", "1024"]);
+    u.ok(&["delete", "pod", "over", "--wait=false"]);
+
+    // A generic ephemeral volume: its claim made for the pod, gone with it.
+    apply("apiVersion: v1\nkind: Pod\nmetadata: {name: scratch}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: busybox:1.37\n    command: [sh, -c, 'echo x > /scratch/x; sleep 3600']\n    volumeMounts: [{name: work, mountPath: /scratch}]\n  volumes:\n  - name: work\n    ephemeral:\n      volumeClaimTemplate:\n        spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n");
+    u.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/scratch",
+        "--timeout=60s",
+    ]);
+    let owner = u.ok(&[
+        "get",
+        "pvc",
+        "scratch-work",
+        "-o",
+        "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
+    ]);
+    assert_eq!(owner, "Pod/scratch");
+    u.ok(&["delete", "pod", "scratch"]);
+    eventually(60, "the ephemeral claim gone", || {
+        let (_, out, err) = u.k(&["get", "pvc", "scratch-work"]);
+        (out.is_empty() && err.contains("NotFound")).then_some(())
+    });
+}

@@ -184,6 +184,11 @@ fn images(node: Option<&Node>) -> Option<&Vec<k8s_openapi::api::core::v1::Contai
 
 impl Cache {
     /// Adds or replaces a node.
+    /// The node named `name`, if known.
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.nodes.get(name).and_then(|n| n.node.clone())
+    }
+
     pub fn set_node(&mut self, node: Arc<Node>) {
         let name = node.metadata.name.clone().unwrap_or_default();
         let e = self.nodes.entry(name.clone()).or_default();

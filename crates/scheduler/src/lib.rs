@@ -15,6 +15,7 @@ pub mod plugins;
 pub mod queue;
 pub mod resources;
 pub mod schedule;
+pub mod volumes;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -226,7 +227,39 @@ async fn scheduling(client: Client, mut stop: watch::Receiver<bool>) {
         SCHEDULER_NAME,
         format!("{SCHEDULER_NAME}-{}", hostname()),
     );
-    let s = Arc::new(Sched::new(client, pods.clone(), namespaces, recorder));
+    let volumes = volumes::Informers {
+        claims: factory.informer(),
+        volumes: factory.informer(),
+        classes: factory.informer(),
+    };
+    let s = Arc::new(Sched::new(
+        client,
+        pods.clone(),
+        namespaces,
+        recorder,
+        volumes,
+    ));
+    {
+        // VolumeBinding's events: a claim, volume or class added or changed.
+        let h = s.clone();
+        s.volumes.claims.add_handler(move |c| {
+            if !matches!(c, Change::Deleted(_)) {
+                h.queue.on_event(ClusterEvent::StorageChange);
+            }
+        });
+        let h = s.clone();
+        s.volumes.volumes.add_handler(move |c| {
+            if !matches!(c, Change::Deleted(_)) {
+                h.queue.on_event(ClusterEvent::StorageChange);
+            }
+        });
+        let h = s.clone();
+        s.volumes.classes.add_handler(move |c| {
+            if !matches!(c, Change::Deleted(_)) {
+                h.queue.on_event(ClusterEvent::StorageChange);
+            }
+        });
+    }
 
     let (h, cached) = (s.clone(), nodes.clone());
     // The informer's own copy of a node, shared rather than cloned.

@@ -38,6 +38,8 @@ pub enum ClusterEvent {
     AssignedPodUpdate(Arc<Pod>),
     /// A pod assigned to a node went away (or finished).
     AssignedPodDelete(Arc<Pod>),
+    /// A claim, volume or storage class was added or changed.
+    StorageChange,
 }
 
 impl ClusterEvent {
@@ -46,6 +48,7 @@ impl ClusterEvent {
     fn helps(&self, plugin: &str, pending: &Pod) -> bool {
         match self {
             ClusterEvent::NodeAdd | ClusterEvent::NodeUpdate => true,
+            ClusterEvent::StorageChange => plugin == crate::volumes::VOLUME_BINDING,
             ClusterEvent::AssignedPodAdd(p) | ClusterEvent::AssignedPodUpdate(p) => match plugin {
                 POD_TOPOLOGY_SPREAD => hints::spread(pending, p),
                 INTER_POD_AFFINITY => hints::affinity_after_add(pending, p),

@@ -71,6 +71,8 @@ pub struct Sched {
     pub(crate) pods: Arc<Informer<Pod>>,
     pub(crate) namespaces: Arc<Informer<Namespace>>,
     pub(crate) recorder: Recorder,
+    /// What VolumeBinding reads.
+    pub(crate) volumes: crate::volumes::Informers,
     next_start: AtomicUsize,
     rng: AtomicU64,
 }
@@ -81,6 +83,7 @@ impl Sched {
         pods: Arc<Informer<Pod>>,
         namespaces: Arc<Informer<Namespace>>,
         recorder: Recorder,
+        volumes: crate::volumes::Informers,
     ) -> Self {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -94,6 +97,7 @@ impl Sched {
             pods,
             namespaces,
             recorder,
+            volumes,
             next_start: AtomicUsize::new(0),
             rng: AtomicU64::new(seed),
         }
@@ -146,6 +150,7 @@ fn find_node(s: &Sched, pod: Arc<Pod>) -> Option<Outcome> {
     let nsl = |ns: &str| s.ns_labels(ns);
     let info = Arc::new(PodInfo::new(pod));
     let state = plugins::pre_filter(info, &snap, &nsl);
+    let vols = crate::volumes::pre_filter(&s.volumes, &state.pod.pod);
     let n = snap.nodes.len();
     let want = num_feasible_nodes_to_find(n);
     let start = s.next_start.load(Ordering::Relaxed) % n;
@@ -177,7 +182,12 @@ fn find_node(s: &Sched, pod: Arc<Pod>) -> Option<Outcome> {
                 plugins::filter(&state, added, &nsl).or_else(|| plugins::filter(&state, node, &nsl))
             }
             None => plugins::filter(&state, node, &nsl),
-        };
+        }
+        .or_else(|| {
+            node.node
+                .as_ref()
+                .and_then(|n| crate::volumes::filter(&vols, n))
+        });
         match verdict {
             Some(st) => statuses.push((node.name().to_owned(), st)),
             None => {
@@ -573,10 +583,31 @@ async fn evict(s: &Sched, preemptor: &Pod, node: &str, victims: Vec<Arc<PodInfo>
     }
 }
 
-/// DefaultBinder: POST pods/<name>/binding, then the `Scheduled` event.
+/// VolumeBinding's PreBind (the pod's claims bound for the node), then DefaultBinder: POST
+/// pods/<name>/binding, then the `Scheduled` event.
 async fn bind(s: &Arc<Sched>, pod: &Pod, node: &str) {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
+    if !crate::volumes::claim_names(pod).is_empty() {
+        let node_obj = s.cache.lock().node(node);
+        let r = match node_obj {
+            Some(n) => crate::volumes::pre_bind(&s.client, &s.volumes, pod, &n).await,
+            None => Err(format!("node {node:?} not found")),
+        };
+        if let Err(e) = r {
+            let key = pod_key(pod);
+            s.cache.lock().forget(&key);
+            let msg = format!("running PreBind plugin \"VolumeBinding\": {e}");
+            tracing::warn!(pod = %key, %msg, "binding failed");
+            if let Some(p) = s.pods.get(&key).filter(|p| responsible(p)) {
+                s.queue.add_or_update(p.clone());
+                s.recorder
+                    .pod_event(pod, "Warning", "FailedScheduling", "Scheduling", &msg)
+                    .await;
+            }
+            return;
+        }
+    }
     let api: Api<Pod> = Api::namespaced(s.client.clone(), &ns);
     let binding = json!({
         "apiVersion": "v1",

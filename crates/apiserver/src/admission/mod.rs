@@ -16,6 +16,7 @@ pub mod limitranger;
 pub mod map;
 pub mod noderestriction;
 pub mod podsecurity;
+pub mod pvcresize;
 pub mod quota;
 pub mod runtimeclass;
 pub mod taintnodes;

@@ -1,5 +1,6 @@
 //! The controllers, one module each.
 
+pub mod attachdetach;
 pub mod certificates;
 pub mod clusterrole_aggregation;
 pub mod cronjob;
@@ -9,6 +10,8 @@ pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod endpointslicemirroring;
+pub mod ephemeral;
+pub mod expand;
 pub mod garbagecollector;
 pub mod job;
 pub mod namespace;

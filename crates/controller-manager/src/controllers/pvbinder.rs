@@ -72,9 +72,18 @@ pub fn start(
     let classes = factory.informer::<StorageClass>();
     let pods = factory.informer::<Pod>();
     let q = queue.clone();
-    claims.add_handler(move |c| {
-        if let Change::Added(v) | Change::Updated { new: v, .. } = c {
-            q.add(format!("claim:{}", key_of(v)));
+    claims.add_handler(move |c| match c {
+        Change::Added(v) | Change::Updated { new: v, .. } => q.add(format!("claim:{}", key_of(v))),
+        // Its volume is Released now.
+        Change::Deleted(v) => {
+            if let Some(pv) = v
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.as_ref())
+                .filter(|n| !n.is_empty())
+            {
+                q.add(format!("volume:{pv}"));
+            }
         }
     });
     let q = queue.clone();
@@ -132,13 +141,20 @@ pub fn start(
                 }
             });
         }
-        let tasks = run_workers_of("persistentvolume", queue, 1, stop, &ctl, |c, key| async move {
-            match key.split_once(':') {
-                Some(("claim", k)) => c.sync_claim(k).await,
-                Some(("volume", k)) => c.sync_volume(k).await,
-                _ => Ok(()),
-            }
-        });
+        let tasks = run_workers_of(
+            "persistentvolume",
+            queue,
+            1,
+            stop,
+            &ctl,
+            |c, key| async move {
+                match key.split_once(':') {
+                    Some(("claim", k)) => c.sync_claim(k).await,
+                    Some(("volume", k)) => c.sync_volume(k).await,
+                    _ => Ok(()),
+                }
+            },
+        );
         futures::future::join_all(tasks).await;
         tracing::info!("Shutting down persistent volume controller");
     })
@@ -177,7 +193,9 @@ fn phase_of_volume(v: &PersistentVolume) -> &str {
         .unwrap_or("Pending")
 }
 
-fn storage(q: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>) -> Option<Quantity> {
+fn storage(
+    q: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> Option<Quantity> {
     Quantity::parse(&q?.get("storage")?.0)
 }
 
@@ -206,7 +224,9 @@ fn pre_bound_to(v: &PersistentVolume, c: &PersistentVolumeClaim) -> bool {
         .is_some_and(|r| {
             r.name == c.metadata.name
                 && r.namespace == c.metadata.namespace
-                && r.uid.as_ref().is_none_or(|u| u.is_empty() || Some(u) == c.metadata.uid.as_ref())
+                && r.uid
+                    .as_ref()
+                    .is_none_or(|u| u.is_empty() || Some(u) == c.metadata.uid.as_ref())
         })
 }
 
@@ -228,8 +248,15 @@ fn unsatisfied(v: &PersistentVolume, c: &PersistentVolumeClaim) -> Option<&'stat
     {
         return Some("incompatible volumeMode");
     }
-    let have: Vec<&String> = vs.and_then(|s| s.access_modes.as_ref()).into_iter().flatten().collect();
-    let want = cs.and_then(|s| s.access_modes.as_ref()).into_iter().flatten();
+    let have: Vec<&String> = vs
+        .and_then(|s| s.access_modes.as_ref())
+        .into_iter()
+        .flatten()
+        .collect();
+    let want = cs
+        .and_then(|s| s.access_modes.as_ref())
+        .into_iter()
+        .flatten();
     if want.into_iter().any(|m| !have.contains(&m)) {
         return Some("incompatible accessMode");
     }
@@ -277,7 +304,13 @@ impl Ctl {
         best.map(|(_, v)| v)
     }
 
-    async fn event<K: Resource<DynamicType = ()>>(&self, obj: &K, type_: &str, reason: &str, msg: String) {
+    async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: &str,
+        reason: &str,
+        msg: String,
+    ) {
         record_event(&self.client, COMPONENT, obj, type_, reason, msg).await;
     }
 
@@ -310,14 +343,26 @@ impl Ctl {
             };
             if unsatisfied(&v, &c).is_some() {
                 let why = unsatisfied(&v, &c).unwrap_or_default();
-                self.event(&*c, "Warning", "VolumeMismatch", format!("Cannot bind to requested volume {volume_name:?}: {why}")).await;
+                self.event(
+                    &*c,
+                    "Warning",
+                    "VolumeMismatch",
+                    format!("Cannot bind to requested volume {volume_name:?}: {why}"),
+                )
+                .await;
                 return self.set_claim_phase(&c, "Pending", None).await;
             }
             let claim_ref = v.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
             if claim_ref.is_none() || pre_bound_to(&v, &c) {
                 return self.bind(&v, &c).await;
             }
-            self.event(&*c, "Warning", "FailedBinding", format!("volume {volume_name:?} already bound to a different claim.")).await;
+            self.event(
+                &*c,
+                "Warning",
+                "FailedBinding",
+                format!("volume {volume_name:?} already bound to a different claim."),
+            )
+            .await;
             return self.set_claim_phase(&c, "Pending", None).await;
         }
         // Bound: check it still is.
@@ -328,7 +373,10 @@ impl Ctl {
         }
         let Some(v) = self.volumes.get(&volume_name) else {
             return self
-                .lose(&c, "Bound claim has lost its PersistentVolume. Data on the volume is lost!")
+                .lose(
+                    &c,
+                    "Bound claim has lost its PersistentVolume. Data on the volume is lost!",
+                )
                 .await;
         };
         let claim_ref = v.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
@@ -343,7 +391,14 @@ impl Ctl {
             }
             Some(_) => {
                 if c.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Lost") {
-                    self.event(&*c, "Warning", "ClaimMisbound", "Two claims are bound to the same volume, this one is bound incorrectly".into()).await;
+                    self.event(
+                        &*c,
+                        "Warning",
+                        "ClaimMisbound",
+                        "Two claims are bound to the same volume, this one is bound incorrectly"
+                            .into(),
+                    )
+                    .await;
                 }
                 self.set_claim_phase(&c, "Lost", None).await
             }
@@ -377,21 +432,45 @@ impl Ctl {
                 .list()
                 .into_iter()
                 .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
-                .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.as_deref().unwrap_or("").is_empty()))
                 .filter(|p| {
-                    p.spec.as_ref().and_then(|s| s.volumes.as_ref()).into_iter().flatten().any(|v| {
-                        v.persistent_volume_claim.as_ref().is_some_and(|pvc| pvc.claim_name == name)
-                            || (v.ephemeral.is_some()
-                                && format!("{}-{}", p.metadata.name.as_deref().unwrap_or(""), v.name) == name)
-                    })
+                    p.spec
+                        .as_ref()
+                        .is_some_and(|s| s.node_name.as_deref().unwrap_or("").is_empty())
+                })
+                .filter(|p| {
+                    p.spec
+                        .as_ref()
+                        .and_then(|s| s.volumes.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .any(|v| {
+                            v.persistent_volume_claim
+                                .as_ref()
+                                .is_some_and(|pvc| pvc.claim_name == name)
+                                || (v.ephemeral.is_some()
+                                    && format!(
+                                        "{}-{}",
+                                        p.metadata.name.as_deref().unwrap_or(""),
+                                        v.name
+                                    ) == name)
+                        })
                 })
                 .filter_map(|p| p.metadata.name.clone())
                 .collect();
             waiting.sort();
             let msg = match waiting.len() {
-                0 => ("WaitForFirstConsumer", "waiting for first consumer to be created before binding".to_owned()),
-                1 => ("WaitForPodScheduled", format!("waiting for pod {} to be scheduled", waiting[0])),
-                _ => ("WaitForPodScheduled", format!("waiting for pods {} to be scheduled", waiting.join(","))),
+                0 => (
+                    "WaitForFirstConsumer",
+                    "waiting for first consumer to be created before binding".to_owned(),
+                ),
+                1 => (
+                    "WaitForPodScheduled",
+                    format!("waiting for pod {} to be scheduled", waiting[0]),
+                ),
+                _ => (
+                    "WaitForPodScheduled",
+                    format!("waiting for pods {} to be scheduled", waiting.join(",")),
+                ),
             };
             self.event(c, "Normal", msg.0, msg.1).await;
             return self.set_claim_phase(c, "Pending", None).await;
@@ -406,7 +485,11 @@ impl Ctl {
                     set_annotation(&mut n.metadata, BETA_STORAGE_PROVISIONER, &k.provisioner);
                     let ns = c.metadata.namespace.as_deref().unwrap_or("");
                     let name = c.metadata.name.as_deref().unwrap_or("");
-                    match self.claims_api(ns).replace(name, &PostParams::default(), &n).await {
+                    match self
+                        .claims_api(ns)
+                        .replace(name, &PostParams::default(), &n)
+                        .await
+                    {
                         Ok(_) => {}
                         Err(e) if is_not_found(&e) => return Ok(()),
                         Err(e) => return Err(e.into()),
@@ -422,11 +505,24 @@ impl Ctl {
                 self.set_claim_phase(c, "Pending", None).await
             }
             _ if class_name.is_empty() => {
-                self.event(c, "Normal", "FailedBinding", "no persistent volumes available for this claim and no storage class is set".into()).await;
+                self.event(
+                    c,
+                    "Normal",
+                    "FailedBinding",
+                    "no persistent volumes available for this claim and no storage class is set"
+                        .into(),
+                )
+                .await;
                 self.set_claim_phase(c, "Pending", None).await
             }
             _ => {
-                self.event(c, "Warning", "ProvisioningFailed", format!("storageclass.storage.k8s.io {class_name:?} not found")).await;
+                self.event(
+                    c,
+                    "Warning",
+                    "ProvisioningFailed",
+                    format!("storageclass.storage.k8s.io {class_name:?} not found"),
+                )
+                .await;
                 self.set_claim_phase(c, "Pending", None).await
             }
         }
@@ -453,7 +549,11 @@ impl Ctl {
                 set_annotation(&mut v.metadata, BOUND_BY_CONTROLLER, "yes");
             }
             v.spec.get_or_insert_with(Default::default).claim_ref = Some(want_ref);
-            v = match self.volumes_api().replace(&pv_name, &PostParams::default(), &v).await {
+            v = match self
+                .volumes_api()
+                .replace(&pv_name, &PostParams::default(), &v)
+                .await
+            {
                 Ok(v) => v,
                 Err(e) if is_not_found(&e) => return Ok(()),
                 Err(e) => return Err(e.into()),
@@ -463,9 +563,11 @@ impl Ctl {
             let mut s = v.clone();
             s.status = Some(PersistentVolumeStatus {
                 phase: Some("Bound".into()),
-                last_phase_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::now(),
-                )),
+                last_phase_transition_time: Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ),
+                ),
                 ..s.status.unwrap_or_default()
             });
             v = self
@@ -486,7 +588,11 @@ impl Ctl {
             changed = true;
         }
         let n = if changed {
-            match self.claims_api(&ns).replace(&name, &PostParams::default(), &n).await {
+            match self
+                .claims_api(&ns)
+                .replace(&name, &PostParams::default(), &n)
+                .await
+            {
                 Ok(n) => n,
                 Err(e) if is_not_found(&e) => return Ok(()),
                 Err(e) => return Err(e.into()),
@@ -527,7 +633,11 @@ impl Ctl {
         n.status = Some(st);
         let ns = c.metadata.namespace.clone().unwrap_or_default();
         let name = c.metadata.name.clone().unwrap_or_default();
-        match self.claims_api(&ns).replace_status(&name, &PostParams::default(), &n).await {
+        match self
+            .claims_api(&ns)
+            .replace_status(&name, &PostParams::default(), &n)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(e.into()),
@@ -547,7 +657,11 @@ impl Ctl {
             ..Default::default()
         });
         let name = v.metadata.name.clone().unwrap_or_default();
-        match self.volumes_api().replace_status(&name, &PostParams::default(), &n).await {
+        match self
+            .volumes_api()
+            .replace_status(&name, &PostParams::default(), &n)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(e.into()),
@@ -570,7 +684,10 @@ impl Ctl {
             r.namespace.as_deref().unwrap_or(""),
             r.name.as_deref().unwrap_or("")
         );
-        let claim = self.claims.get(&claim_key).filter(|c| c.metadata.uid == r.uid);
+        let claim = self
+            .claims
+            .get(&claim_key)
+            .filter(|c| c.metadata.uid == r.uid);
         let Some(c) = claim else {
             // Its claim is gone: Released, then its reclaim policy.
             if !matches!(phase_of_volume(&v), "Released" | "Failed") {
@@ -578,7 +695,11 @@ impl Ctl {
             }
             return self.reclaim(&v).await;
         };
-        let claim_volume = c.spec.as_ref().and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        let claim_volume = c
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .unwrap_or_default();
         if claim_volume.is_empty() {
             // The claim binds it on its own sync.
             return Ok(());
@@ -588,7 +709,11 @@ impl Ctl {
         }
         // The claim is bound to another volume.
         let provisioned = annotation(&v.metadata, PROVISIONED_BY).is_some();
-        let policy = v.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()).unwrap_or("Retain");
+        let policy = v
+            .spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+            .unwrap_or("Retain");
         if provisioned && policy == "Delete" {
             self.set_volume_phase(&v, "Released").await?;
             return self.reclaim(&v).await;
@@ -604,7 +729,11 @@ impl Ctl {
         } else if let Some(r) = n.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
             r.uid = None;
         }
-        match self.volumes_api().replace(key, &PostParams::default(), &n).await {
+        match self
+            .volumes_api()
+            .replace(key, &PostParams::default(), &n)
+            .await
+        {
             Ok(n) => self.set_volume_phase(&n, "Available").await,
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(e.into()),
@@ -633,11 +762,23 @@ impl Ctl {
                 Ok(())
             }
             "Recycle" => {
-                self.event(v, "Warning", "VolumeFailedRecycle", "No recycler plugin found for the volume!".into()).await;
+                self.event(
+                    v,
+                    "Warning",
+                    "VolumeFailedRecycle",
+                    "No recycler plugin found for the volume!".into(),
+                )
+                .await;
                 self.set_volume_phase(v, "Failed").await
             }
             _ => {
-                self.event(v, "Warning", "VolumeUnknownReclaimPolicy", "Volume has unrecognized PersistentVolumeReclaimPolicy".into()).await;
+                self.event(
+                    v,
+                    "Warning",
+                    "VolumeUnknownReclaimPolicy",
+                    "Volume has unrecognized PersistentVolumeReclaimPolicy".into(),
+                )
+                .await;
                 self.set_volume_phase(v, "Failed").await
             }
         }
@@ -647,7 +788,9 @@ impl Ctl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, PersistentVolumeSpec, VolumeResourceRequirements};
+    use k8s_openapi::api::core::v1::{
+        PersistentVolumeClaimSpec, PersistentVolumeSpec, VolumeResourceRequirements,
+    };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
 
     fn claim(size: &str, class: &str, modes: &[&str]) -> PersistentVolumeClaim {
@@ -690,13 +833,33 @@ mod tests {
     #[test]
     fn a_volume_satisfies_a_claim_as_upstream_checks_it() {
         let c = claim("1Gi", "fast", &["ReadWriteOnce"]);
-        assert_eq!(unsatisfied(&volume("1Gi", "fast", &["ReadWriteOnce"]), &c), None);
-        assert_eq!(unsatisfied(&volume("2Gi", "fast", &["ReadWriteOnce", "ReadOnlyMany"]), &c), None);
-        assert_eq!(unsatisfied(&volume("512Mi", "fast", &["ReadWriteOnce"]), &c), Some("requested PV is too small"));
-        assert_eq!(unsatisfied(&volume("1Gi", "slow", &["ReadWriteOnce"]), &c), Some("storageClassName does not match"));
-        assert_eq!(unsatisfied(&volume("1Gi", "fast", &["ReadOnlyMany"]), &c), Some("incompatible accessMode"));
+        assert_eq!(
+            unsatisfied(&volume("1Gi", "fast", &["ReadWriteOnce"]), &c),
+            None
+        );
+        assert_eq!(
+            unsatisfied(
+                &volume("2Gi", "fast", &["ReadWriteOnce", "ReadOnlyMany"]),
+                &c
+            ),
+            None
+        );
+        assert_eq!(
+            unsatisfied(&volume("512Mi", "fast", &["ReadWriteOnce"]), &c),
+            Some("requested PV is too small")
+        );
+        assert_eq!(
+            unsatisfied(&volume("1Gi", "slow", &["ReadWriteOnce"]), &c),
+            Some("storageClassName does not match")
+        );
+        assert_eq!(
+            unsatisfied(&volume("1Gi", "fast", &["ReadOnlyMany"]), &c),
+            Some("incompatible accessMode")
+        );
         let mut block = volume("1Gi", "fast", &["ReadWriteOnce"]);
-        block.spec.as_mut().map(|s| s.volume_mode = Some("Block".into()));
+        if let Some(s) = block.spec.as_mut() {
+            s.volume_mode = Some("Block".into());
+        }
         assert_eq!(unsatisfied(&block, &c), Some("incompatible volumeMode"));
     }
 
@@ -705,15 +868,17 @@ mod tests {
         let c = claim("1Gi", "", &["ReadWriteOnce"]);
         let mut v = volume("1Gi", "", &["ReadWriteOnce"]);
         assert!(!pre_bound_to(&v, &c));
-        v.spec.as_mut().map(|s| {
+        if let Some(s) = v.spec.as_mut() {
             s.claim_ref = Some(ObjectReference {
                 name: Some("c".into()),
                 namespace: Some("ns".into()),
                 ..Default::default()
-            })
-        });
+            });
+        }
         assert!(pre_bound_to(&v, &c));
-        v.spec.as_mut().and_then(|s| s.claim_ref.as_mut()).map(|r| r.uid = Some("other".into()));
+        if let Some(r) = v.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+            r.uid = Some("other".into());
+        }
         assert!(!pre_bound_to(&v, &c));
     }
 }

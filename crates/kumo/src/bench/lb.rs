@@ -151,7 +151,7 @@ pub async fn run(args: Args) -> Result<()> {
 }
 
 /// A kube client from a kubeconfig file.
-async fn admin_client(path: &std::path::Path) -> Result<kube::Client> {
+pub(super) async fn admin_client(path: &std::path::Path) -> Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
     Ok(kube::Client::try_from(cfg)?)

@@ -7,6 +7,7 @@ mod nodes;
 mod pods;
 mod scheduler;
 mod storage;
+mod volumes;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -32,6 +33,10 @@ pub enum Bench {
     /// The real network (`--runtime containerd`): nftables rule sync at scale, Service
     /// create to reachable on every node, throughput through ClusterIP and VIP.
     Net(net::Args),
+    /// Claims of the default class with a pod each: claim create to pod Running with a
+    /// fresh volume (provisioned, attached, mounted by the cloud's CSI driver), beside pods
+    /// without a volume.
+    Volumes(volumes::Args),
 }
 
 pub async fn run(what: Bench) -> Result<()> {
@@ -43,6 +48,7 @@ pub async fn run(what: Bench) -> Result<()> {
         Bench::Scheduler(args) => scheduler::run(args).await,
         Bench::Pods(args) => pods::run(args).await,
         Bench::Net(args) => net::run(args).await,
+        Bench::Volumes(args) => volumes::run(args).await,
     }
 }
 

@@ -306,7 +306,8 @@ impl View {
             for seg in m.sub_path.split('/').filter(|s| !s.is_empty() && *s != ".") {
                 key = format!("{key}/{seg}");
                 if self.store_of(&key).get(&key, at).is_none() {
-                    self.store_of(&key).put(&key, at, Some(Node::Dir { mode: 0o755 }));
+                    self.store_of(&key)
+                        .put(&key, at, Some(Node::Dir { mode: 0o755 }));
                 }
             }
         }
@@ -347,7 +348,8 @@ impl View {
                     return Some(Node::Dir { mode: 0o755 });
                 }
                 // A directory that holds something is there.
-                (!self.store_of(&key).children(&key, at).is_empty()).then_some(Node::Dir { mode: 0o755 })
+                (!self.store_of(&key).children(&key, at).is_empty())
+                    .then_some(Node::Dir { mode: 0o755 })
             }
             Loc::Projected(files, rel) => {
                 if let Some((content, mode)) = files.get(&rel) {
@@ -458,7 +460,7 @@ impl View {
             }
         };
         content.push_str(text);
-        self.store.put_by(
+        self.store_of(&key).put_by(
             &key,
             at,
             Some(Node::File { content, mode }),
@@ -511,7 +513,8 @@ impl View {
             Node::File { content, .. } => Node::File { content, mode },
             Node::Dir { .. } => Node::Dir { mode },
         };
-        self.store_of(&key).put_by(&key, at, Some(node), &self.container);
+        self.store_of(&key)
+            .put_by(&key, at, Some(node), &self.container);
         Ok(())
     }
 }
