@@ -11,6 +11,7 @@ pub mod query;
 pub mod quota;
 pub mod selector;
 pub mod status;
+pub mod storage;
 pub mod validation;
 pub mod websocket;
 pub mod yaml;

@@ -231,6 +231,7 @@ async fn scheduling(client: Client, mut stop: watch::Receiver<bool>) {
         claims: factory.informer(),
         volumes: factory.informer(),
         classes: factory.informer(),
+        csi_nodes: factory.informer(),
     };
     let s = Arc::new(Sched::new(
         client,
@@ -255,6 +256,12 @@ async fn scheduling(client: Client, mut stop: watch::Receiver<bool>) {
         });
         let h = s.clone();
         s.volumes.classes.add_handler(move |c| {
+            if !matches!(c, Change::Deleted(_)) {
+                h.queue.on_event(ClusterEvent::StorageChange);
+            }
+        });
+        let h = s.clone();
+        s.volumes.csi_nodes.add_handler(move |c| {
             if !matches!(c, Change::Deleted(_)) {
                 h.queue.on_event(ClusterEvent::StorageChange);
             }

@@ -48,14 +48,17 @@ impl ClusterEvent {
     fn helps(&self, plugin: &str, pending: &Pod) -> bool {
         match self {
             ClusterEvent::NodeAdd | ClusterEvent::NodeUpdate => true,
-            ClusterEvent::StorageChange => plugin == crate::volumes::VOLUME_BINDING,
+            ClusterEvent::StorageChange => {
+                plugin == crate::volumes::VOLUME_BINDING
+                    || plugin == crate::volumes::NODE_VOLUME_LIMITS
+            }
             ClusterEvent::AssignedPodAdd(p) | ClusterEvent::AssignedPodUpdate(p) => match plugin {
                 POD_TOPOLOGY_SPREAD => hints::spread(pending, p),
                 INTER_POD_AFFINITY => hints::affinity_after_add(pending, p),
                 _ => false,
             },
             ClusterEvent::AssignedPodDelete(p) => match plugin {
-                NODE_RESOURCES_FIT => true,
+                NODE_RESOURCES_FIT | crate::volumes::NODE_VOLUME_LIMITS => true,
                 NODE_PORTS => hints::ports_freed(pending, p),
                 POD_TOPOLOGY_SPREAD => hints::spread(pending, p),
                 INTER_POD_AFFINITY => hints::affinity_after_delete(pending, p),

@@ -184,9 +184,10 @@ fn find_node(s: &Sched, pod: Arc<Pod>) -> Option<Outcome> {
             None => plugins::filter(&state, node, &nsl),
         }
         .or_else(|| {
-            node.node
-                .as_ref()
-                .and_then(|n| crate::volumes::filter(&vols, n))
+            let n = node.node.as_ref()?;
+            let pods: Vec<Arc<Pod>> = node.pods.values().map(|p| p.pod.clone()).collect();
+            crate::volumes::volume_limits(&vols, n, &pods)
+                .or_else(|| crate::volumes::filter(&vols, n))
         });
         match verdict {
             Some(st) => statuses.push((node.name().to_owned(), st)),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{
     Node, NodeSelector, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, PostParams};
 
 use kumo_apimachinery::quantity::Quantity;
@@ -26,9 +26,7 @@ use crate::plugins::{Code, Status};
 
 /// The plugin's name.
 pub const VOLUME_BINDING: &str = "VolumeBinding";
-/// On a claim: the node chosen for its first consumer.
-pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
-const BETA_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+pub use kumo_apimachinery::storage::SELECTED_NODE;
 /// How long PreBind waits for the claims to be bound (upstream's bind timeout).
 const BIND_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -43,7 +41,13 @@ pub struct Informers {
     pub volumes: Arc<Informer<PersistentVolume>>,
     /// StorageClasses.
     pub classes: Arc<Informer<StorageClass>>,
+    /// CSINodes (each driver's volume limit on a node).
+    pub csi_nodes: Arc<Informer<CSINode>>,
 }
+
+/// NodeVolumeLimits' name.
+pub const NODE_VOLUME_LIMITS: &str = "NodeVolumeLimits";
+const TOO_MANY: &str = "node(s) exceed max volume count";
 
 /// An unbound claim whose class waits for the first consumer.
 #[derive(Clone)]
@@ -61,6 +65,13 @@ pub struct PodVolumes {
     affinity: Vec<NodeSelector>,
     delayed: Vec<Delayed>,
     volumes: Vec<Arc<PersistentVolume>>,
+    /// The pod's CSI volumes by driver (a volume handle, or the claim for one yet to be
+    /// provisioned), for NodeVolumeLimits.
+    csi: BTreeMap<String, Vec<String>>,
+    /// What NodeVolumeLimits reads to count a node's volumes.
+    claims: Option<Arc<Informer<PersistentVolumeClaim>>>,
+    pvs: Option<Arc<Informer<PersistentVolume>>>,
+    csi_nodes: Option<Arc<Informer<CSINode>>>,
 }
 
 fn unresolvable(reason: &str) -> Status {
@@ -76,10 +87,12 @@ fn annotation<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str>
 }
 
 fn claim_class(c: &PersistentVolumeClaim) -> String {
-    annotation(&c.metadata, BETA_CLASS)
-        .map(str::to_owned)
-        .or_else(|| c.spec.as_ref().and_then(|s| s.storage_class_name.clone()))
-        .unwrap_or_default()
+    kumo_apimachinery::storage::class_of(
+        c.metadata.annotations.as_ref(),
+        c.spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref()),
+    )
 }
 
 /// The claims a pod's volumes name (a generic ephemeral volume's is `<pod>-<volume>`).
@@ -128,6 +141,12 @@ pub fn pre_filter(inf: &Informers, pod: &Pod) -> PodVolumes {
             .unwrap_or_default();
         if !volume.is_empty() {
             if let Some(pv) = inf.volumes.get(&volume) {
+                if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+                    out.csi
+                        .entry(csi.driver.clone())
+                        .or_default()
+                        .push(csi.volume_handle.clone());
+                }
                 if let Some(req) = pv
                     .spec
                     .as_ref()
@@ -153,6 +172,12 @@ pub fn pre_filter(inf: &Informers, pod: &Pod) -> PodVolumes {
         let selected = annotation(&c.metadata, SELECTED_NODE)
             .filter(|n| !n.is_empty())
             .map(str::to_owned);
+        if let Some(k) = class.as_ref().filter(|k| !k.provisioner.is_empty()) {
+            out.csi
+                .entry(k.provisioner.clone())
+                .or_default()
+                .push(format!("claim:{ns}/{name}"));
+        }
         out.delayed.push(Delayed {
             claim: c,
             class,
@@ -162,7 +187,71 @@ pub fn pre_filter(inf: &Informers, pod: &Pod) -> PodVolumes {
     if !out.delayed.is_empty() {
         out.volumes = inf.volumes.list();
     }
+    if !out.csi.is_empty() {
+        out.claims = Some(inf.claims.clone());
+        out.pvs = Some(inf.volumes.clone());
+        out.csi_nodes = Some(inf.csi_nodes.clone());
+    }
     out
+}
+
+/// NodeVolumeLimits: the CSI volumes of each driver on the node (its pods' and this
+/// pod's, each counted once) within the count the node's CSINode allows.
+pub fn volume_limits(v: &PodVolumes, node: &Node, pods: &[Arc<Pod>]) -> Option<Status> {
+    let (Some(claims), Some(pvs), Some(csi_nodes)) = (&v.claims, &v.pvs, &v.csi_nodes) else {
+        return None;
+    };
+    let name = node.metadata.name.as_deref()?;
+    let csi = csi_nodes.get(name)?;
+    for (driver, mine) in &v.csi {
+        let Some(limit) = csi
+            .spec
+            .drivers
+            .iter()
+            .find(|d| d.name == *driver)
+            .and_then(|d| d.allocatable.as_ref())
+            .and_then(|a| a.count)
+        else {
+            continue;
+        };
+        let mut used: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for p in pods {
+            let ns = p.metadata.namespace.as_deref().unwrap_or("");
+            for c in claim_names(p) {
+                let Some(claim) = claims.get(&format!("{ns}/{c}")) else {
+                    continue;
+                };
+                let pv = claim
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.volume_name.clone())
+                    .unwrap_or_default();
+                match pvs
+                    .get(&pv)
+                    .and_then(|v| v.spec.as_ref().and_then(|s| s.csi.clone()))
+                {
+                    Some(csi) if csi.driver == *driver => {
+                        used.insert(csi.volume_handle);
+                    }
+                    Some(_) => {}
+                    // Not provisioned yet: counted as the claim it is.
+                    None => {
+                        used.insert(format!("claim:{ns}/{c}"));
+                    }
+                }
+            }
+        }
+        let before = used.len();
+        used.extend(mine.iter().cloned());
+        if used.len() > before && used.len() > usize::try_from(limit).unwrap_or(usize::MAX) {
+            return Some(Status {
+                plugin: NODE_VOLUME_LIMITS,
+                code: Code::Unschedulable,
+                reasons: vec![TOO_MANY.to_owned()],
+            });
+        }
+    }
+    None
 }
 
 fn storage(
@@ -194,10 +283,10 @@ fn matching_volume<'a>(
             let spec = v.spec.as_ref();
             let phase = v.status.as_ref().and_then(|s| s.phase.as_deref());
             let have = storage(spec.and_then(|s| s.capacity.as_ref()));
-            let vclass = annotation(&v.metadata, BETA_CLASS)
-                .map(str::to_owned)
-                .or_else(|| spec.and_then(|s| s.storage_class_name.clone()))
-                .unwrap_or_default();
+            let vclass = kumo_apimachinery::storage::class_of(
+                v.metadata.annotations.as_ref(),
+                spec.and_then(|s| s.storage_class_name.as_deref()),
+            );
             let vmodes = spec
                 .and_then(|s| s.access_modes.clone())
                 .unwrap_or_default();
@@ -300,7 +389,10 @@ pub async fn pre_bind(
                 n.metadata
                     .annotations
                     .get_or_insert_with(BTreeMap::new)
-                    .insert("pv.kubernetes.io/bound-by-controller".into(), "yes".into());
+                    .insert(
+                        kumo_apimachinery::storage::BOUND_BY_CONTROLLER.into(),
+                        "yes".into(),
+                    );
                 n.spec.get_or_insert_with(Default::default).claim_ref = Some(ObjectReference {
                     api_version: Some("v1".into()),
                     kind: Some("PersistentVolumeClaim".into()),

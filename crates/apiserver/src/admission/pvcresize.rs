@@ -17,7 +17,8 @@ fn request(pvc: &Value) -> Option<Quantity> {
 }
 
 fn class(pvc: &Value) -> String {
-    pvc.pointer("/metadata/annotations/volume.beta.kubernetes.io~1storage-class")
+    pvc.pointer("/metadata/annotations")
+        .and_then(|a| a.get(kumo_apimachinery::storage::BETA_STORAGE_CLASS))
         .or_else(|| pvc.pointer("/spec/storageClassName"))
         .and_then(Value::as_str)
         .unwrap_or("")

@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 use kumo_apimachinery::quantity::Quantity;
 use kumo_apimachinery::selector::LabelSelector;
+use kumo_apimachinery::storage::class_of;
 use kumo_client::clients::{ClientBuilder, ClientSource};
 use kumo_client::error::is_not_found;
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
@@ -36,19 +37,10 @@ use super::replicaset::record_event;
 const SERVICE_ACCOUNT: &str = "persistent-volume-binder";
 /// The component its events come from.
 pub const COMPONENT: &str = "persistentvolume-controller";
-/// On a claim whose binding is done.
-pub const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
-/// On a volume (claim) whose claimRef (volumeName) the controller set.
-pub const BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
-/// On a volume: who provisioned it.
-pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
-/// On a claim: the provisioner asked to make its volume.
-pub const STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
-/// The same, as older provisioners read it.
-pub const BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
-/// On a claim: the node the scheduler picked for its first consumer.
-pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
-const BETA_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+pub use kumo_apimachinery::storage::{
+    BETA_STORAGE_PROVISIONER, BIND_COMPLETED, BOUND_BY_CONTROLLER, PROVISIONED_BY, SELECTED_NODE,
+    STORAGE_PROVISIONER,
+};
 /// Upstream's `--pvclaimbinder-sync-period`.
 const RESYNC: Duration = Duration::from_secs(15);
 
@@ -170,20 +162,24 @@ fn set_annotation(meta: &mut kube::api::ObjectMeta, key: &str, value: &str) {
         .insert(key.to_owned(), value.to_owned());
 }
 
-/// A claim's class: the beta annotation, else the field ("" for none).
+/// A claim's class ("" for none).
 pub fn claim_class(c: &PersistentVolumeClaim) -> String {
-    annotation(&c.metadata, BETA_CLASS)
-        .map(str::to_owned)
-        .or_else(|| c.spec.as_ref().and_then(|s| s.storage_class_name.clone()))
-        .unwrap_or_default()
+    class_of(
+        c.metadata.annotations.as_ref(),
+        c.spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref()),
+    )
 }
 
-/// A volume's class: the beta annotation, else the field.
+/// A volume's class ("" for none).
 pub fn volume_class(v: &PersistentVolume) -> String {
-    annotation(&v.metadata, BETA_CLASS)
-        .map(str::to_owned)
-        .or_else(|| v.spec.as_ref().and_then(|s| s.storage_class_name.clone()))
-        .unwrap_or_default()
+    class_of(
+        v.metadata.annotations.as_ref(),
+        v.spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref()),
+    )
 }
 
 fn phase_of_volume(v: &PersistentVolume) -> &str {

@@ -18,6 +18,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use kumo_apimachinery::quantity::Quantity;
+use kumo_apimachinery::storage::{
+    class_of, BETA_STORAGE_PROVISIONER, PROVISIONED_BY, SELECTED_NODE, STORAGE_PROVISIONER,
+};
 use kumo_client::clients::ClientSource;
 use kumo_client::error::{is_conflict, is_not_found};
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
@@ -32,13 +35,8 @@ use crate::spec::{
 
 /// The finalizer that keeps a volume's object until its storage is deleted.
 pub const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
-const STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
-const BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
-const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
-const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 const PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
 const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
-const BETA_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
 /// Its events' component.
 pub const COMPONENT: &str = "external-provisioner";
 
@@ -157,10 +155,12 @@ pub fn start(
 }
 
 fn claim_class(c: &PersistentVolumeClaim) -> String {
-    annotation(&c.metadata, BETA_CLASS)
-        .map(str::to_owned)
-        .or_else(|| c.spec.as_ref().and_then(|s| s.storage_class_name.clone()))
-        .unwrap_or_default()
+    class_of(
+        c.metadata.annotations.as_ref(),
+        c.spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref()),
+    )
 }
 
 /// A CSI capability for a claim's access modes (a file system).

@@ -52,6 +52,47 @@ pub async fn run(what: Bench) -> Result<()> {
     }
 }
 
+/// Runs `kumo up -d --runtime <runtime> --nodes <nodes>` (this binary) in `data`, then
+/// `f`, then `kumo down`, whatever `f` returned.
+pub async fn with_kumo_up<Fut>(
+    runtime: &str,
+    nodes: usize,
+    data: &std::path::Path,
+    f: impl FnOnce() -> Fut,
+) -> Result<()>
+where
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    use anyhow::Context;
+    let kumo = std::env::current_exe().context("finding the kumo binary")?;
+    let up = std::process::Command::new(&kumo)
+        .args([
+            "up",
+            "-d",
+            "--runtime",
+            runtime,
+            "--nodes",
+            &nodes.to_string(),
+        ])
+        .args(["--port", "0", "--kubeconfig-update=false", "--data-dir"])
+        .arg(data)
+        .output()
+        .context("kumo up")?;
+    let result = if up.status.success() {
+        f().await
+    } else {
+        Err(anyhow::anyhow!(
+            "kumo up failed: {}",
+            String::from_utf8_lossy(&up.stdout)
+        ))
+    };
+    let _ = std::process::Command::new(&kumo)
+        .args(["down", "--data-dir"])
+        .arg(data)
+        .output();
+    result
+}
+
 /// (p50, p99, max) of samples.
 pub fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);

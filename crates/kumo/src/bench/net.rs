@@ -58,35 +58,7 @@ pub async fn run(args: Args) -> Result<()> {
         }
     };
     let data = dir.join("cluster");
-    let kumo = std::env::current_exe().context("finding the kumo binary")?;
-    let up = Command::new(&kumo)
-        .args([
-            "up",
-            "-d",
-            "--runtime",
-            "containerd",
-            "--nodes",
-            "2",
-            "--port",
-            "0",
-        ])
-        .args(["--kubeconfig-update=false", "--data-dir"])
-        .arg(&data)
-        .output()
-        .context("kumo up")?;
-    let result = if up.status.success() {
-        cluster_bench(&args, &data).await
-    } else {
-        Err(anyhow::anyhow!(
-            "kumo up failed: {}",
-            String::from_utf8_lossy(&up.stdout)
-        ))
-    };
-    let _ = Command::new(&kumo)
-        .args(["down", "--data-dir"])
-        .arg(&data)
-        .output();
-    result
+    super::with_kumo_up("containerd", 2, &data, || cluster_bench(&args, &data)).await
 }
 
 /// Synthetic Services and their EndpointSlices (endpoints spread over two nodes).

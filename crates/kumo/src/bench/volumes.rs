@@ -7,11 +7,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, PostParams};
@@ -49,35 +48,7 @@ pub async fn run(args: Args) -> Result<()> {
         }
     };
     let data = dir.join("cluster");
-    let kumo = std::env::current_exe().context("finding the kumo binary")?;
-    let up = Command::new(&kumo)
-        .args([
-            "up",
-            "-d",
-            "--runtime",
-            &args.runtime,
-            "--nodes",
-            "2",
-            "--port",
-            "0",
-        ])
-        .args(["--kubeconfig-update=false", "--data-dir"])
-        .arg(&data)
-        .output()
-        .context("kumo up")?;
-    let result = if up.status.success() {
-        measure(&args, &data).await
-    } else {
-        Err(anyhow::anyhow!(
-            "kumo up failed: {}",
-            String::from_utf8_lossy(&up.stdout)
-        ))
-    };
-    let _ = Command::new(&kumo)
-        .args(["down", "--data-dir"])
-        .arg(&data)
-        .output();
-    result
+    super::with_kumo_up(&args.runtime, 2, &data, || measure(&args, &data)).await
 }
 
 fn pod(name: &str, claim: Option<&str>) -> Pod {
