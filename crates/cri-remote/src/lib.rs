@@ -621,8 +621,16 @@ impl Runtime for RemoteRuntime {
             (s.config.clone(), s.uid.clone())
         };
         let pod_dir = self.pod_dir(&uid);
-        let prepared = volumes::prepare(&pod_dir, config)
-            .map_err(|e| RuntimeError::Exec(format!("preparing the volumes: {e}")))?;
+        let prepared = volumes::prepare(&pod_dir, config).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidInput {
+                RuntimeError::Config(format!(
+                    "failed to prepare subPath for volumeMount of container {:?}: {e}",
+                    config.name
+                ))
+            } else {
+                RuntimeError::Exec(format!("preparing the volumes: {e}"))
+            }
+        })?;
         let mut labels: HashMap<String, String> = HashMap::new();
         if let Some(m) = &sandbox_config.metadata {
             labels.insert("io.kubernetes.pod.name".into(), m.name.clone());

@@ -89,7 +89,65 @@ fn join_sub_path(base: PathBuf, sub_path: &str) -> io::Result<PathBuf> {
             format!("subPath {sub_path:?} leaves its volume"),
         ));
     }
+    // Symbolic links in the volume may not lead out of it (what a container wrote there
+    // could point anywhere on the node): each part that exists must resolve inside it.
+    let root = std::fs::canonicalize(&base).unwrap_or_else(|_| base.clone());
+    let mut p = base.clone();
+    for part in sub_path.split('/').filter(|s| !s.is_empty() && *s != ".") {
+        p.push(part);
+        if std::fs::symlink_metadata(&p).is_err() {
+            break;
+        }
+        let resolved = match std::fs::canonicalize(&p) {
+            Ok(r) => r,
+            // A link to nothing: where it points, read lexically.
+            Err(_) => lexical_target(&p)?,
+        };
+        if !resolved.starts_with(&root) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("subpath {:?} not within volume path {:?}", resolved, root),
+            ));
+        }
+    }
     Ok(base.join(sub_path))
+}
+
+/// Where the link at `link` points, its `..` resolved without the file system (for a link
+/// whose target does not exist).
+fn lexical_target(link: &Path) -> io::Result<PathBuf> {
+    let target = std::fs::read_link(link)?;
+    let full = match link.parent() {
+        Some(dir) if target.is_relative() => dir.join(target),
+        _ => target,
+    };
+    let mut out = PathBuf::new();
+    for c in full.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Ok(out)
+}
+
+/// The directory of `sub_path` in the volume at `base`, made if it is not there yet (as
+/// upstream's kubelet makes it). Any failure, a read-only volume's included, is the mount's
+/// configuration error (`InvalidInput`: CreateContainerConfigError).
+fn sub_path_dir(base: PathBuf, sub_path: &str) -> io::Result<PathBuf> {
+    let p = join_sub_path(base, sub_path)?;
+    if !sub_path.is_empty() && std::fs::symlink_metadata(&p).is_err() {
+        std::fs::create_dir_all(&p).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("error creating subPath directory {}: {e}", p.display()),
+            )
+        })?;
+    }
+    Ok(p)
 }
 
 /// Makes what `config`'s mounts need under `pod_dir`.
@@ -122,20 +180,11 @@ pub fn prepare(pod_dir: &Path, config: &ContainerConfig) -> io::Result<Prepared>
                 if let Some(gid) = config.fs_group {
                     set_ownership(&dir, gid, false)?;
                 }
-                let p = join_sub_path(dir, &m.sub_path)?;
-                if !m.sub_path.is_empty() {
-                    std::fs::create_dir_all(&p)?;
-                }
-                p
+                sub_path_dir(dir, &m.sub_path)?
             }
             // A disk is where its driver published it for this pod.
             Source::HostPath(p) | Source::Disk { path: p, .. } => {
-                let p = join_sub_path(PathBuf::from(p), &m.sub_path)?;
-                // A subPath that is not there yet is made, as upstream's kubelet does.
-                if !m.sub_path.is_empty() && !p.exists() {
-                    std::fs::create_dir_all(&p)?;
-                }
-                p
+                sub_path_dir(PathBuf::from(p), &m.sub_path)?
             }
             Source::Files(files) => {
                 let dir = files_dir(pod_dir, &config.name, &m.path);
@@ -310,6 +359,26 @@ mod tests {
     use super::*;
     use kumo_cri::Mount;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn a_sub_path_may_not_leave_its_volume_through_a_link() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let vol = tmp.path().join("vol");
+        std::fs::create_dir_all(vol.join("inside/dir")).expect("dirs");
+        std::os::unix::fs::symlink("/bin", vol.join("out")).expect("link out");
+        std::os::unix::fs::symlink("inside", vol.join("in")).expect("link in");
+        assert!(join_sub_path(vol.clone(), "inside/dir").is_ok());
+        assert!(join_sub_path(vol.clone(), "in/dir").is_ok());
+        assert!(join_sub_path(vol.clone(), "not/yet").is_ok());
+        let e = join_sub_path(vol.clone(), "out").expect_err("leaves");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("not within volume path"), "{e}");
+        std::os::unix::fs::symlink("/bin/not-there", vol.join("dangling")).expect("dangling");
+        let e = join_sub_path(vol.clone(), "dangling").expect_err("leaves to nothing");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(join_sub_path(vol.clone(), "../x").is_err());
+        assert!(join_sub_path(vol, "/etc").is_err());
+    }
 
     #[test]
     fn file_volumes_are_written_refreshed_and_kept_inside_their_directory() {

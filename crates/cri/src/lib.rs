@@ -193,6 +193,10 @@ pub enum RuntimeError {
     /// The command could not be started (runc's message).
     #[error("{0}")]
     Exec(String),
+    /// The container's configuration cannot be made (a subPath that leaves its volume):
+    /// upstream's CreateContainerConfigError.
+    #[error("{0}")]
+    Config(String),
     /// A call to a remote runtime failed: gRPC's status, as Go's grpc prints it.
     #[error("rpc error: code = {code} desc = {message}")]
     Rpc { code: String, message: String },

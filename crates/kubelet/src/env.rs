@@ -1013,26 +1013,23 @@ fn volume_source(
         return (Source::HostPath(str_at(h, "/path")), false);
     }
     if is_persistent(vol) {
-        // As the volume manager mounted it (the containers wait until it did).
+        // As the volume manager mounted it (the containers wait until it did); a read-only
+        // claim is made read-only in `mounts`.
         let entry = disk_entry(pod.get(SOURCES), &name);
-        let ro = entry
-            .and_then(|e| e.get("readOnly"))
-            .and_then(Value::as_bool)
-            == Some(true);
         if let Some(d) = entry.and_then(|e| e.get("disk")) {
             return (
                 Source::Disk {
                     id: str_at(d, "/id"),
                     path: str_at(d, "/path"),
                 },
-                ro,
+                false,
             );
         }
         if let Some(p) = entry
             .and_then(|e| e.get("hostPath"))
             .and_then(Value::as_str)
         {
-            return (Source::HostPath(p.to_owned()), ro);
+            return (Source::HostPath(p.to_owned()), false);
         }
         return (Source::EmptyDir(name), false);
     }
@@ -1177,7 +1174,14 @@ fn mounts(
             Some(Ok(Mount {
                 path: str_at(m, "/mountPath"),
                 source,
-                read_only: m.get("readOnly").and_then(Value::as_bool).unwrap_or(false),
+                // A claim mounted read-only (the pod's volume or its volume says so) is
+                // read-only in every container.
+                read_only: m.get("readOnly").and_then(Value::as_bool).unwrap_or(false)
+                    || (is_persistent(vol)
+                        && disk_entry(pod.get(SOURCES), &str_at(vol, "/name"))
+                            .and_then(|e| e.get("readOnly"))
+                            .and_then(Value::as_bool)
+                            == Some(true)),
                 sub_path,
                 tmpfs,
             }))

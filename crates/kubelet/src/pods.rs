@@ -233,6 +233,15 @@ struct Workers {
     volumes: Arc<crate::csi::Volumes>,
 }
 
+/// The waiting reason of a container the runtime could not create: a configuration it
+/// cannot make (a subPath leaving its volume) is CreateContainerConfigError, as upstream.
+fn create_error_reason(e: &kumo_cri::RuntimeError) -> &'static str {
+    match e {
+        kumo_cri::RuntimeError::Config(_) => "CreateContainerConfigError",
+        _ => "CreateContainerError",
+    }
+}
+
 fn parse_cidr(c: &str) -> Option<(Ipv4Addr, u8)> {
     let (ip, len) = c.split_once('/')?;
     Some((ip.parse().ok()?, len.parse().ok()?))
@@ -1583,7 +1592,7 @@ fn step(
                 }
                 Launch::NotCreated(e) => {
                     events.push(ev(true, "Failed", format!("Error: {e}")));
-                    c.waiting = Some(("CreateContainerError".into(), e.to_string()));
+                    c.waiting = Some((create_error_reason(&e).into(), e.to_string()));
                     c.backoff_until = Some(Instant::now() + CONFIG_ERROR_RETRY);
                     return false;
                 }
@@ -1863,7 +1872,7 @@ fn step(
         Ok(id) => id,
         Err(e) => {
             events.push(ev(true, "Failed", format!("Error: {e}")));
-            c.waiting = Some(("CreateContainerError".into(), e.to_string()));
+            c.waiting = Some((create_error_reason(&e).into(), e.to_string()));
             c.backoff_until = Some(Instant::now() + CONFIG_ERROR_RETRY);
             return false;
         }

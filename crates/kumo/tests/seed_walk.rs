@@ -933,6 +933,47 @@ fn seed_000_csi_registration_and_volumes() {
     u.cloud(&["quotas", "set", "--max-volumes", "1024"]);
     u.ok(&["delete", "pod", "over", "--wait=false"]);
 
+    // A StatefulSet's claim templates: a claim per ordinal, bound and mounted; scaling
+    // down deletes the claim the retention policy says to.
+    apply("apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db}\nspec:\n  serviceName: db\n  replicas: 2\n  selector: {matchLabels: {app: db}}\n  persistentVolumeClaimRetentionPolicy: {whenScaled: Delete, whenDeleted: Retain}\n  template:\n    metadata: {labels: {app: db}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: c\n        image: busybox:1.37\n        command: [sh, -c, 'echo $HOSTNAME > /var/lib/db/owner; sleep 3600']\n        volumeMounts: [{name: data, mountPath: /var/lib/db}]\n  volumeClaimTemplates:\n  - metadata: {name: data}\n    spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n");
+    eventually(90, "both replicas Ready", || {
+        (u.ok(&[
+            "get",
+            "statefulset",
+            "db",
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ]) == "2")
+            .then_some(())
+    });
+    for ordinal in ["0", "1"] {
+        let claim = format!("data-db-{ordinal}");
+        assert_eq!(
+            u.ok(&["get", "pvc", &claim, "-o", "jsonpath={.status.phase}"]),
+            "Bound"
+        );
+        assert_eq!(
+            u.ok(&[
+                "exec",
+                &format!("db-{ordinal}"),
+                "--",
+                "cat",
+                "/var/lib/db/owner"
+            ]),
+            format!("db-{ordinal}\n")
+        );
+    }
+    u.ok(&["scale", "statefulset", "db", "--replicas=1"]);
+    eventually(60, "data-db-1 deleted on scale-down", || {
+        let (_, out, err) = u.k(&["get", "pvc", "data-db-1"]);
+        (out.is_empty() && err.contains("NotFound")).then_some(())
+    });
+    assert_eq!(
+        u.ok(&["get", "pvc", "data-db-0", "-o", "jsonpath={.status.phase}"]),
+        "Bound"
+    );
+    u.ok(&["delete", "statefulset", "db"]);
+
     // A generic ephemeral volume: its claim made for the pod, gone with it.
     apply("apiVersion: v1\nkind: Pod\nmetadata: {name: scratch}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: busybox:1.37\n    command: [sh, -c, 'echo x > /scratch/x; sleep 3600']\n    volumeMounts: [{name: work, mountPath: /scratch}]\n  volumes:\n  - name: work\n    ephemeral:\n      volumeClaimTemplate:\n        spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n");
     u.ok(&[

@@ -404,7 +404,13 @@ impl Ctl {
         );
         params.insert("csi.storage.k8s.io/pv/name".into(), pv_name.to_owned());
         let requirement = self.requirement(class, selected).map_err(fail)?;
-        let cap = capability_for(&modes, &fs_type);
+        let mut cap = capability_for(&modes, &fs_type);
+        if spec.volume_mode.as_deref() == Some("Block") {
+            // A raw block device is asked for as one: a driver without them refuses it.
+            cap.access_type = Some(volume_capability::AccessType::Block(
+                volume_capability::BlockVolume {},
+            ));
+        }
         let created = self
             .ctx
             .driver
