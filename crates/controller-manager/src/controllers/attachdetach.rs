@@ -288,16 +288,21 @@ impl Ctl {
                 .persistent_volume_name
                 .clone()
                 .unwrap_or_default();
-            let handle = self
+            let csi = self
                 .volumes
                 .get(&pv)
-                .and_then(|v| {
-                    v.spec
-                        .as_ref()
-                        .and_then(|s| s.csi.as_ref())
-                        .map(|c| c.volume_handle.clone())
-                })
-                .unwrap_or_default();
+                .and_then(|v| v.spec.as_ref().and_then(|s| s.csi.clone()));
+            // Only attachments this controller makes (of a CSI volume, named as it names
+            // them) are its to detach: one someone else made is left alone, as upstream's
+            // controller only detaches what it attached.
+            let Some(csi) = csi.filter(|c| {
+                c.driver == va.spec.attacher
+                    && attachment_name(&c.volume_handle, &c.driver, node) == *name
+                    && (self.managed(node) || self.nodes.get(node).is_none())
+            }) else {
+                continue;
+            };
+            let handle = csi.volume_handle;
             let unique = unique_name(&va.spec.attacher, &handle);
             let in_use = self.nodes.get(node).is_some_and(|n| {
                 n.status
