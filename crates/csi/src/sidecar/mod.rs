@@ -33,6 +33,28 @@ pub struct Context {
     pub name: String,
 }
 
+impl Context {
+    /// Records an event about `obj` from `component` (the sidecar's name).
+    pub async fn event<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        component: &str,
+        obj: &K,
+        type_: &str,
+        reason: &str,
+        msg: String,
+    ) {
+        kumo_client::events::record(
+            &kumo_client::clients::ClientSource::fixed(self.client.clone()),
+            component,
+            kumo_client::events::reference(obj),
+            type_,
+            reason,
+            msg,
+        )
+        .await;
+    }
+}
+
 /// The gRPC status as upstream's sidecars print it.
 pub fn status_text(e: &tonic_csi::Status) -> String {
     format!("rpc error: code = {:?} desc = {}", e.code(), e.message())

@@ -21,7 +21,6 @@ use kumo_apimachinery::quantity::Quantity;
 use kumo_apimachinery::storage::{
     class_of, BETA_STORAGE_PROVISIONER, PROVISIONED_BY, SELECTED_NODE, STORAGE_PROVISIONER,
 };
-use kumo_client::clients::ClientSource;
 use kumo_client::error::{is_conflict, is_not_found};
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 use kumo_client::worker::{run_workers_of, wait_for_sync, SyncError};
@@ -210,15 +209,7 @@ impl Ctl {
         reason: &str,
         msg: String,
     ) {
-        kumo_client::events::record(
-            &ClientSource::fixed(self.client()),
-            COMPONENT,
-            kumo_client::events::reference(obj),
-            type_,
-            reason,
-            msg,
-        )
-        .await;
+        self.ctx.event(COMPONENT, obj, type_, reason, msg).await;
     }
 
     /// The topology segments of `node` for the driver's keys (from its CSINode).

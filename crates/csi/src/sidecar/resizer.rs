@@ -19,7 +19,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use kumo_apimachinery::quantity::Quantity;
-use kumo_client::clients::ClientSource;
 use kumo_client::error::{is_conflict, is_not_found};
 use kumo_client::informer::{key_of, Change, Informer, InformerFactory};
 use kumo_client::worker::{run_workers_of, wait_for_sync, SyncError};
@@ -98,6 +97,23 @@ pub fn start(
     })
 }
 
+/// The claim's conditions without those of `types`, and `add` if given.
+fn replace_conditions(
+    st: &mut k8s_openapi::api::core::v1::PersistentVolumeClaimStatus,
+    types: &[&str],
+    add: Option<PersistentVolumeClaimCondition>,
+) {
+    let mut conds: Vec<_> = st
+        .conditions
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|x| !types.contains(&x.type_.as_str()))
+        .collect();
+    conds.extend(add);
+    st.conditions = Some(conds);
+}
+
 fn condition(type_: &str, message: &str) -> PersistentVolumeClaimCondition {
     PersistentVolumeClaimCondition {
         type_: type_.to_owned(),
@@ -116,15 +132,7 @@ impl Ctl {
         reason: &str,
         msg: String,
     ) {
-        kumo_client::events::record(
-            &ClientSource::fixed(self.ctx.client.clone()),
-            COMPONENT,
-            kumo_client::events::reference(obj),
-            type_,
-            reason,
-            msg,
-        )
-        .await;
+        self.ctx.event(COMPONENT, obj, type_, reason, msg).await;
     }
 
     async fn write_status(
@@ -186,20 +194,15 @@ impl Ctl {
                 "storage".to_owned(),
                 "ControllerResizeInProgress".to_owned(),
             )]));
-            let mut conds: Vec<_> = st
-                .conditions
-                .take()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|x| {
-                    !matches!(
-                        x.type_.as_str(),
-                        "Resizing" | "ControllerResizeError" | "FileSystemResizePending"
-                    )
-                })
-                .collect();
-            conds.push(condition("Resizing", ""));
-            st.conditions = Some(conds);
+            replace_conditions(
+                st,
+                &[
+                    "Resizing",
+                    "ControllerResizeError",
+                    "FileSystemResizePending",
+                ],
+                Some(condition("Resizing", "")),
+            );
         }
         let n = self.write_status(&n).await?;
         self.event(
@@ -230,21 +233,15 @@ impl Ctl {
                 let msg = status_text(&e);
                 let mut f = n.clone();
                 let st = f.status.get_or_insert_with(Default::default);
-                let mut conds: Vec<_> = st
-                    .conditions
-                    .take()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|x| x.type_ != "Resizing")
-                    .collect();
-                conds.push(condition(
-                    "ControllerResizeError",
-                    &format!(
-                        "resize volume {pv_name:?} by resizer {:?} failed: {msg}",
-                        self.ctx.name
-                    ),
-                ));
-                st.conditions = Some(conds);
+                let why = format!(
+                    "resize volume {pv_name:?} by resizer {:?} failed: {msg}",
+                    self.ctx.name
+                );
+                replace_conditions(
+                    st,
+                    &["Resizing"],
+                    Some(condition("ControllerResizeError", &why)),
+                );
                 st.allocated_resource_statuses = None;
                 self.write_status(&f).await?;
                 self.event(&f, "Warning", "VolumeResizeFailed", msg.clone())
@@ -267,23 +264,19 @@ impl Ctl {
         }
         let mut d = n.clone();
         let st = d.status.get_or_insert_with(Default::default);
-        let mut conds: Vec<_> = st
-            .conditions
-            .take()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|x| x.type_ != "Resizing")
-            .collect();
         if resp.node_expansion_required {
-            conds.push(condition(
-                "FileSystemResizePending",
-                FS_RESIZE_PENDING_MESSAGE,
-            ));
+            replace_conditions(
+                st,
+                &["Resizing"],
+                Some(condition(
+                    "FileSystemResizePending",
+                    FS_RESIZE_PENDING_MESSAGE,
+                )),
+            );
             st.allocated_resource_statuses = Some(BTreeMap::from([(
                 "storage".to_owned(),
                 "NodeResizePending".to_owned(),
             )]));
-            st.conditions = Some(conds);
             self.write_status(&d).await?;
             self.event(
                 &d,
@@ -295,7 +288,7 @@ impl Ctl {
         } else {
             st.capacity = Some(BTreeMap::from([("storage".to_owned(), want_q)]));
             st.allocated_resource_statuses = None;
-            st.conditions = Some(conds);
+            replace_conditions(st, &["Resizing"], None);
             self.write_status(&d).await?;
             self.event(
                 &d,
