@@ -24,6 +24,37 @@ pub fn unique_name(driver: &str, handle: &str) -> String {
     format!("kubernetes.io/csi/{driver}^{handle}")
 }
 
+/// The capability a PersistentVolume is used with: a file system of `fs_type` mounted
+/// with `mount_flags`, its access mode from the volume's access modes (ReadWriteOncePod,
+/// then ReadWriteMany, ReadWriteOnce, ReadOnlyMany, as upstream's CSI plugin picks).
+pub fn mount_capability(
+    modes: &[String],
+    fs_type: &str,
+    mount_flags: Vec<String>,
+) -> spec::VolumeCapability {
+    use spec::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+    let has = |m: &str| modes.iter().any(|x| x == m);
+    let mode = if has("ReadWriteOncePod") {
+        Mode::SingleNodeSingleWriter
+    } else if has("ReadWriteMany") {
+        Mode::MultiNodeMultiWriter
+    } else if has("ReadWriteOnce") {
+        Mode::SingleNodeWriter
+    } else if has("ReadOnlyMany") {
+        Mode::MultiNodeReaderOnly
+    } else {
+        Mode::SingleNodeWriter
+    };
+    spec::VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.to_owned(),
+            mount_flags,
+            volume_mount_group: String::new(),
+        })),
+    }
+}
+
 /// Lower-case hex SHA-256 (the kubelet's staging directories are named by it too).
 pub fn hex_sha256(s: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
@@ -39,6 +70,37 @@ pub const ZONE_KEY: &str = "topology.kubernetes.io/zone";
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn access_modes_become_csi_modes() {
+        use super::spec::volume_capability::access_mode::Mode;
+        let mode = |m: &[&str]| {
+            let modes: Vec<String> = m.iter().map(|s| (*s).to_owned()).collect();
+            super::mount_capability(&modes, "", Vec::new())
+                .access_mode
+                .map(|a| a.mode)
+        };
+        assert_eq!(
+            mode(&["ReadWriteOnce"]),
+            Some(Mode::SingleNodeWriter as i32)
+        );
+        assert_eq!(
+            mode(&["ReadWriteOncePod"]),
+            Some(Mode::SingleNodeSingleWriter as i32)
+        );
+        assert_eq!(
+            mode(&["ReadOnlyMany"]),
+            Some(Mode::MultiNodeReaderOnly as i32)
+        );
+        assert_eq!(
+            mode(&["ReadWriteMany"]),
+            Some(Mode::MultiNodeMultiWriter as i32)
+        );
+        assert_eq!(
+            mode(&["ReadWriteOnce", "ReadOnlyMany"]),
+            Some(Mode::SingleNodeWriter as i32)
+        );
+    }
+
     #[test]
     fn names_are_upstreams() {
         assert_eq!(

@@ -13,7 +13,7 @@ use std::time::Duration;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use kumo_csi::spec::{
-    volume_capability, NodeGetInfoRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
+    NodeGetInfoRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
     NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
 };
 use serde_json::{json, Value};
@@ -80,43 +80,21 @@ fn status_text(e: &kumo_csi::grpc::Status) -> String {
     format!("rpc error: code = {:?} desc = {}", e.code(), e.message())
 }
 
-/// A CSI access mode for a PersistentVolume's access modes.
+/// The capability the PersistentVolume `pv` is used with.
 fn capability(pv: &Value, fs_type: &str) -> VolumeCapability {
-    use volume_capability::access_mode::Mode;
-    let modes: Vec<String> = pv
-        .pointer("/spec/accessModes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|m| m.as_str().map(str::to_owned))
-        .collect();
-    let mode = if modes.iter().any(|m| m == "ReadWriteOncePod") {
-        Mode::SingleNodeSingleWriter
-    } else if modes.iter().any(|m| m == "ReadWriteMany") {
-        Mode::MultiNodeMultiWriter
-    } else if modes.iter().any(|m| m == "ReadWriteOnce") {
-        Mode::SingleNodeWriter
-    } else if modes.iter().any(|m| m == "ReadOnlyMany") {
-        Mode::MultiNodeReaderOnly
-    } else {
-        Mode::SingleNodeWriter
+    let list = |p: &str| -> Vec<String> {
+        pv.pointer(p)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m.as_str().map(str::to_owned))
+            .collect()
     };
-    VolumeCapability {
-        access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
-        access_type: Some(volume_capability::AccessType::Mount(
-            volume_capability::MountVolume {
-                fs_type: fs_type.to_owned(),
-                mount_flags: pv
-                    .pointer("/spec/mountOptions")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|o| o.as_str().map(str::to_owned))
-                    .collect(),
-                volume_mount_group: String::new(),
-            },
-        )),
-    }
+    kumo_csi::mount_capability(
+        &list("/spec/accessModes"),
+        fs_type,
+        list("/spec/mountOptions"),
+    )
 }
 
 fn string_map(v: Option<&Value>) -> HashMap<String, String> {

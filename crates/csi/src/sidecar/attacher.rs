@@ -300,7 +300,7 @@ impl Ctl {
             .controller_publish_volume(ControllerPublishVolumeRequest {
                 volume_id: handle,
                 node_id,
-                volume_capability: Some(super::provisioner::capability_for(&modes, &fs_type)),
+                volume_capability: Some(crate::mount_capability(&modes, &fs_type, Vec::new())),
                 readonly: read_only,
                 ..Default::default()
             })

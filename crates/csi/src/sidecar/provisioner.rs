@@ -29,7 +29,7 @@ use kumo_client::workqueue::RateLimiter;
 use super::{status_text, Context};
 use crate::spec::{
     volume_capability, CapacityRange, CreateVolumeRequest, DeleteVolumeRequest, Topology,
-    TopologyRequirement, VolumeCapability,
+    TopologyRequirement,
 };
 
 /// The finalizer that keeps a volume's object until its storage is deleted.
@@ -160,31 +160,6 @@ fn claim_class(c: &PersistentVolumeClaim) -> String {
             .as_ref()
             .and_then(|s| s.storage_class_name.as_deref()),
     )
-}
-
-/// A CSI capability for a claim's access modes (a file system).
-pub fn capability_for(modes: &[String], fs_type: &str) -> VolumeCapability {
-    use volume_capability::access_mode::Mode;
-    let mode = if modes.iter().any(|m| m == "ReadWriteOncePod") {
-        Mode::SingleNodeSingleWriter
-    } else if modes.iter().any(|m| m == "ReadWriteMany") {
-        Mode::MultiNodeMultiWriter
-    } else if modes.iter().any(|m| m == "ReadOnlyMany")
-        && !modes.iter().any(|m| m == "ReadWriteOnce")
-    {
-        Mode::MultiNodeReaderOnly
-    } else {
-        Mode::SingleNodeWriter
-    };
-    VolumeCapability {
-        access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
-        access_type: Some(volume_capability::AccessType::Mount(
-            volume_capability::MountVolume {
-                fs_type: fs_type.to_owned(),
-                ..Default::default()
-            },
-        )),
-    }
 }
 
 /// Bytes as a quantity in the largest binary unit that divides them.
@@ -395,7 +370,7 @@ impl Ctl {
         );
         params.insert("csi.storage.k8s.io/pv/name".into(), pv_name.to_owned());
         let requirement = self.requirement(class, selected).map_err(fail)?;
-        let mut cap = capability_for(&modes, &fs_type);
+        let mut cap = crate::mount_capability(&modes, &fs_type, Vec::new());
         if spec.volume_mode.as_deref() == Some("Block") {
             // A raw block device is asked for as one: a driver without them refuses it.
             cap.access_type = Some(volume_capability::AccessType::Block(
@@ -648,30 +623,5 @@ mod tests {
         assert_eq!(bytes_quantity(3 << 30), "3Gi");
         assert_eq!(bytes_quantity(1536 << 20), "1536Mi");
         assert_eq!(bytes_quantity(1000), "1000");
-    }
-
-    #[test]
-    fn access_modes_become_csi_modes() {
-        use volume_capability::access_mode::Mode;
-        let mode = |m: &[&str]| {
-            let modes: Vec<String> = m.iter().map(|s| (*s).to_owned()).collect();
-            capability_for(&modes, "").access_mode.map(|a| a.mode)
-        };
-        assert_eq!(
-            mode(&["ReadWriteOnce"]),
-            Some(Mode::SingleNodeWriter as i32)
-        );
-        assert_eq!(
-            mode(&["ReadWriteOncePod"]),
-            Some(Mode::SingleNodeSingleWriter as i32)
-        );
-        assert_eq!(
-            mode(&["ReadOnlyMany"]),
-            Some(Mode::MultiNodeReaderOnly as i32)
-        );
-        assert_eq!(
-            mode(&["ReadWriteMany"]),
-            Some(Mode::MultiNodeMultiWriter as i32)
-        );
     }
 }
