@@ -1,4 +1,4 @@
-//! The admission plugins LimitRanger, ResourceQuota, NodeRestriction and
+//! The admission plugins LimitRanger, ResourceQuota, NodeRestriction, PersistentVolumeClaimResize and
 //! TaintNodesByCondition through the real kubectl: defaults and refusals with
 //! kube-apiserver's messages, quota usage written back to the ResourceQuota's status, and
 //! what a kubelet's identity (`system:node:<name>`) may and may not do.
@@ -754,4 +754,58 @@ async fn runtime_classes_add_overhead_and_scheduling() {
         "{}",
         out.stderr
     );
+}
+
+/// PersistentVolumeClaimResize: a claim asks for more only in a class that allows volume
+/// expansion; anything else is refused with kube-apiserver's words and the claim is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_grows_only_in_an_expandable_class() {
+    let (server, _dir) = start().await;
+    let kc = server.admin_kubeconfig.clone();
+    for (name, expand) in [("fixed", false), ("elastic", true)] {
+        must(
+            &kc,
+            &format!("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: {name}\nprovisioner: example.com/disk\nallowVolumeExpansion: {expand}\n"),
+        )
+        .await;
+        must(
+            &kc,
+            &format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\nspec:\n  storageClassName: {name}\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests: {{storage: 1Gi}}\n"),
+        )
+        .await;
+    }
+    let grow = r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#;
+    let out = k(&kc, &["patch", "pvc", "fixed", "-p", grow]).await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("persistentvolumeclaims \"fixed\" is forbidden: only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize"),
+        "{}",
+        out.stderr
+    );
+    let kept = k(
+        &kc,
+        &[
+            "get",
+            "pvc",
+            "fixed",
+            "-o",
+            "jsonpath={.spec.resources.requests.storage}",
+        ],
+    )
+    .await;
+    assert_eq!(kept.stdout, "1Gi");
+    let out = k(&kc, &["patch", "pvc", "elastic", "-p", grow]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let grown = k(
+        &kc,
+        &[
+            "get",
+            "pvc",
+            "elastic",
+            "-o",
+            "jsonpath={.spec.resources.requests.storage}",
+        ],
+    )
+    .await;
+    assert_eq!(grown.stdout, "2Gi");
 }

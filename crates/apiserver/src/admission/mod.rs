@@ -73,6 +73,21 @@ pub struct Attributes<'a> {
     pub rest: &'a Rest,
 }
 
+impl Attributes<'_> {
+    /// The stored object at storage key `key` (a cluster-scoped object a plugin consults,
+    /// such as a RuntimeClass or a StorageClass), decoded; `None` when there is none.
+    pub async fn stored(&self, key: &str) -> Result<Option<Value>, ApiError> {
+        let (kv, _) = self
+            .rest
+            .store
+            .get(key.as_bytes(), None)
+            .await
+            .map_err(ApiError::internal)?;
+        kv.map(|kv| serde_json::from_slice(&kv.value).map_err(ApiError::internal))
+            .transpose()
+    }
+}
+
 /// One admission plugin. Both phases default to "no opinion".
 #[async_trait]
 pub trait Plugin: Send + Sync {

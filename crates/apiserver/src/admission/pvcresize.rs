@@ -57,15 +57,9 @@ impl Plugin for PersistentVolumeClaimResize {
         if name.is_empty() || class(old) != name {
             return Err(refuse());
         }
-        let key = format!("/registry/storageclasses/{name}");
-        let (kv, _) = a
-            .rest
-            .store
-            .get(key.as_bytes(), None)
-            .await
-            .map_err(ApiError::internal)?;
-        let allowed = kv
-            .and_then(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+        let allowed = a
+            .stored(&format!("/registry/storageclasses/{name}"))
+            .await?
             .and_then(|sc| sc.get("allowVolumeExpansion").and_then(Value::as_bool))
             == Some(true);
         if allowed {

@@ -38,20 +38,15 @@ impl Plugin for RuntimeClass {
         else {
             return Ok(());
         };
-        let key = format!("/registry/runtimeclasses/{class}");
-        let (kv, _) = a
-            .rest
-            .store
-            .get(key.as_bytes(), None)
-            .await
-            .map_err(ApiError::internal)?;
-        let Some(kv) = kv else {
+        let Some(rc) = a
+            .stored(&format!("/registry/runtimeclasses/{class}"))
+            .await?
+        else {
             return Err(pod_forbidden(
                 a,
                 format!("pod rejected: RuntimeClass \"{class}\" not found"),
             ));
         };
-        let rc: Value = serde_json::from_slice(&kv.value).map_err(ApiError::internal)?;
         let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
             return Ok(());
         };
