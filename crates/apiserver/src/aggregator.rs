@@ -458,14 +458,20 @@ where
     match pod_network {
         Some(net) => {
             let conn = net.connect(to).map_err(|e| dial_error(addr, &e))?;
-            handshake(connector, name, conn).await
+            // A stream nothing answers on yet (a pod still starting) must not hold the
+            // request, discovery's included, forever.
+            tokio::time::timeout(CHECK_TIMEOUT, handshake(connector, name, conn))
+                .await
+                .map_err(|_| format!("dial tcp {addr}: i/o timeout"))?
         }
         None => {
             let tcp = tokio::time::timeout(CHECK_TIMEOUT, tokio::net::TcpStream::connect(to))
                 .await
                 .map_err(|_| format!("dial tcp {addr}: i/o timeout"))?
                 .map_err(|e| dial_error(addr, &e))?;
-            handshake(connector, name, tcp).await
+            tokio::time::timeout(CHECK_TIMEOUT, handshake(connector, name, tcp))
+                .await
+                .map_err(|_| format!("dial tcp {addr}: i/o timeout"))?
         }
     }
 }

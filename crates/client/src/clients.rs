@@ -223,5 +223,15 @@ pub async fn config_from_kubeconfig(path: &std::path::Path) -> Result<kube::Conf
     let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
     kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
         .await
+        .map(as_client_go)
         .map_err(|e| bad(e.to_string()))
+}
+
+/// `cfg` behaving as client-go's: a 503 or 429 is the caller's to handle. kube's default
+/// retry policy repeats them up to 15 times with a back-off growing to 1000 s, so one
+/// discovery of an unavailable aggregated API (`metrics.k8s.io` before its pod runs)
+/// would hold the garbage collector's or the namespace controller's discovery for minutes.
+pub fn as_client_go(mut cfg: kube::Config) -> kube::Config {
+    cfg.default_retry = false;
+    cfg
 }

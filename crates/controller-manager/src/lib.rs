@@ -428,6 +428,7 @@ impl ControllerManager {
         };
         let kcfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
+            .map(kumo_client::clients::as_client_go)
             .map_err(|e| bad(e.to_string()))?;
         let client = Client::try_from(kcfg.clone())?;
         let identity = cfg

@@ -306,7 +306,10 @@ impl Gc {
     ) {
         let mut monitors: HashMap<(String, String), (String, JoinHandle<()>)> = HashMap::new();
         loop {
-            match self.discover().await {
+            let started = std::time::Instant::now();
+            let found = self.discover().await;
+            tracing::debug!(elapsed = ?started.elapsed(), "discovery done");
+            match found {
                 Ok((mapper, deletable, failed)) => {
                     {
                         let mut m = self.mapper.write();
@@ -500,6 +503,9 @@ impl Gc {
                         }
                     }
                     known = listed;
+                    if !*synced.borrow() {
+                        tracing::debug!(resource = %ar.plural, group = %ar.group, "monitor synced");
+                    }
                     synced.send_replace(true);
                 }
                 Ok(WatchEvent::Apply(obj)) => {
