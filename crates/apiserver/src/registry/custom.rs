@@ -399,9 +399,7 @@ impl Strategy for CustomResource {
     fn cells(&self, obj: &Value) -> Vec<Value> {
         let mut cells = vec![json!(name_of(obj))];
         for (col, path) in &self.columns {
-            let v = obj.pointer(&json_path_pointer(
-                path.trim_start_matches('{').trim_end_matches('}'),
-            ));
+            let v = column_value(obj, path);
             cells.push(match (v, col.type_) {
                 (None | Some(Value::Null), _) => Value::Null,
                 (Some(Value::String(s)), "date") => json!(crate::time::age(Some(s))),
@@ -1063,5 +1061,73 @@ mod tests {
             errs,
             ["spec.cronSpec: Invalid value: \"integer\": spec.cronSpec in body must be of type string: \"integer\""]
         );
+    }
+}
+
+/// A printer column's value: the first result of its JSONPath, as upstream's CRD table
+/// convertor takes it. Kubernetes' JSONPath (`.status.conditions[?(@.type=="Ready")].status`,
+/// `.metadata.labels['a\.b/c']`) is read as RFC 9535's: rooted at `$`, with the dots
+/// that Kubernetes escapes in quoted names unescaped.
+fn column_value<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
+    use jsonpath_rust::JsonPath;
+    let path = path.trim().trim_start_matches('{').trim_end_matches('}');
+    let rooted = if path.starts_with('$') {
+        path.to_owned()
+    } else {
+        format!("${path}")
+    };
+    let mut rfc = String::with_capacity(rooted.len());
+    let mut quote = None;
+    let mut chars = rooted.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(_), '\\') if chars.peek() == Some(&'.') => {}
+            (Some(q), c) if c == q => {
+                quote = None;
+                rfc.push(c);
+            }
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                rfc.push(c);
+            }
+            _ => rfc.push(c),
+        }
+    }
+    match obj.query(&rfc) {
+        Ok(found) => found.into_iter().next(),
+        // Not JSONPath this reads: the dotted path it names.
+        Err(_) => obj.pointer(&json_path_pointer(path)),
+    }
+}
+
+#[cfg(test)]
+mod column_tests {
+    use super::column_value;
+    use serde_json::json;
+
+    #[test]
+    fn printer_columns_read_kubernetes_jsonpath() {
+        let obj = json!({
+            "metadata": {"labels": {"cluster.x-k8s.io/cluster-name": "demo"}},
+            "spec": {"replicas": 3},
+            "status": {"conditions": [
+                {"type": "Available", "status": "False"},
+                {"type": "Ready", "status": "True"},
+            ]},
+        });
+        assert_eq!(column_value(&obj, ".spec.replicas"), Some(&json!(3)));
+        assert_eq!(
+            column_value(&obj, r#".status.conditions[?(@.type=="Ready")].status"#),
+            Some(&json!("True"))
+        );
+        assert_eq!(
+            column_value(&obj, r".metadata.labels['cluster\.x-k8s\.io/cluster-name']"),
+            Some(&json!("demo"))
+        );
+        assert_eq!(
+            column_value(&obj, ".status.conditions[0].type"),
+            Some(&json!("Available"))
+        );
+        assert_eq!(column_value(&obj, ".status.missing"), None);
     }
 }
