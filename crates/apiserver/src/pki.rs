@@ -239,6 +239,43 @@ impl Ca {
         })
     }
 
+    /// A new CA held in memory (not written anywhere): `name` is kubeadm's name for it,
+    /// `cn` its subject. Cluster API's control-plane provider makes a cluster's CAs so.
+    pub fn generate(name: &str, cn: &str) -> Result<Ca> {
+        let key_pair = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+            KeyUsagePurpose::KeyCertSign,
+        ];
+        validity(&mut params, CA_DAYS);
+        let cert = params.self_signed(&key_pair)?;
+        Ok(Ca {
+            cert_pem: cert.pem(),
+            key: Some(key_pair),
+            name: name.to_owned(),
+        })
+    }
+
+    /// A CA from its PEM certificate and key (a Secret's `tls.crt` and `tls.key`).
+    pub fn from_pem(name: &str, cert_pem: &str, key_pem: &str) -> Result<Ca> {
+        Ok(Ca {
+            cert_pem: cert_pem.to_owned(),
+            key: Some(KeyPair::from_pem(key_pem)?),
+            name: name.to_owned(),
+        })
+    }
+
+    /// The CA's key, PEM (PKCS#8), if it has one.
+    pub fn key_pem(&self) -> Option<String> {
+        self.key.as_ref().map(KeyPair::serialize_pem)
+    }
+
     /// Loads `dir/<name>.crt` and, when present, its key; `None` without a certificate.
     pub fn load(dir: &Path, name: &str) -> Result<Option<Ca>> {
         let crt = dir.join(format!("{name}.crt"));

@@ -59,6 +59,9 @@ pub struct CloudSettings {
     /// The cloud-controller-manager's `--controllers` (`*`: all of them); empty: no
     /// cloud-controller-manager at all.
     pub controllers: Vec<String>,
+    /// Cluster API and the kumo cloud's infrastructure provider (see
+    /// [`crate::clusterapi`]): this cluster hands out workload clusters.
+    pub cluster_api: bool,
 }
 
 impl Default for CloudSettings {
@@ -68,6 +71,7 @@ impl Default for CloudSettings {
             name: "kumo".into(),
             workers: 1,
             controllers: vec!["*".into()],
+            cluster_api: false,
         }
     }
 }
@@ -191,7 +195,7 @@ pub struct InstanceStart {
     pub created: bool,
 }
 
-fn server_url(kubeconfig: &Path) -> Result<String> {
+pub(crate) fn server_url(kubeconfig: &Path) -> Result<String> {
     let text = std::fs::read_to_string(kubeconfig)
         .with_context(|| format!("reading {}", kubeconfig.display()))?;
     text.lines()
@@ -474,6 +478,7 @@ async fn start_cloud(
         .await
         .map_err(|e| anyhow::anyhow!("starting the cloud: {e}"))?;
     let client = cloud.client().context("a client of the cloud")?;
+    hypervisor.set_cloud(cfg.cloud_dir(), client.clone());
     let mut instances = Vec::new();
     let workers = settings.worker_names();
     // As `kubeadm init`: a bootstrap token the workers join with (`kubeadm join --token`).
@@ -509,6 +514,20 @@ async fn start_cloud(
         crate::storage::start(&cfg.data_dir, &cfg.cloud_dir(), &client, &admin, &server)
             .await
             .context("installing the cloud's CSI driver")?;
+    }
+    if settings.cluster_api {
+        let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
+        let server = server_url(&api.admin_kubeconfig)?;
+        crate::clusterapi::start(
+            &cfg.data_dir,
+            &cfg.cloud_dir(),
+            &client,
+            &admin,
+            &server,
+            hypervisor.tenants(),
+        )
+        .await
+        .context("starting Cluster API")?;
     }
     let mut ccm_access_key_id = None;
     if !settings.controllers.is_empty() {
@@ -719,7 +738,9 @@ pub(crate) async fn cloud_credentials(
 async fn run_metrics_server(admin: PathBuf, dataplane: Arc<kumo_sim::net::Dataplane>) {
     let start = || async {
         let kc = kube::config::Kubeconfig::read_from(&admin)?;
-        let base = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        let base = kumo_client::clients::as_client_go(
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
+        );
         let root = kube::Client::try_from(base.clone())?;
         let (stop_tx, stop) = watch::channel(false);
         // The token renewal runs as long as the process.
@@ -765,7 +786,10 @@ async fn serving_port(on: bool, rx: &mut watch::Receiver<Option<SocketAddr>>) ->
 /// The controller-manager, each controller acting as its own ServiceAccount (kubeadm's
 /// `--use-service-account-credentials`); started again if it stops (it stops when it
 /// loses the lease).
-async fn run_controller_manager(kubeconfig: PathBuf, serving: watch::Sender<Option<SocketAddr>>) {
+pub(crate) async fn run_controller_manager(
+    kubeconfig: PathBuf,
+    serving: watch::Sender<Option<SocketAddr>>,
+) {
     loop {
         let mut cfg = kumo_controller_manager::Config::new(&kubeconfig);
         cfg.use_service_account_credentials = true;
@@ -806,7 +830,7 @@ async fn run_controller_manager(kubeconfig: PathBuf, serving: watch::Sender<Opti
 /// writes a cloud route per node range (`--allocate-node-cidrs --configure-cloud-routes
 /// --cluster-cidr 10.244.0.0/16`). Started again if it stops (it stops when it loses the
 /// lease).
-async fn run_cloud_controller_manager(
+pub(crate) async fn run_cloud_controller_manager(
     kubeconfig: PathBuf,
     controllers: Vec<String>,
     cloud: kumo_cloud::Client,
@@ -840,7 +864,7 @@ async fn run_cloud_controller_manager(
 }
 
 /// The scheduler as system:kube-scheduler; started again if it stops.
-async fn run_scheduler(kubeconfig: PathBuf, serving: watch::Sender<Option<SocketAddr>>) {
+pub(crate) async fn run_scheduler(kubeconfig: PathBuf, serving: watch::Sender<Option<SocketAddr>>) {
     loop {
         let mut cfg = kumo_scheduler::Config::new(&kubeconfig);
         let mut s = kumo_scheduler::Scheduler::start(cfg.clone()).await;
@@ -864,7 +888,7 @@ async fn run_scheduler(kubeconfig: PathBuf, serving: watch::Sender<Option<Socket
 
 /// kube-proxy as system:kube-proxy; started again if it stops.
 /// The simulated pod network as the API server reaches it.
-struct PodNetwork(Arc<kumo_sim::net::Dataplane>);
+pub(crate) struct PodNetwork(pub(crate) Arc<kumo_sim::net::Dataplane>);
 
 impl std::fmt::Debug for PodNetwork {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -882,7 +906,7 @@ impl kumo_apiserver::resource_proxy::PodNetwork for PodNetwork {
     }
 }
 
-async fn run_proxy(kubeconfig: PathBuf, dataplane: Arc<kumo_sim::net::Dataplane>) {
+pub(crate) async fn run_proxy(kubeconfig: PathBuf, dataplane: Arc<kumo_sim::net::Dataplane>) {
     loop {
         if let Err(e) = kumo_proxy::run(&kubeconfig, dataplane.clone()).await {
             tracing::error!(error = %e, "kube-proxy stopped; restarting");

@@ -134,6 +134,12 @@ pub struct KubeletHypervisor {
     runtime: crate::machine::RuntimeKind,
     /// The VPC the machines attach to (the real network).
     vpc: Option<std::sync::Arc<kumo_vpc::Vpc>>,
+    /// The workload clusters of the instances Cluster API boots (cloud-init user data).
+    tenants: std::sync::Arc<crate::kubeadm::Tenants>,
+    /// Those instances, by id.
+    kubeadm_machines: Mutex<HashMap<String, crate::kubeadm::Running>>,
+    /// The cloud's directory and an admin client of it, once it runs.
+    cloud: std::sync::OnceLock<(PathBuf, kumo_cloud::Client)>,
 }
 
 impl KubeletHypervisor {
@@ -154,7 +160,21 @@ impl KubeletHypervisor {
             dataplane: None,
             runtime: crate::machine::RuntimeKind::Sim,
             vpc: None,
+            tenants: Default::default(),
+            kubeadm_machines: Mutex::new(HashMap::new()),
+            cloud: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The workload clusters this host's instances run.
+    pub fn tenants(&self) -> std::sync::Arc<crate::kubeadm::Tenants> {
+        self.tenants.clone()
+    }
+
+    /// Tells the hypervisor its cloud (for the cloud access keys of the control planes it
+    /// boots).
+    pub fn set_cloud(&self, cloud_dir: PathBuf, admin: kumo_cloud::Client) {
+        let _ = self.cloud.set((cloud_dir, admin));
     }
 
     /// Machines attached to `vpc` (the real network): each instance's namespace gets its
@@ -420,13 +440,13 @@ impl KubeletHypervisor {
 
 /// A worker kubelet's TLS bootstrap files.
 #[derive(Clone, Debug)]
-struct TlsBootstrap {
+pub(crate) struct TlsBootstrap {
     /// The kubeconfig it writes once its certificate is issued, and runs with.
-    kubeconfig: PathBuf,
+    pub(crate) kubeconfig: PathBuf,
     /// The bootstrap kubeconfig (the token).
-    bootstrap: PathBuf,
+    pub(crate) bootstrap: PathBuf,
     /// Where its key and certificate are kept.
-    cert_dir: PathBuf,
+    pub(crate) cert_dir: PathBuf,
 }
 
 /// Points every cluster of the kubeconfig at `path` to `server`, if it is not already.
@@ -453,7 +473,7 @@ fn repoint_kubeconfig(path: &std::path::Path, server: &str) -> Result<(), String
 }
 
 /// Writes `data` to `path`, readable by its owner only (it holds a credential).
-fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let mut f = std::fs::OpenOptions::new()
@@ -486,12 +506,39 @@ impl Drop for KubeletHypervisor {
         for r in self.lock().values() {
             r.stop.send_replace(true);
         }
+        for m in self
+            .kubeadm_machines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            m.stop.send_replace(true);
+        }
     }
 }
 
 #[async_trait]
 impl Hypervisor for KubeletHypervisor {
     async fn boot(&self, inst: &Instance) -> Result<(), HypervisorError> {
+        if crate::kubeadm::is_cloud_init(&inst.user_data) {
+            let mut machines = self
+                .kubeadm_machines
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if machines.contains_key(&inst.id) {
+                return Ok(());
+            }
+            let ctx = crate::kubeadm::MachineContext {
+                data_dir: self.data_dir.clone(),
+                tenants: self.tenants.clone(),
+                cloud: self.cloud.get().cloned(),
+            };
+            let running = crate::kubeadm::boot(ctx, inst)
+                .map_err(|e| HypervisorError(format!("booting {}: {e:#}", inst.name)))?;
+            tracing::info!(instance = %inst.id, name = %inst.name, "kubeadm machine booted");
+            machines.insert(inst.id.clone(), running);
+            return Ok(());
+        }
         if self.lock().contains_key(&inst.id) {
             // Booted already (a cloud restarted in this process resumes its instances).
             return Ok(());
@@ -601,6 +648,17 @@ impl Hypervisor for KubeletHypervisor {
     }
 
     async fn halt(&self, inst: &Instance) -> Result<(), HypervisorError> {
+        let machine = self
+            .kubeadm_machines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&inst.id);
+        if let Some(m) = machine {
+            m.stop.send_replace(true);
+            let _ = tokio::task::spawn_blocking(move || m.thread.join()).await;
+            tracing::info!(instance = %inst.id, name = %inst.name, "kubeadm machine halted");
+            return Ok(());
+        }
         let Some(r) = self.lock().remove(&inst.id) else {
             return Ok(());
         };
@@ -654,7 +712,7 @@ fn free_port() -> std::io::Result<u16> {
 
 /// Runs the kubelet until told to stop; restarts it (on a fresh runtime, so nothing of the
 /// previous one lingers) when it fails.
-fn kubelet_thread(
+pub(crate) fn kubelet_thread(
     cfg: kumo_kubelet::KubeletConfig,
     join: Option<TlsBootstrap>,
     dial: Option<KubeletDialOverrides>,
@@ -730,7 +788,7 @@ fn kubelet_thread(
 
 /// kubeadm's mark-control-plane phase: once the node has registered, label it as the
 /// control plane (with admin credentials; the kubelet may not set this label itself).
-async fn mark_control_plane(admin: PathBuf, node: String) {
+pub(crate) async fn mark_control_plane(admin: PathBuf, node: String) {
     use k8s_openapi::api::core::v1::Node;
     use kube::api::{Api, Patch, PatchParams};
     let client = match kube_client(&admin).await {
@@ -762,7 +820,9 @@ async fn mark_control_plane(admin: PathBuf, node: String) {
 pub(crate) async fn kube_client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    Ok(kube::Client::try_from(cfg)?)
+    Ok(kube::Client::try_from(kumo_client::clients::as_client_go(
+        cfg,
+    ))?)
 }
 
 #[cfg(test)]

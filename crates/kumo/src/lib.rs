@@ -4,8 +4,10 @@
 
 pub mod addons;
 pub mod cluster;
+pub mod clusterapi;
 pub mod controlplane;
 pub mod hypervisor;
+pub mod kubeadm;
 pub mod kubeconfig;
 pub mod machine;
 pub mod storage;

@@ -442,6 +442,11 @@ struct UpArgs {
     /// cloud-controller-manager, so nodes stay uninitialized).
     #[arg(long, value_delimiter = ',', default_value = "*")]
     cloud_controllers: Vec<String>,
+    /// Hand out clusters: install Cluster API (v1beta2) with the kumo cloud's
+    /// infrastructure provider, as `clusterctl init --infrastructure kumo` would; a
+    /// Cluster applied to this cluster gets machines in the cloud, booted on this host.
+    #[arg(long, conflicts_with = "no_cloud")]
+    cluster_api: bool,
     /// Merge a kumo-<name> context into your kubeconfig ($KUBECONFIG or ~/.kube/config)
     /// and make it the current one, as kind does (`kumo down` takes it out again).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
@@ -507,6 +512,7 @@ async fn up(args: UpArgs) -> Result<()> {
                 .filter(|c| !c.is_empty())
                 .cloned()
                 .collect(),
+            cluster_api: args.cluster_api,
         });
         c
     };

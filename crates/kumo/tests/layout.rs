@@ -126,3 +126,29 @@ fn storage_is_known_through_the_csi_interface_and_the_cloud_only_by_its_driver()
     assert!(disk.contains(&"kumo-cloud".to_owned()), "{disk:?}");
     assert!(disk.contains(&"kumo-csi".to_owned()), "{disk:?}");
 }
+
+#[test]
+fn cluster_api_knows_infrastructure_only_through_its_provider() {
+    let edges = edges();
+    let deps = |p: &str| -> Vec<String> {
+        edges
+            .iter()
+            .filter(|(from, _)| from == p)
+            .map(|(_, d)| d.clone())
+            .collect()
+    };
+    // Cluster API's core reaches machines only through contract references: no cloud, no
+    // provider, no hypervisor.
+    let capi = deps("kumo-capi");
+    assert!(capi.contains(&"kumo-client".to_owned()), "{capi:?}");
+    for banned in ["kumo-cloud", "kumo-capk", "kumo-sim", "kumo-kubelet"] {
+        assert!(!capi.contains(&banned.to_owned()), "kumo-capi -> {banned}");
+    }
+    // The kumo cloud's provider is the one that talks to the cloud.
+    let capk = deps("kumo-capk");
+    assert!(capk.contains(&"kumo-cloud".to_owned()), "{capk:?}");
+    assert!(capk.contains(&"kumo-capi".to_owned()), "{capk:?}");
+    for banned in ["kumo-sim", "kumo-kubelet", "kumo-controller-manager"] {
+        assert!(!capk.contains(&banned.to_owned()), "kumo-capk -> {banned}");
+    }
+}

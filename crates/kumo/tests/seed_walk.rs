@@ -996,3 +996,255 @@ fn seed_000_csi_registration_and_volumes() {
         (out.is_empty() && err.contains("NotFound")).then_some(())
     });
 }
+
+/// The management side of seed 000: the course platform applies a Cluster (a
+/// KubeadmControlPlane of one and a MachineDeployment of two, on the kumo cloud) in the
+/// learner's `handson-<user>` namespace; Cluster API's controllers and the kumo provider
+/// turn it into instances that run kubeadm; the kubeconfig lands in `<cluster>-kubeconfig`.
+/// With it, the tenant's kubectl sees three Ready nodes named by their instances; the real
+/// `clusterctl describe` shows the tree Available; scaling adds a worker; a terminated
+/// worker is replaced through a MachineHealthCheck; deleting the Cluster removes every
+/// machine, instance, load balancer and Secret.
+#[test]
+fn seed_000_cluster_api_hands_out_a_cluster() {
+    let clusterctl = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.reference/bin/clusterctl");
+    assert!(
+        clusterctl.exists(),
+        "{} is missing: `scripts/reference build` builds it (the test command does)",
+        clusterctl.display()
+    );
+    let u = up(&["--cluster-api", "--nodes", "0"]);
+    let ns = "handson-alice";
+    u.ok(&["create", "namespace", ns]);
+    let manifest =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/cluster-api.yaml");
+    let t = Instant::now();
+    u.ok(&["apply", "-n", ns, "-f", manifest.to_str().unwrap()]);
+
+    // The kubeconfig Secret, as Cluster API writes it, and the cluster's certificates.
+    let secret = eventually(30, "the demo-kubeconfig Secret", || {
+        let (ok, out, _) = u.k(&["get", "secret", "-n", ns, "demo-kubeconfig", "-o", "json"]);
+        ok.then(|| serde_json::from_str::<serde_json::Value>(&out).unwrap())
+    });
+    eprintln!("Cluster applied → kubeconfig Secret in {:?}", t.elapsed());
+    assert_eq!(secret["type"], "cluster.x-k8s.io/secret");
+    assert_eq!(
+        secret["metadata"]["labels"]["cluster.x-k8s.io/cluster-name"],
+        "demo"
+    );
+    for suffix in ["ca", "etcd", "proxy", "sa"] {
+        let s = u.json(&["get", "secret", "-n", ns, &format!("demo-{suffix}")]);
+        assert_eq!(s["type"], "cluster.x-k8s.io/secret", "demo-{suffix}");
+        assert!(
+            s["data"]["tls.crt"].is_string() && s["data"]["tls.key"].is_string(),
+            "demo-{suffix}"
+        );
+    }
+    use base64::Engine;
+    let value = base64::engine::general_purpose::STANDARD
+        .decode(secret["data"]["value"].as_str().unwrap())
+        .unwrap();
+    let tenant_kc = u.dir.with_file_name("demo.kubeconfig");
+    std::fs::write(&tenant_kc, value).unwrap();
+    let tk = |args: &[&str]| -> (bool, String, String) {
+        let out = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &tenant_kc)
+            .output()
+            .unwrap();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let ready_nodes = |n: usize| {
+        eventually(
+            60,
+            &format!("{n} Ready nodes in the workload cluster"),
+            || {
+                let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
+                let nodes: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+                let items = nodes["items"].as_array()?.clone();
+                let ready = items.iter().all(|node| {
+                    node["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        && node["spec"]["providerID"].is_string()
+                });
+                (items.len() == n && ready).then_some(items)
+            },
+        )
+    };
+    let nodes = ready_nodes(3);
+    eprintln!("Cluster applied → 3 Ready nodes in {:?}", t.elapsed());
+    let instances: serde_json::Value =
+        serde_json::from_str(&u.cloud(&["instances", "list", "-o", "json"])).unwrap();
+    for node in &nodes {
+        let pid = node["spec"]["providerID"].as_str().unwrap();
+        let (zone, id) = pid
+            .strip_prefix("kumo://")
+            .unwrap()
+            .split_once('/')
+            .unwrap();
+        let inst = instances
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["id"] == id)
+            .unwrap_or_else(|| panic!("{pid} names no instance"));
+        assert_eq!(inst["zone"], zone);
+        assert_eq!(inst["state"], "running");
+        assert_eq!(inst["name"], node["metadata"]["name"]);
+    }
+    let (_, wide, _) = tk(&["get", "nodes"]);
+    assert!(wide.contains("control-plane"), "{wide}");
+    // The tenant's credentials open nothing of the management cluster.
+    let mgmt: serde_json::Value =
+        serde_json::from_str(&u.ok(&["config", "view", "--minify", "-o", "json"])).unwrap();
+    let mgmt_server = mgmt["clusters"][0]["cluster"]["server"].as_str().unwrap();
+    let (ok, _, err) = tk(&[
+        "--server",
+        mgmt_server,
+        "--insecure-skip-tls-verify",
+        "get",
+        "namespaces",
+    ]);
+    assert!(
+        !ok && (err.contains("Unauthorized") || err.contains("must be logged in")),
+        "{err}"
+    );
+
+    // clusterctl reads the tree.
+    let described = eventually(30, "clusterctl describe: Available", || {
+        let out = Command::new(&clusterctl)
+            .args(["describe", "cluster", "demo", "-n", ns])
+            .env("KUBECONFIG", &u.kubeconfig)
+            .output()
+            .unwrap();
+        let s = text(&out.stdout);
+        let line = s
+            .lines()
+            .find(|l| l.starts_with("Cluster handson-alice/demo"))?
+            .to_owned();
+        (line.contains("True")
+            && line.contains("Available")
+            && s.contains("MachineDeployment handson-alice/demo-md-0"))
+        .then_some(s)
+    });
+    eprintln!("{described}");
+    let (_, cols, _) = u.k(&["get", "machines", "-n", ns]);
+    assert!(
+        cols.lines()
+            .skip(1)
+            .all(|l| l.contains("True") && l.contains("Running")),
+        "{cols}"
+    );
+
+    // Scaling the MachineDeployment adds a worker.
+    u.ok(&[
+        "scale",
+        "-n",
+        ns,
+        "machinedeployment",
+        "demo-md-0",
+        "--replicas",
+        "3",
+    ]);
+    let nodes = ready_nodes(4);
+
+    // A worker whose instance is terminated is replaced (its Node deleted by the
+    // cluster's cloud node-lifecycle controller, its Machine remediated).
+    let mhc = "apiVersion: cluster.x-k8s.io/v1beta2\nkind: MachineHealthCheck\nmetadata: {name: demo-md-0}\nspec:\n  clusterName: demo\n  selector: {matchLabels: {cluster.x-k8s.io/deployment-name: demo-md-0}}\n  checks:\n    unhealthyNodeConditions:\n    - {type: Ready, status: Unknown, timeoutSeconds: 5}\n";
+    let mut child = Command::new("kubectl")
+        .args(["apply", "-n", ns, "-f", "-"])
+        .env("KUBECONFIG", &u.kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(mhc.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let victim = nodes
+        .iter()
+        .find(|n| {
+            !n["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .contains("control-plane")
+        })
+        .unwrap();
+    let victim_name = victim["metadata"]["name"].as_str().unwrap().to_owned();
+    let victim_id = victim["spec"]["providerID"]
+        .as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    u.cloud(&["instance", "terminate", &victim_id]);
+    let t = Instant::now();
+    eventually(150, "the terminated worker replaced", || {
+        let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
+        let nodes: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+        let items = nodes["items"].as_array()?;
+        let ready = items.iter().filter(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        (items.len() == 4
+            && ready.count() == 4
+            && !items
+                .iter()
+                .any(|n| n["metadata"]["name"] == victim_name.as_str()))
+        .then_some(())
+    });
+    eprintln!("terminated worker replaced in {:?}", t.elapsed());
+    let events = u.ok(&[
+        "get",
+        "events",
+        "-n",
+        ns,
+        "-o",
+        "custom-columns=REASON:.reason,MESSAGE:.message",
+    ]);
+    assert!(events.contains("MachineMarkedUnhealthy"), "{events}");
+    assert!(
+        events.contains(&format!(
+            "Machine {ns}/{victim_name} has been marked as unhealthy"
+        )),
+        "{events}"
+    );
+
+    // Deleting the Cluster removes everything it made.
+    u.ok(&["delete", "cluster", "-n", ns, "demo", "--wait=false"]);
+    eventually(60, "the cluster and its machines gone", || {
+        let (_, out, _) = u.k(&[
+            "get",
+            "cluster,machines,kumomachines,kubeadmconfigs,secrets",
+            "-n",
+            ns,
+            "-o",
+            "name",
+        ]);
+        out.trim().is_empty().then_some(())
+    });
+    let instances: serde_json::Value =
+        serde_json::from_str(&u.cloud(&["instances", "list", "-o", "json"])).unwrap();
+    for i in instances.as_array().unwrap() {
+        if i["name"].as_str().unwrap().starts_with("demo-") {
+            assert!(
+                i["state"] == "terminated" || i["state"] == "shutting-down",
+                "{i}"
+            );
+        }
+    }
+    let lbs = u.cloud(&["lbs", "list"]);
+    assert_eq!(lbs.lines().count(), 1, "{lbs}");
+}

@@ -136,6 +136,7 @@ async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
         name: "sr".into(),
         workers: 1,
         controllers: vec!["*".into()],
+        ..Default::default()
     });
     let cluster = kumo::cluster::start(cfg).await.unwrap();
     let kc = cluster.api.admin_kubeconfig.clone();

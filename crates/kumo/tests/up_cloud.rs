@@ -21,6 +21,7 @@ fn cloud_config(dir: &Path, name: &str, workers: usize, controllers: &[&str]) ->
         name: name.into(),
         workers,
         controllers: controllers.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
     });
     cfg
 }

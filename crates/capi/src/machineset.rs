@@ -1,0 +1,487 @@
+//! MachineSets (a number of Machines from one template: each Machine's bootstrap config
+//! and infrastructure machine cloned from the template's templates) and MachineDeployments
+//! (a MachineSet per template revision; a changed template gets a new MachineSet, scaled
+//! up before the old one is scaled down and removed).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kumo_client::worker::SyncError;
+use serde_json::{json, Value};
+
+use crate::object::*;
+use crate::{
+    Error, Manager, CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, MACHINE_DEPLOYMENT_FINALIZER,
+    MACHINE_SET_FINALIZER, SET_NAME_LABEL,
+};
+
+/// The MachineSet label of a MachineDeployment's template revision.
+pub const TEMPLATE_HASH_LABEL: &str = "machine-template-hash";
+
+fn replicas(spec: &Value) -> i64 {
+    spec.get("replicas").and_then(Value::as_i64).unwrap_or(1)
+}
+
+/// Creates a Machine of `template` (a Machine template: metadata and spec) named `name`,
+/// its bootstrap config and infrastructure machine cloned from the template's templates.
+pub async fn create_machine(
+    m: &Manager,
+    ns: &str,
+    cluster: &str,
+    name: &str,
+    template: &Value,
+    labels: BTreeMap<String, String>,
+    owner: OwnerReference,
+) -> Result<(), Error> {
+    let mut spec = template.get("spec").cloned().unwrap_or_else(|| json!({}));
+    spec["clusterName"] = cluster.into();
+    let mut all_labels: BTreeMap<String, String> = template
+        .pointer("/metadata/labels")
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
+        .unwrap_or_default();
+    all_labels.extend(labels);
+    all_labels.insert(CLUSTER_NAME_LABEL.into(), cluster.into());
+    if let Some(r) = spec
+        .pointer("/bootstrap/configRef")
+        .cloned()
+        .filter(|r| r.get("name").is_some())
+    {
+        let made = m
+            .refs
+            .clone_template(ns, &r, name, &all_labels, owner.clone())
+            .await?;
+        spec["bootstrap"]["configRef"] = made;
+    }
+    if let Some(r) = spec.get("infrastructureRef").cloned() {
+        let made = m
+            .refs
+            .clone_template(ns, &r, name, &all_labels, owner.clone())
+            .await?;
+        spec["infrastructureRef"] = made;
+    }
+    let mut x = Machine::new(ns, name, spec);
+    x.metadata.labels = Some(all_labels);
+    x.metadata.annotations = template
+        .pointer("/metadata/annotations")
+        .and_then(|a| serde_json::from_value(a.clone()).ok());
+    x.metadata.owner_references = Some(vec![owner]);
+    match m
+        .api::<MachineKind>(ns)
+        .create(&PostParams::default(), &x)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if kumo_client::error::is_already_exists(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
+    let Some(s) = m.machine_sets.get(key) else {
+        return Ok(());
+    };
+    let ns = s.namespace();
+    let cluster = s.cluster_name().unwrap_or_default().to_owned();
+    let owned: Vec<_> = m
+        .machines
+        .list()
+        .into_iter()
+        .filter(|x| {
+            x.namespace() == ns
+                && x.controller_of_kind::<MachineSetKind>()
+                    .is_some_and(|o| o.name == s.name())
+        })
+        .collect();
+    if s.deleting() {
+        for x in owned.iter().filter(|x| !x.deleting()) {
+            let _ = m
+                .api::<MachineKind>(ns)
+                .delete(x.name(), &DeleteParams::background())
+                .await;
+        }
+        if !owned.is_empty() {
+            return Err(SyncError::After(Duration::from_millis(500)));
+        }
+        m.remove_finalizer(&*s, MACHINE_SET_FINALIZER).await?;
+        return Ok(());
+    }
+    if m.add_finalizer(&*s, MACHINE_SET_FINALIZER).await? {
+        return Ok(());
+    }
+    if s.label(CLUSTER_NAME_LABEL) != Some(cluster.as_str()) {
+        m.patch_meta(&*s, json!({"labels": {CLUSTER_NAME_LABEL: cluster}}))
+            .await?;
+        return Ok(());
+    }
+    // Remediation: a Machine its health check marked for its owner is replaced.
+    for x in owned.iter().filter(|x| !x.deleting()) {
+        let waiting = x
+            .status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.get("type").and_then(Value::as_str) == Some("OwnerRemediated")
+                        && c.get("status").and_then(Value::as_str) == Some("False")
+                })
+            });
+        if waiting {
+            let cs = merge_conditions(
+                &x.status,
+                &[Condition::new("OwnerRemediated", false, "MachineDeleting")
+                    .message("Machine is deleting")],
+                x.metadata.generation,
+            );
+            m.api::<MachineKind>(ns)
+                .patch_status(
+                    x.name(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"conditions": cs}})),
+                )
+                .await
+                .map_err(Error::from)?;
+            let _ = m
+                .api::<MachineKind>(ns)
+                .delete(x.name(), &DeleteParams::background())
+                .await;
+            m.event(
+                &*s,
+                "Normal",
+                "MachineRemediated",
+                format!("Machine {} deleted by remediation", x.name()),
+            )
+            .await;
+        }
+    }
+    let want = replicas(&s.spec);
+    let live: Vec<_> = owned
+        .iter()
+        .filter(|x| !x.deleting() && !is_waiting_remediation(x))
+        .collect();
+    let have = live.len() as i64;
+    let template = s.spec.get("template").cloned().unwrap_or_default();
+    if have < want {
+        // Machines are made only once the Cluster's control plane can take them
+        // (upstream's preflight checks), else the bootstrap data waits anyway.
+        let mut labels = BTreeMap::from([(SET_NAME_LABEL.to_owned(), s.name().to_owned())]);
+        if let Some(d) = s.label(DEPLOYMENT_NAME_LABEL) {
+            labels.insert(DEPLOYMENT_NAME_LABEL.into(), d.into());
+        }
+        for _ in have..want {
+            let name = format!("{}-{}", s.name(), crate::random_suffix());
+            create_machine(
+                m,
+                ns,
+                &cluster,
+                &name,
+                &template,
+                labels.clone(),
+                s.owner_ref(),
+            )
+            .await?;
+            m.event(
+                &*s,
+                "Normal",
+                "SuccessfulCreate",
+                format!("Created Machine {name:?}"),
+            )
+            .await;
+        }
+    } else if have > want {
+        // Unhealthy ones first, then the newest (upstream's deletion order, "Newest").
+        let mut victims = live.clone();
+        victims.sort_by_key(|x| {
+            (
+                is_true(&x.status, "Ready"),
+                std::cmp::Reverse(x.metadata.creation_timestamp.clone().map(|t| t.0)),
+            )
+        });
+        for x in victims.into_iter().take((have - want) as usize) {
+            let _ = m
+                .api::<MachineKind>(ns)
+                .delete(x.name(), &DeleteParams::background())
+                .await;
+            m.event(
+                &*s,
+                "Normal",
+                "SuccessfulDelete",
+                format!("Deleted Machine {:?}", x.name()),
+            )
+            .await;
+        }
+    }
+    let count = |f: &dyn Fn(&Machine) -> bool| live.iter().filter(|x| f(x)).count() as i64;
+    let ready = count(&|x| is_true(&x.status, "Ready"));
+    let available = count(&|x| is_true(&x.status, "Available"));
+    let conditions = vec![
+        Condition::new("Deleting", false, "NotDeleting"),
+        Condition::new("Paused", false, "NotPaused"),
+        if have < want {
+            Condition::new("ScalingUp", true, "ScalingUp")
+                .message(format!("Scaling up from {have} to {want} replicas"))
+        } else {
+            Condition::new("ScalingUp", false, "NotScalingUp")
+        },
+        if have > want {
+            Condition::new("ScalingDown", true, "ScalingDown")
+                .message(format!("Scaling down from {have} to {want} replicas"))
+        } else {
+            Condition::new("ScalingDown", false, "NotScalingDown")
+        },
+        if ready == have && have > 0 {
+            Condition::new("MachinesReady", true, "Ready")
+        } else if have == 0 {
+            Condition::new("MachinesReady", true, "NoReplicas")
+        } else {
+            Condition::new("MachinesReady", false, "NotReady")
+        },
+        Condition::new(
+            "MachinesUpToDate",
+            true,
+            if have == 0 { "NoReplicas" } else { "UpToDate" },
+        ),
+    ];
+    let selector = selector_text(&s.spec);
+    let status = json!({
+        "replicas": have, "readyReplicas": ready, "availableReplicas": available, "upToDateReplicas": have,
+        "selector": selector, "observedGeneration": s.metadata.generation,
+        "conditions": merge_conditions(&s.status, &conditions, s.metadata.generation),
+    });
+    m.patch_status(&*s, status).await?;
+    Ok(())
+}
+
+fn is_waiting_remediation(x: &Machine) -> bool {
+    x.status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.get("type").and_then(Value::as_str) == Some("OwnerRemediated")
+                    && c.get("status").and_then(Value::as_str) == Some("False")
+            })
+        })
+}
+
+/// `spec.selector.matchLabels` as a label selector string.
+fn selector_text(spec: &Value) -> String {
+    spec.pointer("/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|o| {
+            o.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default()
+}
+
+/// A short stable hash of a template (the MachineSet name's suffix).
+fn template_hash(t: &Value) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, t.to_string().as_bytes());
+    // Upstream's hashes are decimal-free strings of safe characters.
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    d.as_ref()[..10]
+        .iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
+}
+
+pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
+    let Some(d) = m.deployments.get(key) else {
+        return Ok(());
+    };
+    let ns = d.namespace();
+    let cluster = d.cluster_name().unwrap_or_default().to_owned();
+    let sets: Vec<_> = m
+        .machine_sets
+        .list()
+        .into_iter()
+        .filter(|s| {
+            s.namespace() == ns
+                && s.controller_of_kind::<MachineDeploymentKind>()
+                    .is_some_and(|o| o.name == d.name())
+        })
+        .collect();
+    if d.deleting() {
+        for s in sets.iter().filter(|s| !s.deleting()) {
+            let _ = m
+                .api::<MachineSetKind>(ns)
+                .delete(s.name(), &DeleteParams::background())
+                .await;
+        }
+        if !sets.is_empty() {
+            return Err(SyncError::After(Duration::from_millis(500)));
+        }
+        m.remove_finalizer(&*d, MACHINE_DEPLOYMENT_FINALIZER)
+            .await?;
+        return Ok(());
+    }
+    if m.add_finalizer(&*d, MACHINE_DEPLOYMENT_FINALIZER).await? {
+        return Ok(());
+    }
+    if d.label(CLUSTER_NAME_LABEL) != Some(cluster.as_str()) {
+        m.patch_meta(&*d, json!({"labels": {CLUSTER_NAME_LABEL: cluster}}))
+            .await?;
+        return Ok(());
+    }
+    let want = replicas(&d.spec);
+    let template = d.spec.get("template").cloned().unwrap_or_default();
+    let hash = template_hash(&template);
+    let current = sets
+        .iter()
+        .find(|s| s.label(TEMPLATE_HASH_LABEL) == Some(hash.as_str()));
+    match current {
+        None => {
+            let name = format!("{}-{hash}", d.name());
+            let mut tmpl = template.clone();
+            tmpl["metadata"]["labels"][DEPLOYMENT_NAME_LABEL] = d.name().into();
+            tmpl["metadata"]["labels"][TEMPLATE_HASH_LABEL] = hash.clone().into();
+            let mut selector = d
+                .spec
+                .get("selector")
+                .cloned()
+                .unwrap_or_else(|| json!({"matchLabels": {}}));
+            selector["matchLabels"][TEMPLATE_HASH_LABEL] = hash.clone().into();
+            let mut s = MachineSet::new(
+                ns,
+                &name,
+                json!({
+                    "clusterName": cluster,
+                    "replicas": want,
+                    "selector": selector,
+                    "template": tmpl,
+                }),
+            );
+            s.metadata.labels = Some(BTreeMap::from([
+                (CLUSTER_NAME_LABEL.to_owned(), cluster.clone()),
+                (DEPLOYMENT_NAME_LABEL.to_owned(), d.name().to_owned()),
+                (TEMPLATE_HASH_LABEL.to_owned(), hash.clone()),
+            ]));
+            s.metadata.owner_references = Some(vec![d.owner_ref()]);
+            match m
+                .api::<MachineSetKind>(ns)
+                .create(&PostParams::default(), &s)
+                .await
+            {
+                Ok(_) => {
+                    m.event(
+                        &*d,
+                        "Normal",
+                        "SuccessfulCreate",
+                        format!("Created MachineSet {name:?}"),
+                    )
+                    .await;
+                }
+                Err(e) if kumo_client::error::is_already_exists(&e) => {}
+                Err(e) => return Err(Error::from(e).into()),
+            }
+        }
+        Some(cur) => {
+            if replicas(&cur.spec) != want {
+                m.api::<MachineSetKind>(ns)
+                    .patch(
+                        cur.name(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"replicas": want}})),
+                    )
+                    .await
+                    .map_err(Error::from)?;
+            }
+            // The old revisions go once the current one is available.
+            let cur_available = cur
+                .status
+                .get("availableReplicas")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            if cur_available >= want {
+                for old in sets
+                    .iter()
+                    .filter(|s| s.name() != cur.name() && !s.deleting())
+                {
+                    let _ = m
+                        .api::<MachineSetKind>(ns)
+                        .delete(old.name(), &DeleteParams::background())
+                        .await;
+                    m.event(
+                        &*d,
+                        "Normal",
+                        "SuccessfulDelete",
+                        format!("Deleted MachineSet {:?}", old.name()),
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+    let sum = |k: &str| {
+        sets.iter()
+            .map(|s| s.status.get(k).and_then(Value::as_i64).unwrap_or(0))
+            .sum::<i64>()
+    };
+    let (have, ready, available) = (
+        sum("replicas"),
+        sum("readyReplicas"),
+        sum("availableReplicas"),
+    );
+    let up_to_date = current
+        .map(|c| {
+            c.status
+                .get("replicas")
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+        })
+        .unwrap_or(0);
+    let rolling = sets.len() > 1;
+    let conditions = vec![
+        Condition::new("Deleting", false, "NotDeleting"),
+        Condition::new("Paused", false, "NotPaused"),
+        if available >= want {
+            Condition::new("Available", true, "Available")
+        } else {
+            Condition::new("Available", false, "NotAvailable").message(format!("{available} available replicas, at least {want} required (spec.strategy.rollout.maxUnavailable is 0, spec.replicas is {want})"))
+        },
+        if rolling {
+            Condition::new("RollingOut", true, "RollingOut")
+        } else {
+            Condition::new("RollingOut", false, "NotRollingOut")
+        },
+        if have < want {
+            Condition::new("ScalingUp", true, "ScalingUp")
+                .message(format!("Scaling up from {have} to {want} replicas"))
+        } else {
+            Condition::new("ScalingUp", false, "NotScalingUp")
+        },
+        if have > want {
+            Condition::new("ScalingDown", true, "ScalingDown")
+                .message(format!("Scaling down from {have} to {want} replicas"))
+        } else {
+            Condition::new("ScalingDown", false, "NotScalingDown")
+        },
+        if ready == have && have > 0 {
+            Condition::new("MachinesReady", true, "Ready")
+        } else if have == 0 {
+            Condition::new("MachinesReady", true, "NoReplicas")
+        } else {
+            Condition::new("MachinesReady", false, "NotReady")
+        },
+    ];
+    let phase = if have < want {
+        "ScalingUp"
+    } else if have > want {
+        "ScalingDown"
+    } else if available >= want {
+        "Running"
+    } else {
+        "ScalingUp"
+    };
+    let status = json!({
+        "replicas": have, "readyReplicas": ready, "availableReplicas": available, "upToDateReplicas": up_to_date,
+        "selector": selector_text(&d.spec), "phase": phase, "observedGeneration": d.metadata.generation,
+        "conditions": merge_conditions(&d.status, &conditions, d.metadata.generation),
+    });
+    m.patch_status(&*d, status).await?;
+    Ok(())
+}

@@ -1,0 +1,724 @@
+//! The machine image of the kumo cloud's instances that Cluster API boots: their user data
+//! is cloud-init (`#cloud-config`, as the kubeadm bootstrap provider writes it), whose
+//! `write_files` land in the machine's directory (`<data-dir>/machines/<instance>/`, its
+//! disk: `/etc/kubernetes/pki/ca.crt` is `<machine>/etc/kubernetes/pki/ca.crt`) and whose
+//! `runcmd` this image understands as far as kubeadm goes:
+//!
+//! - `kubeadm init --config F`: the workload cluster's control plane on this machine —
+//!   kumo's API server over the embedded store in `<machine>/etc/kubernetes` with the
+//!   certificates Cluster API wrote there, the controller-manager, the scheduler, the
+//!   cloud-controller-manager (its node controllers, with a cloud access key of the
+//!   cluster's own), kube-proxy and the cluster DNS's records on the cluster's own
+//!   simulated network, `kube-public/cluster-info` for discovery, and the node's kubelet.
+//! - `kubeadm join --config F`: a kubelet that discovers the cluster through
+//!   `cluster-info` with its bootstrap token (the CA pinned by `caCertHashes`), then
+//!   joins by TLS bootstrap.
+//!
+//! Other commands are logged and skipped. Each machine runs on a thread and runtime of its
+//! own, so halting the instance ends everything it started. The control plane listens on
+//! a loopback port; the cloud's load balancer reaches it through [`Tenants::api_address`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use kumo_apiserver::proxy::KubeletDialOverrides;
+use kumo_cloud::Instance;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+/// Whether `user_data` is cloud-init.
+pub fn is_cloud_init(user_data: &str) -> bool {
+    let first = user_data
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    first.starts_with("#cloud-config") || first.starts_with("## template: jinja")
+}
+
+/// What cloud-init's user data asks for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CloudInit {
+    /// `(path, content, permissions)`.
+    pub files: Vec<(String, String, u32)>,
+    pub runcmd: Vec<String>,
+}
+
+/// Parses cloud-init user data, with the instance's metadata rendered where the jinja
+/// template names it (`{{ ds.meta_data.local_hostname }}`, `{{ ds.meta_data.instance_id }}`).
+pub fn parse(user_data: &str, inst: &Instance) -> Result<CloudInit> {
+    let rendered = user_data
+        .replace("{{ ds.meta_data.local_hostname }}", &inst.name)
+        .replace("{{ v1.local_hostname }}", &inst.name)
+        .replace("{{ ds.meta_data.instance_id }}", &inst.id)
+        .replace("{{ v1.instance_id }}", &inst.id);
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&rendered).context("the user data is not YAML")?;
+    let mut out = CloudInit::default();
+    if let Some(files) = doc.get("write_files").and_then(|f| f.as_sequence()) {
+        for f in files {
+            let path = f
+                .get("path")
+                .and_then(|p| p.as_str())
+                .context("a write_files entry without a path")?;
+            let content = f
+                .get("content")
+                .and_then(|c| c.as_str())
+                .unwrap_or_default();
+            let perms = f
+                .get("permissions")
+                .and_then(|p| p.as_str())
+                .and_then(|p| u32::from_str_radix(p.trim_start_matches("0o"), 8).ok())
+                .unwrap_or(0o644);
+            out.files.push((path.to_owned(), content.to_owned(), perms));
+        }
+    }
+    if let Some(cmds) = doc.get("runcmd").and_then(|c| c.as_sequence()) {
+        for c in cmds {
+            match c {
+                serde_yaml::Value::String(s) => out.runcmd.push(s.clone()),
+                serde_yaml::Value::Sequence(argv) => out.runcmd.push(
+                    argv.iter()
+                        .filter_map(|a| a.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ),
+                _ => {}
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The kubeadm step of the commands: `init` or `join` and its `--config` file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    Init(String),
+    Join(String),
+}
+
+pub fn kubeadm_step(cmds: &[String]) -> Option<Step> {
+    for c in cmds {
+        for part in c.split("&&") {
+            let words: Vec<&str> = part.split_whitespace().collect();
+            let config = words
+                .iter()
+                .position(|w| *w == "--config")
+                .and_then(|i| words.get(i + 1))
+                .map(|s| s.to_string());
+            match (words.first(), words.get(1), config) {
+                (Some(&"kubeadm"), Some(&"init"), Some(c)) => return Some(Step::Init(c)),
+                (Some(&"kubeadm"), Some(&"join"), Some(c)) => return Some(Step::Join(c)),
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
+/// The documents of a kubeadm configuration file, by kind.
+fn kubeadm_documents(text: &str) -> Result<HashMap<String, Value>> {
+    let mut out = HashMap::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let v: Value =
+            serde::Deserialize::deserialize(doc).context("a kubeadm configuration document")?;
+        if let Some(kind) = v.get("kind").and_then(Value::as_str) {
+            out.insert(kind.to_owned(), v);
+        }
+    }
+    Ok(out)
+}
+
+/// One workload cluster's shared parts on this host, by its control-plane endpoint.
+pub struct Tenant {
+    /// Its pods' simulated network (the control plane's proxy programs it).
+    pub dataplane: Arc<kumo_sim::net::Dataplane>,
+    /// Where its API server dials its kubelets.
+    pub dial: KubeletDialOverrides,
+}
+
+/// The workload clusters of this host's instances.
+#[derive(Default)]
+pub struct Tenants {
+    by_endpoint: Mutex<HashMap<String, Arc<Tenant>>>,
+    /// Instance id → its API server's loopback address (control-plane machines).
+    api: Mutex<HashMap<String, SocketAddr>>,
+}
+
+impl Tenants {
+    fn tenant(&self, endpoint: &str) -> Arc<Tenant> {
+        let mut m = self.by_endpoint.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(endpoint.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Tenant {
+                    dataplane: kumo_sim::net::Dataplane::new(),
+                    dial: KubeletDialOverrides::default(),
+                })
+            })
+            .clone()
+    }
+
+    /// Where instance `id`'s API server listens on this host, if it runs one.
+    pub fn api_address(&self, id: &str) -> Option<SocketAddr> {
+        self.api
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .copied()
+    }
+
+    fn set_api_address(&self, id: &str, addr: Option<SocketAddr>) {
+        let mut m = self.api.lock().unwrap_or_else(|e| e.into_inner());
+        match addr {
+            Some(a) => m.insert(id.to_owned(), a),
+            None => m.remove(id),
+        };
+    }
+}
+
+/// What a booted kubeadm machine needs from the host.
+pub struct MachineContext {
+    pub data_dir: PathBuf,
+    pub tenants: Arc<Tenants>,
+    /// The cloud and an admin client of it, for the control plane's cloud access key.
+    pub cloud: Option<(PathBuf, kumo_cloud::Client)>,
+}
+
+/// A running kubeadm machine: stop it to power it off.
+pub struct Running {
+    pub stop: watch::Sender<bool>,
+    pub thread: std::thread::JoinHandle<()>,
+}
+
+/// The directory that stands for instance `id`'s disk.
+pub fn machine_dir(data_dir: &Path, id: &str) -> PathBuf {
+    data_dir.join("machines").join(id)
+}
+
+/// Boots instance `inst` from its cloud-init user data.
+pub fn boot(ctx: MachineContext, inst: &Instance) -> Result<Running> {
+    let init = parse(&inst.user_data, inst)?;
+    let step = kubeadm_step(&init.runcmd)
+        .context("the user data runs neither kubeadm init nor kubeadm join")?;
+    let dir = machine_dir(&ctx.data_dir, &inst.id);
+    for (path, content, perms) in &init.files {
+        let to = dir.join(path.trim_start_matches('/'));
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        kumo_apiserver::pki::write_file(&to, content.as_bytes(), *perms)
+            .with_context(|| format!("writing {path}"))?;
+    }
+    for c in &init.runcmd {
+        if !c.contains("kubeadm ") {
+            tracing::info!(instance = %inst.id, command = %c, "cloud-init: command not run (this image runs only kubeadm)");
+        }
+    }
+    let (stop, stop_rx) = watch::channel(false);
+    let inst = inst.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("machine-{}", inst.name))
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name(format!("machine-{}", inst.name))
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(instance = %inst.id, error = %e, "machine: no runtime");
+                    return;
+                }
+            };
+            let mut stop = stop_rx.clone();
+            rt.block_on(async {
+                let run = async {
+                    match &step {
+                        Step::Init(f) => init_control_plane(&ctx, &inst, &dir, f, stop_rx.clone()).await,
+                        Step::Join(f) => join(&ctx, &inst, &dir, f, stop_rx.clone()).await,
+                    }
+                };
+                tokio::select! {
+                    r = run => if let Err(e) = r {
+                        tracing::error!(instance = %inst.id, error = %format!("{e:#}"), "kubeadm failed");
+                    },
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+                // Runs until powered off.
+                let _ = stop.wait_for(|s| *s).await;
+            });
+            ctx.tenants.set_api_address(&inst.id, None);
+            rt.shutdown_timeout(Duration::from_secs(1));
+        })
+        .context("starting the machine")?;
+    Ok(Running { stop, thread })
+}
+
+/// The node's kubelet flags from `nodeRegistration` (kubeletExtraArgs as v1beta4's list
+/// of `{name, value}` or a map).
+fn kubelet_args(reg: &Value) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    match reg.get("kubeletExtraArgs") {
+        Some(Value::Array(a)) => {
+            for arg in a {
+                if let (Some(n), Some(v)) = (
+                    arg.get("name").and_then(Value::as_str),
+                    arg.get("value").and_then(Value::as_str),
+                ) {
+                    out.insert(n.to_owned(), v.to_owned());
+                }
+            }
+        }
+        Some(Value::Object(o)) => {
+            for (k, v) in o {
+                out.insert(k.clone(), v.as_str().unwrap_or_default().to_owned());
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// A kubelet for `inst` configured from `nodeRegistration` (control plane: kubeadm's
+/// default taint unless the registration gives taints).
+fn kubelet_config(
+    inst: &Instance,
+    reg: &Value,
+    kubeconfig: &Path,
+    control_plane: bool,
+    ca: &Path,
+    tenant: &Tenant,
+) -> Result<kumo_kubelet::KubeletConfig> {
+    let name = reg
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or(&inst.name)
+        .to_owned();
+    let mut cfg = kumo_kubelet::KubeletConfig::new(kubeconfig, &name);
+    cfg.node_ip = inst.private_ip.parse::<IpAddr>().ok();
+    let args = kubelet_args(reg);
+    cfg.cloud_provider_external =
+        args.get("cloud-provider").map(String::as_str) == Some("external");
+    cfg.provider_id = args.get("provider-id").cloned();
+    if let Some(labels) = args.get("node-labels") {
+        for kv in labels.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            cfg.node_labels.insert(k.to_owned(), v.to_owned());
+        }
+    }
+    let taints: Vec<String> = match reg.get("taints") {
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(|t| {
+                let key = t.get("key")?.as_str()?;
+                let effect = t.get("effect")?.as_str()?;
+                Some(match t.get("value").and_then(Value::as_str) {
+                    Some(v) => format!("{key}={v}:{effect}"),
+                    None => format!("{key}:{effect}"),
+                })
+            })
+            .collect(),
+        _ if control_plane => vec![format!(
+            "{}:NoSchedule",
+            crate::hypervisor::CONTROL_PLANE_LABEL
+        )],
+        _ => Vec::new(),
+    };
+    cfg.register_with_taints = taints
+        .iter()
+        .map(|t| t.parse().map_err(|e| anyhow::anyhow!("taint {t}: {e}")))
+        .collect::<Result<_>>()?;
+    cfg.cpu = inst.cpu.to_string();
+    cfg.memory = format!("{}Mi", inst.memory_mib);
+    cfg.runtime = Some(kumo_sim::factory(Some(tenant.dataplane.clone())));
+    cfg.server = Some(kumo_kubelet::server::ServerConfig {
+        address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port: 0,
+        client_ca_file: Some(ca.to_owned()),
+        ..Default::default()
+    });
+    Ok(cfg)
+}
+
+/// `kubeadm init`: the control plane, then the node.
+async fn init_control_plane(
+    ctx: &MachineContext,
+    inst: &Instance,
+    dir: &Path,
+    config: &str,
+    stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let text = std::fs::read_to_string(dir.join(config.trim_start_matches('/')))
+        .with_context(|| format!("reading {config}"))?;
+    let docs = kubeadm_documents(&text)?;
+    let cluster_cfg = docs
+        .get("ClusterConfiguration")
+        .cloned()
+        .unwrap_or_default();
+    let init_cfg = docs.get("InitConfiguration").cloned().unwrap_or_default();
+    let endpoint = cluster_cfg
+        .get("controlPlaneEndpoint")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let cluster_name = cluster_cfg
+        .get("clusterName")
+        .and_then(Value::as_str)
+        .unwrap_or("kubernetes")
+        .to_owned();
+    let tenant = ctx.tenants.tenant(&endpoint);
+    let data_dir = dir.join("etc/kubernetes");
+    let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&data_dir);
+    api_cfg.bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    api_cfg.kubelet_dial_overrides = tenant.dial.clone();
+    api_cfg.pod_network = Some(Arc::new(crate::cluster::PodNetwork(
+        tenant.dataplane.clone(),
+    )));
+    let api = kumo_apiserver::ApiServer::start(api_cfg)
+        .await
+        .context("starting the API server")?;
+    ctx.tenants.set_api_address(&inst.id, Some(api.local_addr));
+    let server = crate::cluster::server_url(&api.admin_kubeconfig)?;
+    let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
+    // kubeadm's phases that write objects: the addons, cluster-info.
+    crate::addons::ensure(&admin).await.context("the addons")?;
+    let ca_pem = std::fs::read_to_string(data_dir.join("pki/ca.crt")).context("the cluster CA")?;
+    publish_cluster_info(&admin, &format!("https://{endpoint}"), &ca_pem)
+        .await
+        .context("cluster-info")?;
+    let (cm_tx, _) = watch::channel(None);
+    tokio::spawn(crate::cluster::run_controller_manager(
+        data_dir.join("controller-manager.conf"),
+        cm_tx,
+    ));
+    let (sched_tx, _) = watch::channel(None);
+    tokio::spawn(crate::cluster::run_scheduler(
+        data_dir.join("scheduler.conf"),
+        sched_tx,
+    ));
+    let proxy_kc = kumo_apiserver::pki::kube_proxy_kubeconfig(&data_dir, &server)?;
+    tokio::spawn(crate::cluster::run_proxy(
+        proxy_kc,
+        tenant.dataplane.clone(),
+    ));
+    if let Some((cloud_dir, cloud)) = &ctx.cloud {
+        // The cluster's own cloud-controller-manager (node controllers, as seed 000's
+        // environment runs it), with an access key of the cluster's own.
+        kumo_cloud_provider::ccm::rbac::ensure(&admin)
+            .await
+            .context("the cloud-controller-manager's RBAC")?;
+        let key_name = format!("ccm-{cluster_name}-{}", inst.id);
+        let (client, _) = crate::cluster::cloud_credentials(
+            cloud_dir,
+            cloud,
+            &data_dir.join("cloud.json"),
+            &key_name,
+        )
+        .await?;
+        tokio::spawn(crate::cluster::run_cloud_controller_manager(
+            data_dir.join("cloud-controller-manager.conf"),
+            vec!["cloud-node".into(), "cloud-node-lifecycle".into()],
+            client,
+        ));
+    }
+    let reg = init_cfg
+        .get("nodeRegistration")
+        .cloned()
+        .unwrap_or_default();
+    let node_name = reg
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or(&inst.name)
+        .to_owned();
+    let kubeconfig = kumo_apiserver::pki::kubelet_kubeconfig(&data_dir, &node_name, &server)?;
+    let cfg = kubelet_config(
+        inst,
+        &reg,
+        &kubeconfig,
+        true,
+        &data_dir.join("pki/ca.crt"),
+        &tenant,
+    )?;
+    tokio::spawn(crate::hypervisor::mark_control_plane(
+        api.admin_kubeconfig.clone(),
+        node_name.clone(),
+    ));
+    let dial = tenant.dial.clone();
+    let stop_kubelet = stop.clone();
+    std::thread::Builder::new()
+        .name(format!("kubelet-{node_name}"))
+        .spawn(move || crate::hypervisor::kubelet_thread(cfg, None, Some(dial), None, stop_kubelet))
+        .context("starting the kubelet")?;
+    tracing::info!(instance = %inst.id, cluster = %cluster_name, api = %api.local_addr, "kubeadm init: control plane up");
+    // The API server serves until the machine powers off.
+    let mut stop = stop;
+    let _ = stop.wait_for(|s| *s).await;
+    drop(api);
+    Ok(())
+}
+
+/// kubeadm init's `kube-public/cluster-info` (a kubeconfig of the endpoint and the CA)
+/// and the Role that lets joining nodes read it: upstream binds it to `system:anonymous`,
+/// which kumo gives nothing, so here the bootstrap tokens' group reads it.
+async fn publish_cluster_info(admin: &kube::Client, server: &str, ca_pem: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::{Api, Patch, PatchParams};
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    certificate-authority-data: {ca}\n    server: {server}\ncontexts: null\ncurrent-context: \"\"\npreferences: {{}}\nusers: null\n"
+    );
+    let pp = PatchParams::apply("kubeadm").force();
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "kube-public");
+    cms.patch(
+        "cluster-info",
+        &pp,
+        &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+            "data": {"kubeconfig": kubeconfig},
+        })),
+    )
+    .await?;
+    let roles: Api<Role> = Api::namespaced(admin.clone(), "kube-public");
+    roles.patch("kubeadm:bootstrap-signer-clusterinfo", &pp, &Patch::Apply(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "kubeadm:bootstrap-signer-clusterinfo", "namespace": "kube-public"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["cluster-info"], "verbs": ["get"]}],
+    })))
+    .await?;
+    let bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), "kube-public");
+    bindings.patch("kubeadm:bootstrap-signer-clusterinfo", &pp, &Patch::Apply(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "kubeadm:bootstrap-signer-clusterinfo", "namespace": "kube-public"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kubeadm:bootstrap-signer-clusterinfo"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:bootstrappers:kubeadm:default-node-token"}],
+    })))
+    .await?;
+    Ok(())
+}
+
+/// kubeadm's token discovery: cluster-info read with the bootstrap token, its CA checked
+/// against the pinned hashes. Returns the CA (PEM) and the API server's URL.
+async fn discover(endpoint: &str, token: &str, hashes: &[String]) -> Result<(String, String)> {
+    // The CA is not known yet: the connection is not verified; the pin checks the answer.
+    let url = format!("https://{endpoint}/api/v1/namespaces/kube-public/configmaps/cluster-info");
+    let kubeconfig_yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://{endpoint}\n    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: {token}\n"
+    );
+    let kc = kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    let client = kube::Client::try_from(cfg)?;
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client, "kube-public");
+    let cm = cms
+        .get("cluster-info")
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get("kubeconfig"))
+        .context("cluster-info has no kubeconfig")?;
+    let doc: serde_yaml::Value = serde_yaml::from_str(text).context("cluster-info's kubeconfig")?;
+    let cluster = doc
+        .get("clusters")
+        .and_then(|c| c.get(0))
+        .and_then(|c| c.get("cluster"))
+        .context("cluster-info names no cluster")?;
+    let ca_b64 = cluster
+        .get("certificate-authority-data")
+        .and_then(|c| c.as_str())
+        .context("cluster-info has no CA")?;
+    let ca = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(ca_b64)?)?;
+    let hash = kumo_capi::certs::ca_cert_hash(&ca)?;
+    if !hashes.iter().any(|h| h.eq_ignore_ascii_case(&hash)) {
+        bail!("the cluster CA's public key hash {hash} is not one of the pinned caCertHashes");
+    }
+    let server = cluster
+        .get("server")
+        .and_then(|s| s.as_str())
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("https://{endpoint}"));
+    Ok((ca, server))
+}
+
+/// `kubeadm join`: discovery, then the kubelet's TLS bootstrap.
+async fn join(
+    ctx: &MachineContext,
+    inst: &Instance,
+    dir: &Path,
+    config: &str,
+    stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let text = std::fs::read_to_string(dir.join(config.trim_start_matches('/')))
+        .with_context(|| format!("reading {config}"))?;
+    let docs = kubeadm_documents(&text)?;
+    let join_cfg = docs
+        .get("JoinConfiguration")
+        .context("no JoinConfiguration")?;
+    if join_cfg.get("controlPlane").is_some() {
+        bail!("joining a control plane needs a shared store (stacked etcd), which kumo's control-plane machines do not have yet");
+    }
+    let bt = join_cfg
+        .pointer("/discovery/bootstrapToken")
+        .context("no discovery.bootstrapToken")?;
+    let endpoint = bt
+        .get("apiServerEndpoint")
+        .and_then(Value::as_str)
+        .context("no apiServerEndpoint")?
+        .to_owned();
+    let token = bt
+        .get("token")
+        .and_then(Value::as_str)
+        .context("no token")?
+        .to_owned();
+    let hashes: Vec<String> = bt
+        .get("caCertHashes")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|h| h.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if hashes.is_empty()
+        && !bt
+            .get("unsafeSkipCAVerification")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    {
+        bail!("discovery.bootstrapToken has neither caCertHashes nor unsafeSkipCAVerification");
+    }
+    let tenant = ctx.tenants.tenant(&endpoint);
+    let mut attempt = 0;
+    let (ca, server) = loop {
+        match discover(&endpoint, &token, &hashes).await {
+            Ok(r) => break r,
+            Err(e) if attempt < 300 => {
+                attempt += 1;
+                tracing::debug!(instance = %inst.id, error = %format!("{e:#}"), "kubeadm join: discovery; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let kdir = dir.join("etc/kubernetes");
+    let pki = kdir.join("pki");
+    std::fs::create_dir_all(&pki)?;
+    let ca_file = pki.join("ca.crt");
+    kumo_apiserver::pki::write_file(&ca_file, ca.as_bytes(), 0o644)?;
+    let ca_b64 = base64::engine::general_purpose::STANDARD.encode(&ca);
+    let bootstrap = kdir.join("bootstrap-kubelet.conf");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: kubernetes\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}\nusers:\n- name: tls-bootstrap-token-user\n  user:\n    token: {token}\ncontexts:\n- name: tls-bootstrap-token-user@kubernetes\n  context:\n    cluster: kubernetes\n    user: tls-bootstrap-token-user\ncurrent-context: tls-bootstrap-token-user@kubernetes\n"
+    );
+    crate::hypervisor::write_private(&bootstrap, text.as_bytes())?;
+    let tls = crate::hypervisor::TlsBootstrap {
+        kubeconfig: kdir.join("kubelet.conf"),
+        bootstrap,
+        cert_dir: dir.join("var/lib/kubelet/pki"),
+    };
+    let reg = join_cfg
+        .get("nodeRegistration")
+        .cloned()
+        .unwrap_or_default();
+    let cfg = kubelet_config(inst, &reg, &tls.kubeconfig, false, &ca_file, &tenant)?;
+    let dial = tenant.dial.clone();
+    let node = cfg.node_name.clone();
+    std::thread::Builder::new()
+        .name(format!("kubelet-{node}"))
+        .spawn(move || crate::hypervisor::kubelet_thread(cfg, Some(tls), Some(dial), None, stop))
+        .context("starting the kubelet")?;
+    tracing::info!(instance = %inst.id, node = %node, endpoint = %endpoint, "kubeadm join: kubelet started");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cloud_init_is_read_as_kubeadm_runs_it() {
+        let inst: Instance = serde_json::from_value(json!({
+            "id": "i-1", "name": "cp-abc", "instanceType": "m1.small", "cpu": 2, "memoryMib": 2048,
+            "state": "running", "region": "kumo-1", "zone": "kumo-1a", "vpcId": "v", "subnetId": "s",
+            "privateIp": "10.0.1.5", "privateDnsName": "x", "launchTime": "t", "tags": {}, "userData": ""
+        }))
+        .expect("an instance");
+        let ud = "## template: jinja\n#cloud-config\nwrite_files:\n- path: /run/kubeadm/kubeadm.yaml\n  owner: root:root\n  permissions: '0640'\n  content: |\n    name: '{{ ds.meta_data.local_hostname }}'\nruncmd:\n- 'kubeadm init --config /run/kubeadm/kubeadm.yaml && echo success > /run/cluster-api/bootstrap-success.complete'\n";
+        assert!(is_cloud_init(ud));
+        assert!(!is_cloud_init("{\"controlPlane\":true}"));
+        let c = parse(ud, &inst).expect("parsed");
+        assert_eq!(
+            c.files,
+            vec![(
+                "/run/kubeadm/kubeadm.yaml".into(),
+                "name: 'cp-abc'\n".into(),
+                0o640
+            )]
+        );
+        assert_eq!(
+            kubeadm_step(&c.runcmd),
+            Some(Step::Init("/run/kubeadm/kubeadm.yaml".into()))
+        );
+        assert_eq!(kubeadm_step(&["echo hi".into()]), None);
+        assert!(parse("#cloud-config\nwrite_files: [{content: x}]\n", &inst).is_err());
+    }
+
+    #[test]
+    fn the_bootstrap_providers_data_is_what_this_image_runs() {
+        let inst: Instance = serde_json::from_value(json!({
+            "id": "i-2", "name": "w-1", "instanceType": "k1.small", "cpu": 2, "memoryMib": 2048,
+            "state": "running", "region": "kumo-1", "zone": "kumo-1b", "vpcId": "v", "subnetId": "s",
+            "privateIp": "10.0.2.5", "privateDnsName": "x", "launchTime": "t", "tags": {}, "userData": ""
+        }))
+        .expect("an instance");
+        let facts = kumo_capi::kubeadm::ClusterFacts {
+            name: "demo".into(),
+            endpoint: "127.0.0.1:40000".into(),
+            version: "v1.37.2".into(),
+            ..Default::default()
+        };
+        let spec = json!({"joinConfiguration": {"nodeRegistration": {
+            "kubeletExtraArgs": [{"name": "cloud-provider", "value": "external"}]}}});
+        let data = kumo_capi::kubeadm::join_data(
+            &spec,
+            &facts,
+            "abcdef.0123456789abcdef",
+            "sha256:00",
+            None,
+        );
+        let c = parse(&data, &inst).expect("parsed");
+        assert_eq!(
+            kubeadm_step(&c.runcmd),
+            Some(Step::Join(kumo_capi::kubeadm::JOIN_CONFIG_PATH.into()))
+        );
+        let (_, text, mode) = c
+            .files
+            .iter()
+            .find(|f| f.0 == kumo_capi::kubeadm::JOIN_CONFIG_PATH)
+            .expect("the join configuration");
+        assert_eq!(*mode, 0o640);
+        let docs = kubeadm_documents(text).expect("kubeadm documents");
+        let join = &docs["JoinConfiguration"];
+        assert_eq!(join["apiVersion"], "kubeadm.k8s.io/v1beta4");
+        assert_eq!(
+            join["discovery"]["bootstrapToken"]["apiServerEndpoint"],
+            "127.0.0.1:40000"
+        );
+        assert_eq!(join["nodeRegistration"]["name"], "w-1");
+        assert_eq!(
+            kubelet_args(&join["nodeRegistration"])
+                .get("cloud-provider")
+                .map(String::as_str),
+            Some("external")
+        );
+    }
+}
