@@ -1,6 +1,7 @@
 //! `kumo bench ...`: benchmarks that print their figures, kumo beside the reference.
 
 mod api;
+mod clusters;
 mod lb;
 mod net;
 mod nodes;
@@ -37,6 +38,9 @@ pub enum Bench {
     /// fresh volume (provisioned, attached, mounted by the cloud's CSI driver), beside pods
     /// without a volume.
     Volumes(volumes::Args),
+    /// Workload clusters handed out by Cluster API (`kumo up --cluster-api`): apply to API
+    /// answering and to all nodes Ready, memory per cluster, how many answer at once.
+    Clusters(clusters::Args),
 }
 
 pub async fn run(what: Bench) -> Result<()> {
@@ -49,6 +53,7 @@ pub async fn run(what: Bench) -> Result<()> {
         Bench::Pods(args) => pods::run(args).await,
         Bench::Net(args) => net::run(args).await,
         Bench::Volumes(args) => volumes::run(args).await,
+        Bench::Clusters(args) => clusters::run(args).await,
     }
 }
 
@@ -57,6 +62,20 @@ pub async fn run(what: Bench) -> Result<()> {
 pub async fn with_kumo_up<Fut>(
     runtime: &str,
     nodes: usize,
+    data: &std::path::Path,
+    f: impl FnOnce() -> Fut,
+) -> Result<()>
+where
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    with_kumo_up_args(runtime, nodes, &[], data, f).await
+}
+
+/// [`with_kumo_up`] with more `kumo up` arguments.
+pub async fn with_kumo_up_args<Fut>(
+    runtime: &str,
+    nodes: usize,
+    extra: &[&str],
     data: &std::path::Path,
     f: impl FnOnce() -> Fut,
 ) -> Result<()>
@@ -74,6 +93,7 @@ where
             "--nodes",
             &nodes.to_string(),
         ])
+        .args(extra)
         .args(["--port", "0", "--kubeconfig-update=false", "--data-dir"])
         .arg(data)
         .output()

@@ -1,0 +1,224 @@
+//! `kumo bench clusters`: workload clusters handed out by Cluster API on `kumo up
+//! --cluster-api` (the simulated runtime). First `--timed` clusters one after the other,
+//! each the example of docs/examples/cluster-api.yaml (one control-plane machine, two
+//! workers) in a namespace of its own, timed from its apply until its kubeconfig Secret
+//! opens an API that answers, and until all three nodes are Ready. Then more clusters of a
+//! control plane only, `--batch` at a time, up to `--clusters` in all; after a 10 s idle
+//! the `kumo up` process's resident memory per cluster (its growth over the count), and
+//! whether every cluster's API answers.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+
+use super::summary;
+
+const EXAMPLE: &str = include_str!("../../../../docs/examples/cluster-api.yaml");
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Clusters (one control-plane machine, two workers) timed one after the other.
+    #[arg(long, default_value_t = 5)]
+    timed: usize,
+    /// Clusters in all at the end (the rest with a control-plane machine only).
+    #[arg(long, default_value_t = 50)]
+    clusters: usize,
+    /// Clusters applied at once while filling up.
+    #[arg(long, default_value_t = 5)]
+    batch: usize,
+    /// Keep the management cluster's files here (default: a temporary directory).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+pub async fn run(args: Args) -> Result<()> {
+    if args.clusters < args.timed || args.batch == 0 {
+        bail!("--clusters must be at least --timed, --batch positive");
+    }
+    let temp;
+    let dir = match &args.data_dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = tempfile::tempdir()?;
+            temp.path().to_owned()
+        }
+    };
+    let data = dir.join("cluster");
+    super::with_kumo_up_args("sim", 0, &["--cluster-api"], &data, || {
+        measure(&args, &data)
+    })
+    .await
+}
+
+/// Applies the example cluster in namespace `ns` with `workers` workers.
+async fn apply(admin: &kube::Client, ns: &str, workers: usize) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let n: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?;
+    namespaces.create(&PostParams::default(), &n).await?;
+    let text = EXAMPLE.replace("replicas: 2", &format!("replicas: {workers}"));
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        let (Some(api_version), Some(kind), Some(name)) = (
+            v["apiVersion"].as_str(),
+            v["kind"].as_str(),
+            v.pointer("/metadata/name").and_then(|n| n.as_str()),
+        ) else {
+            continue;
+        };
+        let (group, version) = api_version.split_once('/').context("a grouped kind")?;
+        let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
+        let (ar, _) = kube::discovery::pinned_kind(admin, &gvk).await?;
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(admin.clone(), ns, &ar);
+        api.patch(
+            name,
+            &PatchParams::apply("bench").force(),
+            &Patch::Apply(&v),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The workload cluster's client, once its kubeconfig Secret exists.
+async fn tenant(admin: &kube::Client, ns: &str) -> Option<kube::Client> {
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), ns);
+    let s = secrets.get_opt("demo-kubeconfig").await.ok()??;
+    let text = String::from_utf8(s.data?.get("value")?.0.clone()).ok()?;
+    let kc = kube::config::Kubeconfig::from_yaml(&text).ok()?;
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .ok()?;
+    cfg.connect_timeout = Some(Duration::from_secs(2));
+    cfg.read_timeout = Some(Duration::from_secs(5));
+    kube::Client::try_from(kumo_client::clients::as_client_go(cfg)).ok()
+}
+
+/// How many Ready nodes the workload cluster has (None: its API does not answer).
+async fn ready_nodes(client: &kube::Client) -> Option<usize> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let list = nodes.list(&Default::default()).await.ok()?;
+    Some(
+        list.items
+            .iter()
+            .filter(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .count(),
+    )
+}
+
+async fn measure(args: &Args, data: &std::path::Path) -> Result<()> {
+    let admin = super::lb::admin_client(&data.join("admin.conf")).await?;
+    let pid = crate::daemon::running(data).context("the kumo up process")?;
+    let rss = || {
+        super::api::proc_memory(pid)
+            .map(|(rss, _)| rss as f64 / 1024.0)
+            .unwrap_or(0.0)
+    };
+    println!(
+        "kumo bench clusters: management cluster up (pid {pid}, RSS {:.0} MiB)",
+        rss()
+    );
+    let (mut to_api, mut to_nodes) = (Vec::new(), Vec::new());
+    for i in 0..args.timed {
+        let ns = format!("bench-{i}");
+        let t = Instant::now();
+        apply(&admin, &ns, 2).await?;
+        let deadline = t + Duration::from_secs(120);
+        let mut client = None;
+        let mut api_at = None;
+        loop {
+            if Instant::now() > deadline {
+                bail!("cluster {ns}: not all nodes Ready within 120 s");
+            }
+            if client.is_none() {
+                client = tenant(&admin, &ns).await;
+            }
+            if let Some(c) = &client {
+                if let Some(n) = ready_nodes(c).await {
+                    api_at.get_or_insert_with(|| t.elapsed());
+                    if n == 3 {
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (a, n) = (api_at.unwrap_or_default(), t.elapsed());
+        println!(
+            "  {ns}: applied → API answering {:.2} s, → 3 nodes Ready {:.2} s",
+            a.as_secs_f64(),
+            n.as_secs_f64()
+        );
+        to_api.push(a.as_secs_f64() * 1000.0);
+        to_nodes.push(n.as_secs_f64() * 1000.0);
+    }
+    let (a50, a99, _) = summary(to_api);
+    let (n50, n99, _) = summary(to_nodes);
+    println!(
+        "Cluster applied → API answering: p50 {a50:.0} ms, p99 {a99:.0} ms; → all nodes Ready: p50 {n50:.0} ms, p99 {n99:.0} ms ({} clusters of 1 control plane + 2 workers)",
+        args.timed
+    );
+    let base_rss = rss();
+    let base_count = args.timed;
+    let mut next = args.timed;
+    let t = Instant::now();
+    while next < args.clusters {
+        let end = (next + args.batch).min(args.clusters);
+        for i in next..end {
+            apply(&admin, &format!("bench-{i}"), 0).await?;
+        }
+        // The batch's control planes answer before the next batch.
+        for i in next..end {
+            let ns = format!("bench-{i}");
+            let deadline = Instant::now() + Duration::from_secs(180);
+            loop {
+                if let Some(c) = tenant(&admin, &ns).await {
+                    if ready_nodes(&c).await == Some(1) {
+                        break;
+                    }
+                }
+                if Instant::now() > deadline {
+                    bail!("cluster {ns}: its control plane not Ready within 180 s");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        println!(
+            "  {end} clusters up ({:.0} s, RSS {:.0} MiB)",
+            t.elapsed().as_secs_f64(),
+            rss()
+        );
+        next = end;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle_rss = rss();
+    let added = args.clusters - base_count;
+    let mut answering = 0;
+    let t = Instant::now();
+    for i in 0..args.clusters {
+        if let Some(c) = tenant(&admin, &format!("bench-{i}")).await {
+            if ready_nodes(&c).await.is_some() {
+                answering += 1;
+            }
+        }
+    }
+    println!(
+        "{} clusters: {answering} answering (each listed its nodes; {:.1} s for all); kumo up RSS {idle_rss:.0} MiB at idle",
+        args.clusters,
+        t.elapsed().as_secs_f64()
+    );
+    if added > 0 {
+        println!(
+            "RSS per control-plane-only cluster at idle: {:.1} MiB ({added} clusters added: {base_rss:.0} → {idle_rss:.0} MiB)",
+            (idle_rss - base_rss) / added as f64
+        );
+    }
+    Ok(())
+}
