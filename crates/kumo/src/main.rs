@@ -3,6 +3,7 @@
 mod bench;
 mod ccm;
 mod certs;
+mod classroom;
 mod daemon;
 mod doctor;
 mod status;
@@ -66,6 +67,12 @@ enum Command {
     Bench {
         #[command(subcommand)]
         what: bench::Bench,
+    },
+    /// The classroom: each user signs in to a cluster of their own (Cluster API, `kumo up
+    /// --cluster-api`) with a web terminal and a map of it.
+    Classroom {
+        #[command(subcommand)]
+        what: classroom::Classroom,
     },
     /// Stop the `kumo up` running on a data directory, and take its context out of your
     /// kubeconfig.
@@ -1045,6 +1052,12 @@ fn other(command: Command) -> Result<()> {
                 .build()?;
             let healthy = rt.block_on(doctor::run(what))?;
             std::process::exit(if healthy { 0 } else { 1 });
+        }
+        Command::Classroom { what } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(classroom::run(what))
         }
         Command::Bench { what } => {
             let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1248,3 +1248,319 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     let lbs = u.cloud(&["lbs", "list"]);
     assert_eq!(lbs.lines().count(), 1, "{lbs}");
 }
+
+/// A real headless browser (Chromium from Debian) driven over the DevTools protocol.
+struct Browser {
+    child: std::process::Child,
+    ws: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+    session: String,
+    next: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        use std::io::BufRead;
+        let profile = tempfile::tempdir().unwrap();
+        let bin = ["chromium-headless-shell", "/usr/lib/chromium/headless_shell"]
+            .into_iter()
+            .find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()))
+            .expect("chromium-headless-shell (apt-get install chromium-headless-shell; the test command does)");
+        let mut child = Command::new(bin)
+            .args([
+                "--no-sandbox",
+                "--ignore-certificate-errors",
+                "--remote-debugging-port=0",
+                "--window-size=1600,900",
+                "--disable-gpu",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let url = std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.split("DevTools listening on ").nth(1).map(str::to_owned))
+            .expect("the browser's DevTools address");
+        let addr = url
+            .trim_start_matches("ws://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (ws, _) = tokio_tungstenite::client_async(url.as_str(), tcp)
+            .await
+            .unwrap();
+        let mut b = Browser {
+            child,
+            ws,
+            session: String::new(),
+            next: 1,
+            _profile: profile,
+        };
+        let target = b
+            .call(
+                "Target.createTarget",
+                serde_json::json!({"url": "about:blank"}),
+                false,
+            )
+            .await;
+        let attached = b
+            .call(
+                "Target.attachToTarget",
+                serde_json::json!({"targetId": target["targetId"], "flatten": true}),
+                false,
+            )
+            .await;
+        b.session = attached["sessionId"].as_str().unwrap().to_owned();
+        b
+    }
+
+    async fn call(
+        &mut self,
+        method: &str,
+        params: serde_json::Value,
+        in_page: bool,
+    ) -> serde_json::Value {
+        use futures::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        let id = self.next;
+        self.next += 1;
+        let mut msg = serde_json::json!({"id": id, "method": method, "params": params});
+        if in_page {
+            msg["sessionId"] = self.session.clone().into();
+        }
+        self.ws
+            .send(Message::Text(msg.to_string().into()))
+            .await
+            .unwrap();
+        loop {
+            let Some(Ok(Message::Text(t))) = self.ws.next().await else {
+                panic!("the browser went away")
+            };
+            let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    async fn goto(&mut self, url: &str) {
+        self.call("Page.navigate", serde_json::json!({"url": url}), true)
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    /// Evaluates `js` in the page; its value.
+    async fn eval(&mut self, js: &str) -> serde_json::Value {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                serde_json::json!({"expression": js, "returnByValue": true}),
+                true,
+            )
+            .await;
+        r["result"]["value"].clone()
+    }
+
+    async fn until(&mut self, secs: u64, what: &str, js: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(s) = self.eval(js).await.as_str().filter(|s| !s.is_empty()) {
+                return s.to_owned();
+            }
+            if Instant::now() >= deadline {
+                let page = self.eval("document.body.innerText").await;
+                panic!(
+                    "timed out after {secs} s: {what}; the page shows:\n{}",
+                    page.as_str().unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn screenshot(&mut self, path: &Path) {
+        use base64::Engine;
+        let r = self
+            .call(
+                "Page.captureScreenshot",
+                serde_json::json!({"format": "png"}),
+                true,
+            )
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(r["data"].as_str().unwrap())
+            .unwrap();
+        std::fs::write(path, png).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The classroom: two learners sign in (in a real browser), each gets a cluster; the web
+/// terminal's kubectl answers with the user's own nodes, and the shell sees none of the
+/// host's files or processes; one user cannot read the other's map; bad sign-ins are
+/// refused without saying which part was wrong; the instructor sees both clusters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_000_the_classroom_gives_each_user_a_cluster_and_a_terminal() {
+    let u = tokio::task::spawn_blocking(|| up(&["--cluster-api", "--nodes", "0"]))
+        .await
+        .unwrap();
+    let pw = |name: &str, extra: &[&str]| {
+        let out = kumo(&[&["classroom", "add-user", name], extra].concat(), &u.dir);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_owned()
+    };
+    let (alice, bob, teacher) = (
+        pw("alice", &[]),
+        pw("bob", &[]),
+        pw("teacher", &["--instructor"]),
+    );
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_kumo"))
+        .args(["classroom", "serve", "--port", "0", "--data-dir"])
+        .arg(&u.dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let url = {
+        use std::io::BufRead;
+        let out = serve.stdout.take().unwrap();
+        let line = std::io::BufReader::new(out)
+            .lines()
+            .next()
+            .unwrap()
+            .unwrap();
+        line.split_whitespace()
+            .find(|w| w.starts_with("https://"))
+            .unwrap()
+            .trim_end_matches('/')
+            .to_owned()
+    };
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _serve = Kill(serve);
+    // Bad sign-ins: the same answer whichever part was wrong.
+    let curl = |args: &[&str]| -> String {
+        let out = Command::new("curl")
+            .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(args)
+            .output()
+            .unwrap();
+        text(&out.stdout)
+    };
+    assert_eq!(curl(&[&format!("{url}/api/map")]), "401");
+    let wrong_password = Command::new("curl")
+        .args([
+            "-sk",
+            "-d",
+            "user=alice&password=nope",
+            &format!("{url}/signin"),
+        ])
+        .output()
+        .unwrap();
+    let no_user = Command::new("curl")
+        .args([
+            "-sk",
+            "-d",
+            "user=mallory&password=nope",
+            &format!("{url}/signin"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(wrong_password.stdout, no_user.stdout);
+    assert!(text(&wrong_password.stdout).contains("Wrong user name or password."));
+
+    let mut b = Browser::start().await;
+    let sign_in = |user: &str, password: &str| {
+        format!(
+            "document.querySelector('input[name=user]').value={user:?};document.querySelector('input[name=password]').value={password:?};document.forms[0].submit();"
+        )
+    };
+    for (user, password) in [("alice", &alice), ("bob", &bob)] {
+        b.goto(&format!("{url}/signin")).await;
+        b.eval(&sign_in(user, password)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let status = b
+            .until(90, "the cluster ready in the page", "(function(){var s=document.getElementById('status');return s&&s.textContent.indexOf('is ready')>=0?s.textContent:'';})()")
+            .await;
+        assert!(status.contains("demo"), "{status}");
+        // kubectl in the web terminal answers with this user's nodes.
+        b.until(30, "the shell's prompt", &format!("(function(){{var t=document.getElementById('term').innerText.replace(/\\u00a0/g,' ');return t.indexOf('{user}@handson')>=0?t:'';}})()")).await;
+        // Run until the workers have joined too (the page opens the terminal once the
+        // first node is there).
+        let mut shown = String::new();
+        for _ in 0..30 {
+            b.eval("window.kumoTerminal.send('clear; kubectl get nodes -o wide\\r')")
+                .await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            shown = b
+                .eval("document.getElementById('term').innerText.replace(/\\u00a0/g,' ')")
+                .await
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if shown.split(" Ready ").count() >= 4 {
+                break;
+            }
+        }
+        assert!(shown.split(" Ready ").count() >= 4, "{shown}");
+        assert!(shown.contains("demo-control-plane-"), "{shown}");
+        // The shell is confined: no host files, its own processes only, not root.
+        b.eval("window.kumoTerminal.send('ls /work /root; ps -e | wc -l; id -u\\r')")
+            .await;
+        let confined = b
+            .until(20, "the confinement checks", "(function(){var t=document.getElementById('term').innerText.replace(/\\u00a0/g,' ');return t.indexOf('65534')>=0?t:'';})()")
+            .await;
+        assert!(confined.contains("No such file or directory"), "{confined}");
+        if user == "alice" {
+            // Kept after the test (cargo's directory for integration tests' files).
+            let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("classroom-alice.png");
+            b.screenshot(&shot).await;
+            eprintln!("screenshot of alice's classroom page: {}", shot.display());
+        }
+    }
+    // bob (signed in last in this browser) cannot read alice's namespace.
+    let cookie = b
+        .call(
+            "Network.getCookies",
+            serde_json::json!({"urls": [url.clone()]}),
+            true,
+        )
+        .await;
+    let bob_cookie = cookie["cookies"][0]["value"].as_str().unwrap().to_owned();
+    let bob_map = Command::new("curl")
+        .args([
+            "-sk",
+            "-H",
+            &format!("Cookie: kumo-classroom={bob_cookie}"),
+            &format!("{url}/api/map"),
+        ])
+        .output()
+        .unwrap();
+    let bob_map: serde_json::Value = serde_json::from_slice(&bob_map.stdout).unwrap();
+    assert_eq!(bob_map["namespace"], "handson-bob");
+    // The instructor's view lists both clusters.
+    b.goto(&format!("{url}/signin")).await;
+    b.eval(&sign_in("teacher", &teacher)).await;
+    let table = b
+        .until(30, "the instructor's table", "(function(){var t=document.getElementById('users');return t&&t.innerText.indexOf('handson-bob')>=0&&t.innerText.indexOf('handson-alice')>=0?t.innerText:'';})()")
+        .await;
+    assert!(table.contains("True"), "{table}");
+}
