@@ -215,28 +215,16 @@ impl Ca {
         if let Some(ca) = Ca::load(dir, name)? {
             return Ok(ca);
         }
-        let crt = dir.join(format!("{name}.crt"));
-        let key = dir.join(format!("{name}.key"));
-        let key_pair = KeyPair::generate()?;
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, cn);
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-            KeyUsagePurpose::KeyCertSign,
-        ];
-        validity(&mut params, CA_DAYS);
-        let cert = params.self_signed(&key_pair)?;
-        write_file(&key, key_pair.serialize_pem().as_bytes(), 0o600)?;
-        write_file(&crt, cert.pem().as_bytes(), 0o644)?;
-        Ok(Ca {
-            cert_pem: cert.pem(),
-            key: Some(key_pair),
-            name: name.to_owned(),
-        })
+        let ca = Ca::generate(name, cn)?;
+        if let Some(key) = ca.key_pem() {
+            write_file(&dir.join(format!("{name}.key")), key.as_bytes(), 0o600)?;
+        }
+        write_file(
+            &dir.join(format!("{name}.crt")),
+            ca.cert_pem.as_bytes(),
+            0o644,
+        )?;
+        Ok(ca)
     }
 
     /// A new CA held in memory (not written anywhere): `name` is kubeadm's name for it,

@@ -11,7 +11,7 @@ use kumo_client::worker::SyncError;
 use serde_json::{json, Value};
 
 use crate::object::*;
-use crate::{Error, Manager, CLUSTER_FINALIZER, CLUSTER_NAME_LABEL};
+use crate::{Error, Manager, CLUSTER_FINALIZER};
 
 pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     let Some(c) = m.clusters.get(key) else {
@@ -55,7 +55,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     if let Some(r) = &infra_ref {
         match m.refs.get(ns, r).await? {
             Some(infra) => {
-                adopt(m, ns, r, &infra, &c).await?;
+                m.refs.adopt(ns, r, &infra, c.owner_ref(), c.name()).await?;
                 infra_ready = bool_at(&infra.data, "/status/initialization/provisioned");
                 let endpoint = infra.data.pointer("/spec/controlPlaneEndpoint").cloned();
                 let ours = str_at(&c.spec, "/controlPlaneEndpoint/host").unwrap_or_default();
@@ -102,7 +102,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
         .filter(|r| r.get("name").is_some())
     {
         if let Some(cp) = m.refs.get(ns, &r).await? {
-            adopt(m, ns, &r, &cp, &c).await?;
+            m.refs.adopt(ns, &r, &cp, c.owner_ref(), c.name()).await?;
             let st = cp.data.get("status").cloned().unwrap_or_default();
             cp_initialized = bool_at(&st, "/initialization/controlPlaneInitialized");
             cp_available = is_true(&st, "Available");
@@ -245,48 +245,6 @@ fn ref_text(r: &Value) -> String {
     )
 }
 
-/// Makes the Cluster the controller of `obj` (its infrastructure cluster or control plane)
-/// and labels it with the cluster's name.
-async fn adopt(
-    m: &Manager,
-    ns: &str,
-    r: &Value,
-    obj: &kube::api::DynamicObject,
-    c: &Cluster,
-) -> Result<(), Error> {
-    let owned = obj
-        .metadata
-        .owner_references
-        .as_ref()
-        .is_some_and(|os| os.iter().any(|o| Some(&o.uid) == c.metadata.uid.as_ref()));
-    let labelled = obj
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(CLUSTER_NAME_LABEL))
-        .map(String::as_str)
-        == Some(c.name());
-    if owned && labelled {
-        return Ok(());
-    }
-    let mut owners = obj.metadata.owner_references.clone().unwrap_or_default();
-    if !owned {
-        owners.push(c.owner_ref());
-    }
-    let (api, name) = m.refs.api(ns, r).await?;
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {
-            "ownerReferences": owners,
-            "labels": {CLUSTER_NAME_LABEL: c.name()},
-            "resourceVersion": obj.metadata.resource_version,
-        }})),
-    )
-    .await?;
-    Ok(())
-}
-
 /// Deletion: workers first, then the control plane, then the infrastructure.
 async fn delete(m: &Manager, c: &Cluster) -> Result<(), SyncError> {
     let ns = c.namespace();
@@ -339,33 +297,17 @@ async fn delete(m: &Manager, c: &Cluster) -> Result<(), SyncError> {
         }
         waiting = Some("WaitingForWorkersDeletion");
     }
-    if waiting.is_none() {
-        if let Some(r) = c
-            .spec
-            .get("controlPlaneRef")
-            .filter(|r| r.get("name").is_some())
-        {
-            if let Some(cp) = m.refs.get(ns, r).await? {
-                if cp.metadata.deletion_timestamp.is_none() {
-                    let (api, name) = m.refs.api(ns, r).await?;
-                    let _ = api.delete(&name, &dp).await;
-                }
-                waiting = Some("WaitingForControlPlaneDeletion");
-            }
+    // Then the control plane, then the infrastructure, each once the one before is gone.
+    for (field, reason) in [
+        ("controlPlaneRef", "WaitingForControlPlaneDeletion"),
+        ("infrastructureRef", "WaitingForInfrastructureDeletion"),
+    ] {
+        if waiting.is_some() {
+            break;
         }
-    }
-    if waiting.is_none() {
-        if let Some(r) = c
-            .spec
-            .get("infrastructureRef")
-            .filter(|r| r.get("name").is_some())
-        {
-            if let Some(infra) = m.refs.get(ns, r).await? {
-                if infra.metadata.deletion_timestamp.is_none() {
-                    let (api, name) = m.refs.api(ns, r).await?;
-                    let _ = api.delete(&name, &dp).await;
-                }
-                waiting = Some("WaitingForInfrastructureDeletion");
+        if let Some(r) = c.spec.get(field).filter(|r| r.get("name").is_some()) {
+            if m.refs.delete(ns, r).await? {
+                waiting = Some(reason);
             }
         }
     }

@@ -37,28 +37,9 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
         k.controller_of_kind::<ClusterKind>()
             .map(|o| o.name.clone())
     });
-    let machines: Vec<_> = m
-        .machines
-        .list()
-        .into_iter()
-        .filter(|x| {
-            x.namespace() == ns
-                && x.controller_of_kind::<KubeadmControlPlaneKind>()
-                    .is_some_and(|o| o.name == k.name())
-        })
-        .collect();
+    let machines = Manager::controlled_by(m.machines.list(), &*k);
     if k.deleting() {
-        for x in machines.iter().filter(|x| !x.deleting()) {
-            let _ = m
-                .api::<MachineKind>(ns)
-                .delete(x.name(), &DeleteParams::background())
-                .await;
-        }
-        if !machines.is_empty() {
-            return Err(SyncError::After(Duration::from_millis(500)));
-        }
-        m.remove_finalizer(&*k, KCP_FINALIZER).await?;
-        return Ok(());
+        return m.delete_children(&*k, &machines, KCP_FINALIZER).await;
     }
     let Some(cluster_name) = cluster_name else {
         // The Cluster controller labels and owns its control plane.
@@ -141,7 +122,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
         }
     }
     let available = initialized && ready > 0;
-    let conditions = vec![
+    let mut conditions = vec![
         Condition::new("Deleting", false, "NotDeleting"),
         Condition::new("Paused", false, "NotPaused"),
         Condition::new("CertificatesAvailable", true, "Available"),
@@ -158,19 +139,14 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
                 .message("There are no healthy control plane Machines yet")
         },
         scaling_up,
-        if have > want {
-            Condition::new("ScalingDown", true, "ScalingDown")
-                .message(format!("Scaling down from {have} to {want} replicas"))
-        } else {
-            Condition::new("ScalingDown", false, "NotScalingDown")
-        },
-        if ready == have && have > 0 {
-            Condition::new("MachinesReady", true, "Ready")
-        } else {
-            Condition::new("MachinesReady", false, "NotReady")
-        },
         Condition::new("MachinesUpToDate", true, "UpToDate"),
     ];
+    // ScalingDown and MachinesReady as every set of replicas reports them; ScalingUp above.
+    conditions.extend(
+        crate::scaling_conditions(have, want, ready)
+            .into_iter()
+            .filter(|c| c.type_ != "ScalingUp"),
+    );
     let version = k.spec.get("version").cloned().unwrap_or(Value::Null);
     let status = json!({
         "replicas": have, "readyReplicas": ready, "availableReplicas": ready, "upToDateReplicas": have,

@@ -358,6 +358,42 @@ impl Manager {
         }
     }
 
+    /// The objects of `items` whose controller is `owner`.
+    pub fn controlled_by<C: Kind, O: Kind>(
+        items: Vec<Arc<Obj<C>>>,
+        owner: &Obj<O>,
+    ) -> Vec<Arc<Obj<C>>> {
+        items
+            .into_iter()
+            .filter(|x| {
+                x.namespace() == owner.namespace()
+                    && x.controller_of_kind::<O>()
+                        .is_some_and(|o| o.name == owner.name())
+            })
+            .collect()
+    }
+
+    /// An owner's deletion: its `children` deleted, then (once they are gone) its
+    /// `finalizer` removed.
+    pub async fn delete_children<C: Kind, O: Kind>(
+        &self,
+        owner: &Obj<O>,
+        children: &[Arc<Obj<C>>],
+        finalizer: &str,
+    ) -> Result<(), SyncError> {
+        for x in children.iter().filter(|x| !x.deleting()) {
+            let _ = self
+                .api::<C>(x.namespace())
+                .delete(x.name(), &kube::api::DeleteParams::background())
+                .await;
+        }
+        if !children.is_empty() {
+            return Err(SyncError::After(Duration::from_millis(500)));
+        }
+        self.remove_finalizer(owner, finalizer).await?;
+        Ok(())
+    }
+
     /// Records an event about `obj`.
     pub async fn event<K: Kind>(&self, obj: &Obj<K>, type_: &str, reason: &str, msg: String) {
         kumo_client::events::record_from(
@@ -387,6 +423,31 @@ fn changed<K>(c: Change<'_, K>) -> &K {
         Change::Added(o) | Change::Deleted(o) => o,
         Change::Updated { new, .. } => new,
     }
+}
+
+/// The scaling conditions of a set of replicas (ScalingUp, ScalingDown, MachinesReady).
+pub fn scaling_conditions(have: i64, want: i64, ready: i64) -> Vec<Condition> {
+    vec![
+        if have < want {
+            Condition::new("ScalingUp", true, "ScalingUp")
+                .message(format!("Scaling up from {have} to {want} replicas"))
+        } else {
+            Condition::new("ScalingUp", false, "NotScalingUp")
+        },
+        if have > want {
+            Condition::new("ScalingDown", true, "ScalingDown")
+                .message(format!("Scaling down from {have} to {want} replicas"))
+        } else {
+            Condition::new("ScalingDown", false, "NotScalingDown")
+        },
+        if have == 0 {
+            Condition::new("MachinesReady", true, "NoReplicas")
+        } else if ready == have {
+            Condition::new("MachinesReady", true, "Ready")
+        } else {
+            Condition::new("MachinesReady", false, "NotReady")
+        },
+    ]
 }
 
 /// A random suffix of five of upstream's name-generator characters.

@@ -48,7 +48,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     {
         match m.refs.get(ns, r).await? {
             Some(cfg) => {
-                adopt(m, ns, r, &cfg, &x, &cluster).await?;
+                m.refs.adopt(ns, r, &cfg, x.owner_ref(), &cluster).await?;
                 if data_secret.is_none() {
                     if let Some(s) = cfg
                         .data
@@ -85,7 +85,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     {
         match m.refs.get(ns, r).await? {
             Some(infra) => {
-                adopt(m, ns, r, &infra, &x, &cluster).await?;
+                m.refs.adopt(ns, r, &infra, x.owner_ref(), &cluster).await?;
                 provisioned = bool_at(&infra.data, "/status/initialization/provisioned");
                 if provider_id.is_none() {
                     if let Some(p) = infra
@@ -320,50 +320,6 @@ async fn annotate_node(m: &Manager, x: &Machine, cluster: &str, node: &Node) {
     }
 }
 
-/// Makes the Machine the controller of its bootstrap config or infrastructure machine.
-async fn adopt(
-    m: &Manager,
-    ns: &str,
-    r: &Value,
-    obj: &kube::api::DynamicObject,
-    x: &Machine,
-    cluster: &str,
-) -> Result<(), Error> {
-    let owned = obj
-        .metadata
-        .owner_references
-        .as_ref()
-        .is_some_and(|os| os.iter().any(|o| Some(&o.uid) == x.metadata.uid.as_ref()));
-    if owned {
-        return Ok(());
-    }
-    // A template's clone is owned by whoever made it until its Machine takes it.
-    let mut owners: Vec<_> = obj
-        .metadata
-        .owner_references
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|mut o| {
-            o.controller = Some(false);
-            o
-        })
-        .collect();
-    owners.push(x.owner_ref());
-    let (api, name) = m.refs.api(ns, r).await?;
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {
-            "ownerReferences": owners,
-            "labels": {CLUSTER_NAME_LABEL: cluster},
-            "resourceVersion": obj.metadata.resource_version,
-        }})),
-    )
-    .await?;
-    Ok(())
-}
-
 async fn delete(m: &Manager, x: &Machine, cluster: &str) -> Result<(), SyncError> {
     let ns = x.namespace();
     let mut reason = None;
@@ -385,11 +341,7 @@ async fn delete(m: &Manager, x: &Machine, cluster: &str) -> Result<(), SyncError
         let Some(r) = x.spec.pointer(path).filter(|r| r.get("name").is_some()) else {
             continue;
         };
-        if let Some(obj) = m.refs.get(ns, r).await? {
-            if obj.metadata.deletion_timestamp.is_none() {
-                let (api, name) = m.refs.api(ns, r).await?;
-                let _ = api.delete(&name, &DeleteParams::background()).await;
-            }
+        if m.refs.delete(ns, r).await? {
             reason.get_or_insert(why);
         }
     }

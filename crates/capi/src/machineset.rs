@@ -4,7 +4,6 @@
 //! up before the old one is scaled down and removed).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -84,28 +83,9 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
     };
     let ns = s.namespace();
     let cluster = s.cluster_name().unwrap_or_default().to_owned();
-    let owned: Vec<_> = m
-        .machines
-        .list()
-        .into_iter()
-        .filter(|x| {
-            x.namespace() == ns
-                && x.controller_of_kind::<MachineSetKind>()
-                    .is_some_and(|o| o.name == s.name())
-        })
-        .collect();
+    let owned = Manager::controlled_by(m.machines.list(), &*s);
     if s.deleting() {
-        for x in owned.iter().filter(|x| !x.deleting()) {
-            let _ = m
-                .api::<MachineKind>(ns)
-                .delete(x.name(), &DeleteParams::background())
-                .await;
-        }
-        if !owned.is_empty() {
-            return Err(SyncError::After(Duration::from_millis(500)));
-        }
-        m.remove_finalizer(&*s, MACHINE_SET_FINALIZER).await?;
-        return Ok(());
+        return m.delete_children(&*s, &owned, MACHINE_SET_FINALIZER).await;
     }
     if m.add_finalizer(&*s, MACHINE_SET_FINALIZER).await? {
         return Ok(());
@@ -142,13 +122,10 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
                 )
                 .await
                 .map_err(Error::from)?;
-            let _ = m
-                .api::<MachineKind>(ns)
-                .delete(x.name(), &DeleteParams::background())
-                .await;
-            m.event(
-                &*s,
-                "Normal",
+            delete_machine(
+                m,
+                &s,
+                x,
                 "MachineRemediated",
                 format!("Machine {} deleted by remediation", x.name()),
             )
@@ -199,13 +176,10 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
             )
         });
         for x in victims.into_iter().take((have - want) as usize) {
-            let _ = m
-                .api::<MachineKind>(ns)
-                .delete(x.name(), &DeleteParams::background())
-                .await;
-            m.event(
-                &*s,
-                "Normal",
+            delete_machine(
+                m,
+                &s,
+                x,
                 "SuccessfulDelete",
                 format!("Deleted Machine {:?}", x.name()),
             )
@@ -215,34 +189,16 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
     let count = |f: &dyn Fn(&Machine) -> bool| live.iter().filter(|x| f(x)).count() as i64;
     let ready = count(&|x| is_true(&x.status, "Ready"));
     let available = count(&|x| is_true(&x.status, "Available"));
-    let conditions = vec![
+    let mut conditions = vec![
         Condition::new("Deleting", false, "NotDeleting"),
         Condition::new("Paused", false, "NotPaused"),
-        if have < want {
-            Condition::new("ScalingUp", true, "ScalingUp")
-                .message(format!("Scaling up from {have} to {want} replicas"))
-        } else {
-            Condition::new("ScalingUp", false, "NotScalingUp")
-        },
-        if have > want {
-            Condition::new("ScalingDown", true, "ScalingDown")
-                .message(format!("Scaling down from {have} to {want} replicas"))
-        } else {
-            Condition::new("ScalingDown", false, "NotScalingDown")
-        },
-        if ready == have && have > 0 {
-            Condition::new("MachinesReady", true, "Ready")
-        } else if have == 0 {
-            Condition::new("MachinesReady", true, "NoReplicas")
-        } else {
-            Condition::new("MachinesReady", false, "NotReady")
-        },
         Condition::new(
             "MachinesUpToDate",
             true,
             if have == 0 { "NoReplicas" } else { "UpToDate" },
         ),
     ];
+    conditions.extend(crate::scaling_conditions(have, want, ready));
     let selector = selector_text(&s.spec);
     let status = json!({
         "replicas": have, "readyReplicas": ready, "availableReplicas": available, "upToDateReplicas": have,
@@ -251,6 +207,15 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
     });
     m.patch_status(&*s, status).await?;
     Ok(())
+}
+
+/// Deletes machine `x` of set `s`, said in an event of `reason`.
+async fn delete_machine(m: &Manager, s: &MachineSet, x: &Machine, reason: &str, msg: String) {
+    let _ = m
+        .api::<MachineKind>(x.namespace())
+        .delete(x.name(), &DeleteParams::background())
+        .await;
+    m.event(s, "Normal", reason, msg).await;
 }
 
 fn is_waiting_remediation(x: &Machine) -> bool {
@@ -295,29 +260,11 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
     };
     let ns = d.namespace();
     let cluster = d.cluster_name().unwrap_or_default().to_owned();
-    let sets: Vec<_> = m
-        .machine_sets
-        .list()
-        .into_iter()
-        .filter(|s| {
-            s.namespace() == ns
-                && s.controller_of_kind::<MachineDeploymentKind>()
-                    .is_some_and(|o| o.name == d.name())
-        })
-        .collect();
+    let sets = Manager::controlled_by(m.machine_sets.list(), &*d);
     if d.deleting() {
-        for s in sets.iter().filter(|s| !s.deleting()) {
-            let _ = m
-                .api::<MachineSetKind>(ns)
-                .delete(s.name(), &DeleteParams::background())
-                .await;
-        }
-        if !sets.is_empty() {
-            return Err(SyncError::After(Duration::from_millis(500)));
-        }
-        m.remove_finalizer(&*d, MACHINE_DEPLOYMENT_FINALIZER)
-            .await?;
-        return Ok(());
+        return m
+            .delete_children(&*d, &sets, MACHINE_DEPLOYMENT_FINALIZER)
+            .await;
     }
     if m.add_finalizer(&*d, MACHINE_DEPLOYMENT_FINALIZER).await? {
         return Ok(());
@@ -435,7 +382,7 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
         })
         .unwrap_or(0);
     let rolling = sets.len() > 1;
-    let conditions = vec![
+    let mut conditions = vec![
         Condition::new("Deleting", false, "NotDeleting"),
         Condition::new("Paused", false, "NotPaused"),
         if available >= want {
@@ -448,26 +395,8 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
         } else {
             Condition::new("RollingOut", false, "NotRollingOut")
         },
-        if have < want {
-            Condition::new("ScalingUp", true, "ScalingUp")
-                .message(format!("Scaling up from {have} to {want} replicas"))
-        } else {
-            Condition::new("ScalingUp", false, "NotScalingUp")
-        },
-        if have > want {
-            Condition::new("ScalingDown", true, "ScalingDown")
-                .message(format!("Scaling down from {have} to {want} replicas"))
-        } else {
-            Condition::new("ScalingDown", false, "NotScalingDown")
-        },
-        if ready == have && have > 0 {
-            Condition::new("MachinesReady", true, "Ready")
-        } else if have == 0 {
-            Condition::new("MachinesReady", true, "NoReplicas")
-        } else {
-            Condition::new("MachinesReady", false, "NotReady")
-        },
     ];
+    conditions.extend(crate::scaling_conditions(have, want, ready));
     let phase = if have < want {
         "ScalingUp"
     } else if have > want {

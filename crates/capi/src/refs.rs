@@ -101,6 +101,72 @@ impl Refs {
         Ok(api.get_opt(&name).await?)
     }
 
+    /// Deletes the object `reference` names (once); whether it still exists.
+    pub async fn delete(&self, namespace: &str, reference: &Value) -> Result<bool, Error> {
+        let Some(obj) = self.get(namespace, reference).await? else {
+            return Ok(false);
+        };
+        if obj.metadata.deletion_timestamp.is_none() {
+            let (api, name) = self.api(namespace, reference).await?;
+            let _ = api
+                .delete(&name, &kube::api::DeleteParams::background())
+                .await;
+        }
+        Ok(true)
+    }
+
+    /// Makes `owner` the controller of `obj` (the object `reference` names) and labels it
+    /// with cluster `cluster`: a template's clone is owned by whoever made it until its
+    /// Machine takes it, so any other controller reference is demoted.
+    pub async fn adopt(
+        &self,
+        namespace: &str,
+        reference: &Value,
+        obj: &DynamicObject,
+        owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+        cluster: &str,
+    ) -> Result<(), Error> {
+        let owned = obj.metadata.owner_references.as_ref().is_some_and(|os| {
+            os.iter()
+                .any(|o| o.uid == owner.uid && o.controller == Some(true))
+        });
+        let labelled = obj
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::CLUSTER_NAME_LABEL))
+            .map(String::as_str)
+            == Some(cluster);
+        if owned && labelled {
+            return Ok(());
+        }
+        let mut owners: Vec<_> = obj
+            .metadata
+            .owner_references
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|o| o.uid != owner.uid)
+            .map(|mut o| {
+                o.controller = Some(false);
+                o
+            })
+            .collect();
+        owners.push(owner);
+        let (api, name) = self.api(namespace, reference).await?;
+        api.patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {
+                "ownerReferences": owners,
+                "labels": {crate::CLUSTER_NAME_LABEL: cluster},
+                "resourceVersion": obj.metadata.resource_version,
+            }})),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Creates `name` from template `reference` (its `spec.template`), with `labels`,
     /// the cloned-from annotations and `owner`, as upstream's external.CreateFromTemplate.
     pub async fn clone_template(

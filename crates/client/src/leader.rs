@@ -60,6 +60,12 @@ pub fn default_identity() -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".into());
+    identity_on(&host)
+}
+
+/// The identity of a component on machine `host`: `<host>_<uuid>`, as upstream's
+/// components name their lease holder.
+pub fn identity_on(host: &str) -> String {
     format!("{host}_{}", uuid::Uuid::new_v4())
 }
 

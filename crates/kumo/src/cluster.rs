@@ -276,13 +276,14 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     let (cm_addr, mut cm_rx) = watch::channel(None);
     if cfg.controller_manager {
         let kubeconfig = cfg.data_dir.join("controller-manager.conf");
-        tokio::spawn(run_controller_manager(kubeconfig, cm_addr));
+        tokio::spawn(run_controller_manager(kubeconfig, cm_addr, None));
     }
     let (sched_addr, mut sched_rx) = watch::channel(None);
     if cfg.scheduler {
         tokio::spawn(run_scheduler(
             cfg.data_dir.join("scheduler.conf"),
             sched_addr,
+            None,
         ));
     }
     if (cfg.kubelet || cfg.cloud.is_some()) && !real {
@@ -548,6 +549,7 @@ async fn start_cloud(
             cfg.data_dir.join("cloud-controller-manager.conf"),
             settings.controllers.clone(),
             ccm_cloud.0,
+            None,
         ));
     }
     Ok(ClusterCloud {
@@ -789,9 +791,11 @@ async fn serving_port(on: bool, rx: &mut watch::Receiver<Option<SocketAddr>>) ->
 pub(crate) async fn run_controller_manager(
     kubeconfig: PathBuf,
     serving: watch::Sender<Option<SocketAddr>>,
+    host: Option<String>,
 ) {
     loop {
         let mut cfg = kumo_controller_manager::Config::new(&kubeconfig);
+        cfg.identity = host.as_deref().map(kumo_client::leader::identity_on);
         cfg.use_service_account_credentials = true;
         // As kubeadm with a pod subnet: node-ipam hands each node its spec.podCIDR, which
         // the kubelet then uses.
@@ -834,12 +838,14 @@ pub(crate) async fn run_cloud_controller_manager(
     kubeconfig: PathBuf,
     controllers: Vec<String>,
     cloud: kumo_cloud::Client,
+    host: Option<String>,
 ) {
     use kumo_cloud_provider::ccm;
     let provider: Arc<dyn kumo_cloud_provider::CloudProvider> =
         Arc::new(kumo_cloud_provider::kumo::KumoCloud::new(cloud));
     loop {
         let mut cfg = ccm::Config::new(&kubeconfig);
+        cfg.identity = host.as_deref().map(kumo_client::leader::identity_on);
         cfg.controllers = controllers.clone();
         cfg.allocate_node_cidrs = true;
         cfg.configure_cloud_routes = true;
@@ -864,9 +870,14 @@ pub(crate) async fn run_cloud_controller_manager(
 }
 
 /// The scheduler as system:kube-scheduler; started again if it stops.
-pub(crate) async fn run_scheduler(kubeconfig: PathBuf, serving: watch::Sender<Option<SocketAddr>>) {
+pub(crate) async fn run_scheduler(
+    kubeconfig: PathBuf,
+    serving: watch::Sender<Option<SocketAddr>>,
+    host: Option<String>,
+) {
     loop {
         let mut cfg = kumo_scheduler::Config::new(&kubeconfig);
+        cfg.identity = host.as_deref().map(kumo_client::leader::identity_on);
         let mut s = kumo_scheduler::Scheduler::start(cfg.clone()).await;
         if s.is_err() {
             // 10259 is taken (another cluster on this machine): serve /healthz elsewhere.

@@ -133,6 +133,13 @@ fn kubeadm_documents(text: &str) -> Result<HashMap<String, Value>> {
     Ok(out)
 }
 
+/// The kubeadm configuration file `config` of the machine whose disk is `dir`.
+fn read_kubeadm_config(dir: &Path, config: &str) -> Result<HashMap<String, Value>> {
+    let text = std::fs::read_to_string(dir.join(config.trim_start_matches('/')))
+        .with_context(|| format!("reading {config}"))?;
+    kubeadm_documents(&text)
+}
+
 /// One workload cluster's shared parts on this host, by its control-plane endpoint.
 pub struct Tenant {
     /// Its pods' simulated network (the control plane's proxy programs it).
@@ -354,9 +361,7 @@ async fn init_control_plane(
     config: &str,
     stop: watch::Receiver<bool>,
 ) -> Result<()> {
-    let text = std::fs::read_to_string(dir.join(config.trim_start_matches('/')))
-        .with_context(|| format!("reading {config}"))?;
-    let docs = kubeadm_documents(&text)?;
+    let docs = read_kubeadm_config(dir, config)?;
     let cluster_cfg = docs
         .get("ClusterConfiguration")
         .cloned()
@@ -392,15 +397,27 @@ async fn init_control_plane(
     publish_cluster_info(&admin, &format!("https://{endpoint}"), &ca_pem)
         .await
         .context("cluster-info")?;
+    let reg = init_cfg
+        .get("nodeRegistration")
+        .cloned()
+        .unwrap_or_default();
+    let node_name = reg
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or(&inst.name)
+        .to_owned();
+    // The components' lease holders are named after their machine, as on a kubeadm node.
     let (cm_tx, _) = watch::channel(None);
     tokio::spawn(crate::cluster::run_controller_manager(
         data_dir.join("controller-manager.conf"),
         cm_tx,
+        Some(node_name.clone()),
     ));
     let (sched_tx, _) = watch::channel(None);
     tokio::spawn(crate::cluster::run_scheduler(
         data_dir.join("scheduler.conf"),
         sched_tx,
+        Some(node_name.clone()),
     ));
     let proxy_kc = kumo_apiserver::pki::kube_proxy_kubeconfig(&data_dir, &server)?;
     tokio::spawn(crate::cluster::run_proxy(
@@ -423,19 +440,11 @@ async fn init_control_plane(
         .await?;
         tokio::spawn(crate::cluster::run_cloud_controller_manager(
             data_dir.join("cloud-controller-manager.conf"),
-            vec!["cloud-node".into(), "cloud-node-lifecycle".into()],
+            cloud_controllers(dir),
             client,
+            Some(node_name.clone()),
         ));
     }
-    let reg = init_cfg
-        .get("nodeRegistration")
-        .cloned()
-        .unwrap_or_default();
-    let node_name = reg
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or(&inst.name)
-        .to_owned();
     let kubeconfig = kumo_apiserver::pki::kubelet_kubeconfig(&data_dir, &node_name, &server)?;
     let cfg = kubelet_config(
         inst,
@@ -461,6 +470,26 @@ async fn init_control_plane(
     let _ = stop.wait_for(|s| *s).await;
     drop(api);
     Ok(())
+}
+
+/// Where a cluster's KubeadmControlPlane may say which cloud-controller-manager
+/// controllers its control plane runs (a file of its `kubeadmConfigSpec.files`:
+/// comma-separated, `*` for all, as `--controllers`).
+pub const CLOUD_CONTROLLERS_FILE: &str = "etc/kumo/cloud-controllers";
+
+/// The control plane's cloud-controller-manager controllers: the file's, else the node
+/// controllers only (seed 000's environment: no service controller).
+fn cloud_controllers(machine: &Path) -> Vec<String> {
+    std::fs::read_to_string(machine.join(CLOUD_CONTROLLERS_FILE))
+        .ok()
+        .map(|t| {
+            t.split(',')
+                .map(|c| c.trim().to_owned())
+                .filter(|c| !c.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| vec!["cloud-node".into(), "cloud-node-lifecycle".into()])
 }
 
 /// kubeadm init's `kube-public/cluster-info` (a kubeconfig of the endpoint and the CA)
@@ -557,9 +586,7 @@ async fn join(
     config: &str,
     stop: watch::Receiver<bool>,
 ) -> Result<()> {
-    let text = std::fs::read_to_string(dir.join(config.trim_start_matches('/')))
-        .with_context(|| format!("reading {config}"))?;
-    let docs = kubeadm_documents(&text)?;
+    let docs = read_kubeadm_config(dir, config)?;
     let join_cfg = docs
         .get("JoinConfiguration")
         .context("no JoinConfiguration")?;

@@ -952,16 +952,19 @@ fn seed_000_csi_registration_and_volumes() {
             u.ok(&["get", "pvc", &claim, "-o", "jsonpath={.status.phase}"]),
             "Bound"
         );
-        assert_eq!(
-            u.ok(&[
+        // Ready (no probe) says the container started, not that its first command ran:
+        // the file is looked for until it is there, as on a real node.
+        let want = format!("db-{ordinal}\n");
+        eventually(20, "the replica's file on its volume", || {
+            let (_, out, _) = u.k(&[
                 "exec",
                 &format!("db-{ordinal}"),
                 "--",
                 "cat",
-                "/var/lib/db/owner"
-            ]),
-            format!("db-{ordinal}\n")
-        );
+                "/var/lib/db/owner",
+            ]);
+            (out == want).then_some(())
+        });
     }
     u.ok(&["scale", "statefulset", "db", "--replicas=1"]);
     eventually(60, "data-db-1 deleted on scale-down", || {
