@@ -5,7 +5,8 @@
 //! WebSocket to a confined shell with kubectl and that cluster's kubeconfig, see
 //! [`terminal`]) and beside it a map of the cluster (control-plane components and their
 //! leases, nodes with their pods, Services → EndpointSlices → the cloud load balancer,
-//! recent events), refreshed every second; an instructor sees every user's cluster.
+//! recent events) pushed over a WebSocket at every change watches of it see; an instructor
+//! sees every user's cluster.
 
 pub mod pages;
 pub mod terminal;
@@ -263,6 +264,7 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Resp {
                 (Method::GET, "/api/map", Some(Role::Learner)) => {
                     json_resp(map(&state, &user).await)
                 }
+                (Method::GET, "/map", Some(Role::Learner)) => map_socket(state, req, user),
                 (Method::GET, "/api/users", Some(Role::Instructor)) => {
                     json_resp(overview(&state).await)
                 }
@@ -271,7 +273,7 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Resp {
                     state.sessions.lock().retain(|_, u| *u != user);
                     redirect("/signin")
                 }
-                (_, "/api/map" | "/api/users" | "/terminal", _) => {
+                (_, "/api/map" | "/api/users" | "/terminal" | "/map", _) => {
                     respond(StatusCode::FORBIDDEN, "text/plain", "not yours\n")
                 }
                 _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
@@ -539,8 +541,9 @@ async fn overview(state: &State) -> Value {
 }
 
 /// The web terminal: a WebSocket to the user's confined shell.
-async fn terminal(state: Arc<State>, req: Request<Incoming>, user: String) -> Resp {
-    // A page of another origin cannot open it with the user's cookie.
+/// The accept key of a same-origin WebSocket upgrade, else the answer refusing it (a page
+/// of another origin cannot open the user's sockets with the user's cookie).
+fn websocket_accept(req: &Request<Incoming>) -> Result<String, Box<Resp>> {
     let host = req
         .headers()
         .get("host")
@@ -553,18 +556,177 @@ async fn terminal(state: Arc<State>, req: Request<Incoming>, user: String) -> Re
         .and_then(|o| o.to_str().ok())
         .is_some_and(|o| o.strip_prefix("https://") == Some(host.as_str()));
     if !origin_ok {
-        return respond(
+        return Err(Box::new(respond(
             StatusCode::FORBIDDEN,
             "text/plain",
             "cross-origin WebSocket refused\n",
-        );
+        )));
     }
-    let Some(key) = req.headers().get("sec-websocket-key").cloned() else {
-        return respond(
+    let Some(key) = req.headers().get("sec-websocket-key") else {
+        return Err(Box::new(respond(
             StatusCode::BAD_REQUEST,
             "text/plain",
             "a WebSocket upgrade is expected\n",
+        )));
+    };
+    Ok(tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes()))
+}
+
+/// The 101 answer of an accepted WebSocket upgrade.
+fn switching_protocols(accept: &str) -> Resp {
+    let mut r = respond(StatusCode::SWITCHING_PROTOCOLS, "text/plain", "");
+    r.headers_mut().remove(CONTENT_TYPE);
+    r.headers_mut()
+        .insert("upgrade", HeaderValue::from_static("websocket"));
+    r.headers_mut()
+        .insert("connection", HeaderValue::from_static("Upgrade"));
+    if let Ok(v) = HeaderValue::from_str(accept) {
+        r.headers_mut().insert("sec-websocket-accept", v);
+    }
+    r
+}
+
+/// The server side of an upgraded request.
+async fn server_socket(
+    req: Request<Incoming>,
+) -> Option<tokio_tungstenite::WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>> {
+    let upgraded = hyper::upgrade::on(req).await.ok()?;
+    Some(
+        tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            tokio_tungstenite::tungstenite::protocol::Role::Server,
+            None,
+        )
+        .await,
+    )
+}
+
+/// Signals `changed` at every event of a watch of `api`.
+fn watch_changes<K>(api: Api<K>, changed: Arc<tokio::sync::Notify>) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    tokio::spawn(signal_changes(
+        kube::runtime::watcher(api, Default::default()),
+        changed,
+    ))
+}
+
+/// The map as a WebSocket: a new snapshot whenever a watch of the user's Cluster or of
+/// its workload cluster (leases, nodes, pods, Services, EndpointSlices, events) sees a
+/// change.
+fn map_socket(state: Arc<State>, req: Request<Incoming>, user: String) -> Resp {
+    let accept = match websocket_accept(&req) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    tokio::spawn(async move {
+        let Some(ws) = server_socket(req).await else {
+            return;
+        };
+        let (mut tx, mut rx) = ws.split();
+        let ns = namespace_of(&user);
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let clusters: Api<DynamicObject> = Api::namespaced_with(
+            state.cfg.client.clone(),
+            &ns,
+            &kube::api::ApiResource::from_gvk_with_plural(
+                &kube::core::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster"),
+                "clusters",
+            ),
         );
+        let mut watches = vec![watch_changes_dynamic(clusters, changed.clone())];
+        let mut watching = false;
+        let mut last = Value::Null;
+        loop {
+            if !watching {
+                if let Ok(Some(t)) = state.remote.client(&ns, CLUSTER).await {
+                    use k8s_openapi::api::{
+                        coordination::v1::Lease, core::v1 as core, discovery::v1::EndpointSlice,
+                    };
+                    watches.push(watch_changes(
+                        Api::<Lease>::namespaced(t.clone(), "kube-system"),
+                        changed.clone(),
+                    ));
+                    watches.push(watch_changes(
+                        Api::<core::Node>::all(t.clone()),
+                        changed.clone(),
+                    ));
+                    watches.push(watch_changes(
+                        Api::<core::Pod>::all(t.clone()),
+                        changed.clone(),
+                    ));
+                    watches.push(watch_changes(
+                        Api::<core::Service>::all(t.clone()),
+                        changed.clone(),
+                    ));
+                    watches.push(watch_changes(
+                        Api::<EndpointSlice>::all(t.clone()),
+                        changed.clone(),
+                    ));
+                    watches.push(watch_changes(Api::<core::Event>::all(t), changed.clone()));
+                    watching = true;
+                }
+            }
+            let m = map(&state, &user).await;
+            if m != last {
+                if tx.send(Message::Text(m.to_string().into())).await.is_err() {
+                    break;
+                }
+                last = m;
+            }
+            tokio::select! {
+                _ = changed.notified() => {
+                    // A burst of changes is one snapshot.
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+                // Until the workload cluster answers, its coming is looked for.
+                _ = tokio::time::sleep(Duration::from_secs(if watching { 30 } else { 1 })) => {}
+                msg = rx.next() => match msg {
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+        for w in watches {
+            w.abort();
+        }
+    });
+    switching_protocols(&accept)
+}
+
+/// [`watch_changes`] of dynamic objects.
+fn watch_changes_dynamic(
+    api: Api<DynamicObject>,
+    changed: Arc<tokio::sync::Notify>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(signal_changes(
+        kube::runtime::watcher(api, Default::default()),
+        changed,
+    ))
+}
+
+/// Signals `changed` at every event of `stream` (a watcher), backing off on errors.
+async fn signal_changes<S, K>(stream: S, changed: Arc<tokio::sync::Notify>)
+where
+    S: futures::Stream<Item = kube::runtime::watcher::Result<kube::runtime::watcher::Event<K>>>
+        + Send,
+{
+    use kube::runtime::WatchStreamExt;
+    let stream = stream.default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        if ev.is_ok() {
+            changed.notify_one();
+        }
+    }
+}
+
+async fn terminal(state: Arc<State>, req: Request<Incoming>, user: String) -> Resp {
+    let accept = match websocket_accept(&req) {
+        Ok(a) => a,
+        Err(r) => return *r,
     };
     let ns = namespace_of(&user);
     let secrets: Api<Secret> = Api::namespaced(state.cfg.client.clone(), &ns);
@@ -582,33 +744,16 @@ async fn terminal(state: Arc<State>, req: Request<Incoming>, user: String) -> Re
             "your cluster is not ready yet\n",
         );
     };
-    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let work = state.cfg.work_dir.clone();
     tokio::spawn(async move {
-        let upgraded = match hyper::upgrade::on(req).await {
-            Ok(u) => u,
-            Err(_) => return,
+        let Some(ws) = server_socket(req).await else {
+            return;
         };
-        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-            TokioIo::new(upgraded),
-            tokio_tungstenite::tungstenite::protocol::Role::Server,
-            None,
-        )
-        .await;
         if let Err(e) = run_shell(ws, &work, &user, &kubeconfig).await {
             tracing::warn!(user = %user, error = %e, "the web terminal ended");
         }
     });
-    let mut r = respond(StatusCode::SWITCHING_PROTOCOLS, "text/plain", "");
-    r.headers_mut().remove(CONTENT_TYPE);
-    r.headers_mut()
-        .insert("upgrade", HeaderValue::from_static("websocket"));
-    r.headers_mut()
-        .insert("connection", HeaderValue::from_static("Upgrade"));
-    if let Ok(v) = HeaderValue::from_str(&accept) {
-        r.headers_mut().insert("sec-websocket-accept", v);
-    }
-    r
+    switching_protocols(&accept)
 }
 
 async fn run_shell<S>(

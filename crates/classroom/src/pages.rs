@@ -87,8 +87,9 @@ function draw(m){{
   document.getElementById('services').innerHTML=(m.services||[]).map(function(s){{return '<div class="item">'+esc(s.namespace)+'/'+esc(s.name)+' '+esc(s.type)+' '+esc(s.clusterIP)+' <span class="arrow">→</span> '+esc(s.endpoints)+' endpoints'+(s.loadBalancer?' <span class="arrow">→</span> LB '+esc(s.loadBalancer):'')+'</div>';}}).join('');
   document.getElementById('events').innerHTML=(m.events||[]).map(function(e){{return '<div class="item '+(e.type==='Normal'?'ok':'bad')+'">'+esc(e.reason)+' '+esc(e.object)+': '+esc(e.message)+'</div>';}}).join('');
 }}
-function poll(){{fetch('/api/map',{{credentials:'same-origin'}}).then(function(r){{return r.json();}}).then(draw).catch(function(){{}}).finally(function(){{setTimeout(poll,1000);}});}}
-poll();
+// The server sends a new map whenever its watches of the cluster see a change.
+function follow(){{var m=new WebSocket('wss://'+location.host+'/map');m.onmessage=function(e){{draw(JSON.parse(e.data));}};m.onclose=function(){{setTimeout(follow,1000);}};}}
+follow();
 </script></body></html>"#,
         u = escape(user),
         h = header(user, "your cluster"),

@@ -73,7 +73,7 @@ pub async fn run(what: Classroom) -> Result<()> {
                     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create", "patch"]},
                     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
                     {"apiGroups": ["cluster.x-k8s.io", "controlplane.cluster.x-k8s.io", "bootstrap.cluster.x-k8s.io", "infrastructure.cluster.x-k8s.io"],
-                     "resources": ["*"], "verbs": ["get", "list", "create", "patch"]},
+                     "resources": ["*"], "verbs": ["get", "list", "watch", "create", "patch"]},
                 ]),
             )
             .await?;
