@@ -3,7 +3,7 @@
 //! domain from the other, finds its Node in the workload cluster by providerID (nodeRef,
 //! nodeInfo, the Node's annotations naming the Machine), and reports the phase (Pending →
 //! Provisioning → Provisioned → Running → Deleting) and the v1beta2 conditions. Deleting a
-//! Machine deletes its Node, then its infrastructure and bootstrap objects.
+//! Machine deletes its infrastructure and bootstrap objects, then its Node.
 
 use std::time::Duration;
 
@@ -323,17 +323,6 @@ async fn annotate_node(m: &Manager, x: &Machine, cluster: &str, node: &Node) {
 async fn delete(m: &Manager, x: &Machine, cluster: &str) -> Result<(), SyncError> {
     let ns = x.namespace();
     let mut reason = None;
-    // The Node first (upstream drains it; nothing here waits on its pods).
-    if let Some(node) = str_at(&x.status, "/nodeRef/name") {
-        if let Ok(Some(client)) = m.remote.client(ns, cluster).await {
-            let nodes: Api<Node> = Api::all(client);
-            match nodes.delete(node, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(e) if kumo_client::error::is_not_found(&e) => {}
-                Err(e) => tracing::debug!(machine = %x.key(), error = %e, "deleting the node"),
-            }
-        }
-    }
     for (path, why) in [
         ("/infrastructureRef", "WaitingForInfrastructureDeletion"),
         ("/bootstrap/configRef", "WaitingForBootstrapDeletion"),
@@ -362,6 +351,30 @@ async fn delete(m: &Manager, x: &Machine, cluster: &str) -> Result<(), SyncError
             Err(SyncError::After(Duration::from_millis(500)))
         }
         None => {
+            // The Node last, once its machine is gone (as upstream: a kubelet still
+            // running would register it again). Nothing is drained first here.
+            // A Machine deleted before it recorded its nodeRef still has a Node: found by
+            // providerID.
+            let mut node = str_at(&x.status, "/nodeRef/name").map(str::to_owned);
+            if node.is_none() {
+                if let Some(pid) = str_at(&x.spec, "/providerID") {
+                    if let Ok(Some(n)) = node_of(m, x, cluster, pid).await {
+                        node = n.metadata.name;
+                    }
+                }
+            }
+            if let Some(node) = node.as_deref() {
+                if let Ok(Some(client)) = m.remote.client(ns, cluster).await {
+                    let nodes: Api<Node> = Api::all(client);
+                    match nodes.delete(node, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(e) if kumo_client::error::is_not_found(&e) => {}
+                        Err(e) => {
+                            tracing::debug!(machine = %x.key(), error = %e, "deleting the node")
+                        }
+                    }
+                }
+            }
             m.remove_finalizer(x, MACHINE_FINALIZER).await?;
             Ok(())
         }

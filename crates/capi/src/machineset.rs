@@ -4,6 +4,7 @@
 //! up before the old one is scaled down and removed).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -139,6 +140,8 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
         .collect();
     let have = live.len() as i64;
     let template = s.spec.get("template").cloned().unwrap_or_default();
+    // What this sync deletes is no longer counted below (the cache has not seen it go).
+    let mut deleted: Vec<String> = Vec::new();
     if have < want {
         // Machines are made only once the Cluster's control plane can take them
         // (upstream's preflight checks), else the bootstrap data waits anyway.
@@ -176,6 +179,7 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
             )
         });
         for x in victims.into_iter().take((have - want) as usize) {
+            deleted.push(x.name().to_owned());
             delete_machine(
                 m,
                 &s,
@@ -186,7 +190,11 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
             .await;
         }
     }
-    let count = |f: &dyn Fn(&Machine) -> bool| live.iter().filter(|x| f(x)).count() as i64;
+    let count = |f: &dyn Fn(&Machine) -> bool| {
+        live.iter()
+            .filter(|x| !deleted.iter().any(|d| d == x.name()) && f(x))
+            .count() as i64
+    };
     let ready = count(&|x| is_true(&x.status, "Ready"));
     let available = count(&|x| is_true(&x.status, "Available"));
     let mut conditions = vec![
@@ -201,7 +209,8 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
     conditions.extend(crate::scaling_conditions(have, want, ready));
     let selector = selector_text(&s.spec);
     let status = json!({
-        "replicas": have, "readyReplicas": ready, "availableReplicas": available, "upToDateReplicas": have,
+        "replicas": have - deleted.len() as i64, "readyReplicas": ready, "availableReplicas": available,
+        "upToDateReplicas": have - deleted.len() as i64,
         "selector": selector, "observedGeneration": s.metadata.generation,
         "conditions": merge_conditions(&s.status, &conditions, s.metadata.generation),
     });
@@ -228,6 +237,63 @@ fn is_waiting_remediation(x: &Machine) -> bool {
                     && c.get("status").and_then(Value::as_str) == Some("False")
             })
         })
+}
+
+/// `spec.rollout.strategy.rollingUpdate`'s (maxSurge, maxUnavailable) for `want`
+/// replicas: integers or percentages (the surge rounded up, the unavailable down), 1 and 0
+/// by default; never both 0.
+fn rollout_limits(spec: &Value, want: i64) -> (i64, i64) {
+    let read = |k: &str, default: i64, up: bool| -> i64 {
+        match spec.pointer(&format!("/rollout/strategy/rollingUpdate/{k}")) {
+            Some(Value::Number(n)) => n.as_i64().unwrap_or(default),
+            Some(Value::String(p)) => match p.strip_suffix('%').and_then(|p| p.parse::<i64>().ok())
+            {
+                Some(pct) if up => (pct * want + 99) / 100,
+                Some(pct) => pct * want / 100,
+                None => default,
+            },
+            _ => default,
+        }
+    };
+    let (surge, unavailable) = (read("maxSurge", 1, true), read("maxUnavailable", 0, false));
+    if surge == 0 && unavailable == 0 {
+        (1, 0)
+    } else {
+        (surge, unavailable)
+    }
+}
+
+/// Sets MachineSet `s`'s replicas, said in an event of its deployment `d`.
+async fn scale_set(
+    m: &Manager,
+    d: &MachineDeployment,
+    s: &MachineSet,
+    to: i64,
+) -> Result<(), Error> {
+    let from = replicas(&s.spec);
+    m.api::<MachineSetKind>(s.namespace())
+        .patch(
+            s.name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": to}})),
+        )
+        .await?;
+    let (reason, how) = if to > from {
+        ("SuccessfulScaleUp", "up")
+    } else {
+        ("SuccessfulScaleDown", "down")
+    };
+    m.event(
+        d,
+        "Normal",
+        reason,
+        format!(
+            "Scaled {how} MachineSet {} from {from} to {to} replicas",
+            s.name()
+        ),
+    )
+    .await;
+    Ok(())
 }
 
 /// `spec.selector.matchLabels` as a label selector string.
@@ -280,8 +346,25 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
     let current = sets
         .iter()
         .find(|s| s.label(TEMPLATE_HASH_LABEL) == Some(hash.as_str()));
+    // Decisions rest on the sets' status: wait until each has seen its last change (as
+    // upstream waits for observedGeneration), or a scale-down would count machines twice.
+    let stale = sets.iter().any(|s| {
+        s.status.get("observedGeneration").and_then(Value::as_i64) < s.metadata.generation
+    });
+    if stale {
+        return Err(SyncError::After(Duration::from_millis(200)));
+    }
+    let (surge, unavailable) = rollout_limits(&d.spec, want);
+    let spec_total: i64 = sets
+        .iter()
+        .filter(|s| !s.deleting())
+        .map(|s| replicas(&s.spec))
+        .sum();
+    let status_of = |s: &MachineSet, k: &str| s.status.get(k).and_then(Value::as_i64).unwrap_or(0);
     match current {
         None => {
+            // The new revision starts with what the surge allows beside the old ones.
+            let first = (want + surge - spec_total).clamp(0, want);
             let name = format!("{}-{hash}", d.name());
             let mut tmpl = template.clone();
             tmpl["metadata"]["labels"][DEPLOYMENT_NAME_LABEL] = d.name().into();
@@ -297,7 +380,7 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
                 &name,
                 json!({
                     "clusterName": cluster,
-                    "replicas": want,
+                    "replicas": first,
                     "selector": selector,
                     "template": tmpl,
                 }),
@@ -318,7 +401,7 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
                         &*d,
                         "Normal",
                         "SuccessfulCreate",
-                        format!("Created MachineSet {name:?}"),
+                        format!("Created MachineSet {name:?} with {first} replicas"),
                     )
                     .await;
                 }
@@ -327,38 +410,44 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
             }
         }
         Some(cur) => {
-            if replicas(&cur.spec) != want {
-                m.api::<MachineSetKind>(ns)
-                    .patch(
-                        cur.name(),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"spec": {"replicas": want}})),
-                    )
-                    .await
-                    .map_err(Error::from)?;
+            let olds: Vec<_> = sets
+                .iter()
+                .filter(|s| s.name() != cur.name() && !s.deleting())
+                .collect();
+            let cur_replicas = replicas(&cur.spec);
+            // Scale the new revision up within the surge (or straight to the replicas
+            // when it is the only one).
+            let target = if olds.is_empty() {
+                want
+            } else {
+                (cur_replicas + (want + surge - spec_total).max(0)).min(want)
+            };
+            if target != cur_replicas && (olds.is_empty() || target > cur_replicas) {
+                scale_set(m, &d, cur, target).await?;
             }
-            // The old revisions go once the current one is available.
-            let cur_available = cur
-                .status
-                .get("availableReplicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(0);
-            if cur_available >= want {
-                for old in sets
-                    .iter()
-                    .filter(|s| s.name() != cur.name() && !s.deleting())
-                {
-                    let _ = m
-                        .api::<MachineSetKind>(ns)
-                        .delete(old.name(), &DeleteParams::background())
-                        .await;
-                    m.event(
-                        &*d,
-                        "Normal",
-                        "SuccessfulDelete",
-                        format!("Deleted MachineSet {:?}", old.name()),
-                    )
-                    .await;
+            // Scale the old ones down as far as the available machines allow
+            // (oldest first), and remove them once empty.
+            let available: i64 = sets.iter().map(|s| status_of(s, "availableReplicas")).sum();
+            let mut room = available - (want - unavailable);
+            let mut olds = olds;
+            olds.sort_by_key(|s| s.metadata.creation_timestamp.clone().map(|t| t.0));
+            for old in olds {
+                let r = replicas(&old.spec);
+                if r == 0 {
+                    if status_of(old, "replicas") == 0 {
+                        let _ = m
+                            .api::<MachineSetKind>(ns)
+                            .delete(old.name(), &DeleteParams::background())
+                            .await;
+                    }
+                    continue;
+                }
+                // Machines of the old revision that are not available cost nothing.
+                let unhealthy = (r - status_of(old, "availableReplicas")).max(0);
+                let down = (unhealthy + room.max(0)).min(r);
+                if down > 0 {
+                    room -= down - unhealthy.min(down);
+                    scale_set(m, &d, old, r - down).await?;
                 }
             }
         }
@@ -413,4 +502,19 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
     });
     m.patch_status(&*d, status).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rollout_limits_read_integers_and_percentages() {
+        assert_eq!(rollout_limits(&json!({}), 3), (1, 0));
+        let spec = |s: Value, u: Value| json!({"rollout": {"strategy": {"rollingUpdate": {"maxSurge": s, "maxUnavailable": u}}}});
+        assert_eq!(rollout_limits(&spec(json!(2), json!(1)), 3), (2, 1));
+        assert_eq!(rollout_limits(&spec(json!("25%"), json!("25%")), 3), (1, 0));
+        assert_eq!(rollout_limits(&spec(json!("50%"), json!("50%")), 5), (3, 2));
+        assert_eq!(rollout_limits(&spec(json!(0), json!(0)), 3), (1, 0));
+    }
 }

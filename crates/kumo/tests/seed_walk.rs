@@ -1154,6 +1154,73 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     ]);
     let nodes = ready_nodes(4);
 
+    // A new machine template rolls the workers over: a new MachineSet grows by the surge
+    // (1) while the old one shrinks only as machines become available, then goes.
+    let old_workers: Vec<String> = nodes
+        .iter()
+        .map(|n| n["metadata"]["name"].as_str().unwrap().to_owned())
+        .filter(|n| !n.contains("control-plane"))
+        .collect();
+    let apply_text = |yaml: &str| {
+        let mut child = Command::new("kubectl")
+            .args(["apply", "-n", ns, "-f", "-"])
+            .env("KUBECONFIG", &u.kubeconfig)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(yaml.as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+    };
+    apply_text("apiVersion: infrastructure.cluster.x-k8s.io/v1beta2\nkind: KumoMachineTemplate\nmetadata: {name: demo-md-0-v2}\nspec: {template: {spec: {instanceType: k1.small}}}\n");
+    u.ok(&[
+        "patch",
+        "-n",
+        ns,
+        "machinedeployment",
+        "demo-md-0",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"infrastructureRef":{"name":"demo-md-0-v2"}}}}}"#,
+    ]);
+    let t = Instant::now();
+    let nodes = eventually(120, "the workers rolled over to the new template", || {
+        let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
+        let list: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+        let nodes = list["items"].as_array()?.clone();
+        let ready = nodes.iter().all(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        let rolled = nodes.len() == 4
+            && ready
+            && nodes.iter().all(|n| {
+                !old_workers
+                    .iter()
+                    .any(|o| n["metadata"]["name"] == o.as_str())
+            });
+        let (_, sets, _) = u.k(&["get", "machinesets", "-n", ns, "-o", "name"]);
+        (rolled && sets.lines().count() == 1).then_some(nodes)
+    });
+    eprintln!("rolled 3 workers to a new template in {:?}", t.elapsed());
+    let events = u.ok(&[
+        "get",
+        "events",
+        "-n",
+        ns,
+        "-o",
+        "custom-columns=REASON:.reason,MESSAGE:.message",
+    ]);
+    assert!(events.contains("SuccessfulScaleDown"), "{events}");
+
     // A worker whose instance is terminated is replaced (its Node deleted by the
     // cluster's cloud node-lifecycle controller, its Machine remediated).
     let mhc = "apiVersion: cluster.x-k8s.io/v1beta2\nkind: MachineHealthCheck\nmetadata: {name: demo-md-0}\nspec:\n  clusterName: demo\n  selector: {matchLabels: {cluster.x-k8s.io/deployment-name: demo-md-0}}\n  checks:\n    unhealthyNodeConditions:\n    - {type: Ready, status: Unknown, timeoutSeconds: 5}\n";
