@@ -74,16 +74,19 @@ fn the_client_machinery_depends_on_no_component() {
     }
 }
 
+/// The packages `p` depends on.
+fn deps_of(edges: &[(String, String)], p: &str) -> Vec<String> {
+    edges
+        .iter()
+        .filter(|(from, _)| from == p)
+        .map(|(_, d)| d.clone())
+        .collect()
+}
+
 #[test]
 fn the_kubelet_and_the_proxy_know_interfaces_not_the_simulator() {
     let edges = edges();
-    let deps = |p: &str| -> Vec<String> {
-        edges
-            .iter()
-            .filter(|(from, _)| from == p)
-            .map(|(_, d)| d.clone())
-            .collect()
-    };
+    let deps = |p: &str| deps_of(&edges, p);
     let kubelet = deps("kumo-kubelet");
     assert!(kubelet.contains(&"kumo-cri".to_owned()), "{kubelet:?}");
     for banned in ["kumo-sim", "kumo-proxy"] {
@@ -102,13 +105,7 @@ fn the_kubelet_and_the_proxy_know_interfaces_not_the_simulator() {
 #[test]
 fn storage_is_known_through_the_csi_interface_and_the_cloud_only_by_its_driver() {
     let edges = edges();
-    let deps = |p: &str| -> Vec<String> {
-        edges
-            .iter()
-            .filter(|(from, _)| from == p)
-            .map(|(_, d)| d.clone())
-            .collect()
-    };
+    let deps = |p: &str| deps_of(&edges, p);
     // The kubelet and the controllers speak CSI through kumo-csi, to any driver.
     for component in ["kumo-kubelet", "kumo-controller-manager"] {
         let d = deps(component);
@@ -130,13 +127,7 @@ fn storage_is_known_through_the_csi_interface_and_the_cloud_only_by_its_driver()
 #[test]
 fn cluster_api_knows_infrastructure_only_through_its_provider() {
     let edges = edges();
-    let deps = |p: &str| -> Vec<String> {
-        edges
-            .iter()
-            .filter(|(from, _)| from == p)
-            .map(|(_, d)| d.clone())
-            .collect()
-    };
+    let deps = |p: &str| deps_of(&edges, p);
     // Cluster API's core reaches machines only through contract references: no cloud, no
     // provider, no hypervisor.
     let capi = deps("kumo-capi");

@@ -1224,20 +1224,7 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     // A worker whose instance is terminated is replaced (its Node deleted by the
     // cluster's cloud node-lifecycle controller, its Machine remediated).
     let mhc = "apiVersion: cluster.x-k8s.io/v1beta2\nkind: MachineHealthCheck\nmetadata: {name: demo-md-0}\nspec:\n  clusterName: demo\n  selector: {matchLabels: {cluster.x-k8s.io/deployment-name: demo-md-0}}\n  checks:\n    unhealthyNodeConditions:\n    - {type: Ready, status: Unknown, timeoutSeconds: 5}\n";
-    let mut child = Command::new("kubectl")
-        .args(["apply", "-n", ns, "-f", "-"])
-        .env("KUBECONFIG", &u.kubeconfig)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(mhc.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    apply_text(mhc);
     let victim = nodes
         .iter()
         .find(|n| {
