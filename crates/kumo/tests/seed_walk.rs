@@ -1319,11 +1319,20 @@ impl Browser {
     async fn start() -> Browser {
         use std::io::BufRead;
         let profile = tempfile::tempdir().unwrap();
-        let bin = ["chromium-headless-shell", "/usr/lib/chromium/headless_shell"]
+        // The program itself: Debian's /usr/bin wrapper runs it without exec, and the
+        // browser must be killed by its own PID.
+        let bin = [
+            "/usr/lib/chromium/chromium-headless-shell",
+            "/usr/lib/chromium/headless_shell",
+            "chromium-headless-shell",
+        ]
             .into_iter()
             .find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()))
             .expect("chromium-headless-shell (apt-get install chromium-headless-shell; the test command does)");
+        use std::os::unix::process::CommandExt;
         let mut child = Command::new(bin)
+            // A process group of its own: its helpers (zygotes, renderers) go with it.
+            .process_group(0)
             .args([
                 "--no-sandbox",
                 "--ignore-certificate-errors",
@@ -1461,6 +1470,10 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        // The browser's process group (its PID), then the browser itself.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
