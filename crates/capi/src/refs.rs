@@ -67,18 +67,7 @@ impl Refs {
         namespace: &str,
         reference: &Value,
     ) -> Result<(Api<DynamicObject>, String), Error> {
-        let group = reference
-            .get("apiGroup")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let kind = reference
-            .get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let name = reference
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let (group, kind, name) = parts(reference);
         if kind.is_empty() || name.is_empty() {
             return Err(Error::Invalid(format!(
                 "an incomplete reference {reference}"
@@ -177,14 +166,7 @@ impl Refs {
         labels: &std::collections::BTreeMap<String, String>,
         owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
     ) -> Result<Value, Error> {
-        let group = reference
-            .get("apiGroup")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let kind = reference
-            .get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let (group, kind, _) = parts(reference);
         let template = self.get(namespace, reference).await?.ok_or_else(|| {
             Error::NotFound(format!(
                 "{kind} {namespace}/{}",
@@ -240,4 +222,10 @@ impl Refs {
         }
         Ok(serde_json::json!({"apiGroup": group, "kind": target_kind, "name": name}))
     }
+}
+
+/// A contract reference's (apiGroup, kind, name), empty where missing.
+fn parts(reference: &Value) -> (&str, &str, &str) {
+    let field = |k: &str| reference.get(k).and_then(Value::as_str).unwrap_or_default();
+    (field("apiGroup"), field("kind"), field("name"))
 }

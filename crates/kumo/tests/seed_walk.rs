@@ -1000,6 +1000,15 @@ fn seed_000_csi_registration_and_volumes() {
     });
 }
 
+/// Whether a Node (JSON) has Ready True.
+fn node_ready(node: &serde_json::Value) -> bool {
+    node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
 /// The management side of seed 000: the course platform applies a Cluster (a
 /// KubeadmControlPlane of one and a MachineDeployment of two, on the kumo cloud) in the
 /// learner's `handson-<user>` namespace; Cluster API's controllers and the kumo provider
@@ -1065,14 +1074,9 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
                 let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
                 let nodes: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
                 let items = nodes["items"].as_array()?.clone();
-                let ready = items.iter().all(|node| {
-                    node["status"]["conditions"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                        && node["spec"]["providerID"].is_string()
-                });
+                let ready = items
+                    .iter()
+                    .all(|node| node_ready(node) && node["spec"]["providerID"].is_string());
                 (items.len() == n && ready).then_some(items)
             },
         )
@@ -1193,13 +1197,7 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
         let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
         let list: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
         let nodes = list["items"].as_array()?.clone();
-        let ready = nodes.iter().all(|n| {
-            n["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        });
+        let ready = nodes.iter().all(node_ready);
         let rolled = nodes.len() == 4
             && ready
             && nodes.iter().all(|n| {
@@ -1248,13 +1246,7 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
         let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
         let nodes: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
         let items = nodes["items"].as_array()?;
-        let ready = items.iter().filter(|n| {
-            n["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        });
+        let ready = items.iter().filter(|n| node_ready(n));
         (items.len() == 4
             && ready.count() == 4
             && !items
