@@ -181,6 +181,42 @@ pub fn join_data(
     )
 }
 
+/// The group a bootstrap token's kubelets join in (kubeadm's default node token).
+pub const DEFAULT_NODE_TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
+
+/// The Secret `kube-system/bootstrap-token-<id>` of bootstrap token `id.secret`, for
+/// authentication and signing, in [`DEFAULT_NODE_TOKEN_GROUP`], expiring at `expiration`
+/// (RFC 3339).
+pub fn bootstrap_token_secret(
+    id: &str,
+    secret: &str,
+    description: &str,
+    expiration: &str,
+) -> k8s_openapi::api::core::v1::Secret {
+    let data = [
+        ("description", description),
+        ("token-id", id),
+        ("token-secret", secret),
+        ("expiration", expiration),
+        ("usage-bootstrap-authentication", "true"),
+        ("usage-bootstrap-signing", "true"),
+        ("auth-extra-groups", DEFAULT_NODE_TOKEN_GROUP),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    k8s_openapi::api::core::v1::Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(format!("bootstrap-token-{id}")),
+            namespace: Some("kube-system".into()),
+            ..Default::default()
+        },
+        type_: Some("bootstrap.kubernetes.io/token".into()),
+        string_data: Some(data),
+        ..Default::default()
+    }
+}
+
 /// A new bootstrap token, `[a-z0-9]{6}.[a-z0-9]{16}`.
 pub fn new_token() -> (String, String) {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";

@@ -599,41 +599,15 @@ async fn ensure_join_token(admin: &kube::Client) -> Result<String> {
             }
         }
     }
-    // kubeadm's token alphabet: [a-z0-9]{6}.[a-z0-9]{16}.
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let random = |n: usize| -> String {
-        (0..n)
-            .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
-            .collect()
-    };
-    let (id, secret) = (random(6), random(16));
+    let (id, secret) = kumo_capi::kubeadm::new_token();
     let expiration = kumo_apimachinery::time::format_rfc3339(now + JOIN_TOKEN_TTL.as_secs() as i64)
         .context("the token's expiration")?;
-    let data: std::collections::BTreeMap<String, String> = [
-        ("description", JOIN_TOKEN_DESCRIPTION),
-        ("token-id", &id),
-        ("token-secret", &secret),
-        ("expiration", &expiration),
-        ("usage-bootstrap-authentication", "true"),
-        ("usage-bootstrap-signing", "true"),
-        (
-            "auth-extra-groups",
-            "system:bootstrappers:kubeadm:default-node-token",
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    let secret_obj = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(format!("bootstrap-token-{id}")),
-            namespace: Some("kube-system".into()),
-            ..Default::default()
-        },
-        type_: Some("bootstrap.kubernetes.io/token".into()),
-        string_data: Some(data),
-        ..Default::default()
-    };
+    let secret_obj = kumo_capi::kubeadm::bootstrap_token_secret(
+        &id,
+        &secret,
+        JOIN_TOKEN_DESCRIPTION,
+        &expiration,
+    );
     secrets.create(&PostParams::default(), &secret_obj).await?;
     Ok(format!("{id}.{secret}"))
 }
