@@ -4,18 +4,16 @@
 //! control-plane machine, `kubeadm join` with a bootstrap token made in the workload
 //! cluster for the others once the control plane is initialized.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use kumo_client::worker::SyncError;
 use serde_json::{json, Value};
 
 use crate::kubeadm::{self, ClusterFacts};
 use crate::object::*;
-use crate::{certs, Error, Manager, CLUSTER_NAME_LABEL};
+use crate::{certs, Error, Manager};
 
 /// How long a join token lives (upstream's default `--bootstrap-token-ttl`, 15 minutes).
 const TOKEN_TTL_SECS: i64 = 15 * 60;
@@ -132,24 +130,16 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
         .then_some(pairs.as_slice());
         kubeadm::join_data(&cfg.spec, &facts, &token, &hash, cp_certs)
     };
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(cfg.name().into()),
-            namespace: Some(ns.into()),
-            labels: Some(BTreeMap::from([(
-                CLUSTER_NAME_LABEL.into(),
-                cluster_name.clone(),
-            )])),
-            owner_references: Some(vec![cfg.owner_ref()]),
-            ..Default::default()
-        },
-        type_: Some(certs::SECRET_TYPE.into()),
-        data: Some(BTreeMap::from([
-            ("value".into(), ByteString(data.into_bytes())),
-            ("format".into(), ByteString(b"cloud-config".to_vec())),
-        ])),
-        ..Default::default()
-    };
+    let secret = certs::cluster_secret(
+        ns,
+        cfg.name(),
+        &cluster_name,
+        Some(cfg.owner_ref()),
+        vec![
+            ("value", data.into_bytes()),
+            ("format", b"cloud-config".to_vec()),
+        ],
+    );
     let secrets: Api<Secret> = Api::namespaced(m.client.clone(), ns);
     match secrets.create(&PostParams::default(), &secret).await {
         Ok(_) => {}

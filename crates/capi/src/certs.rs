@@ -48,6 +48,36 @@ pub const SERVICE_ACCOUNT: Purpose = Purpose {
 };
 pub const ALL: [Purpose; 4] = [CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, SERVICE_ACCOUNT];
 
+/// A Secret of cluster `cluster` as Cluster API keeps them: type [`SECRET_TYPE`], the
+/// cluster-name label, owned by `owner`.
+pub fn cluster_secret(
+    namespace: &str,
+    name: &str,
+    cluster: &str,
+    owner: Option<OwnerReference>,
+    data: Vec<(&str, Vec<u8>)>,
+) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(
+                crate::CLUSTER_NAME_LABEL.into(),
+                cluster.into(),
+            )])),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        type_: Some(SECRET_TYPE.into()),
+        data: Some(
+            data.into_iter()
+                .map(|(k, v)| (k.to_owned(), ByteString(v)))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
 /// A certificate pair, PEM.
 #[derive(Clone, Debug)]
 pub struct Pair {
@@ -86,24 +116,16 @@ pub async fn lookup_or_generate(
             }
         }
         let pair = generate(p)?;
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(namespace.into()),
-                labels: Some(BTreeMap::from([(
-                    crate::CLUSTER_NAME_LABEL.into(),
-                    cluster.into(),
-                )])),
-                owner_references: owner.clone().map(|o| vec![o]),
-                ..Default::default()
-            },
-            type_: Some(SECRET_TYPE.into()),
-            data: Some(BTreeMap::from([
-                ("tls.crt".into(), ByteString(pair.cert.clone().into_bytes())),
-                ("tls.key".into(), ByteString(pair.key.clone().into_bytes())),
-            ])),
-            ..Default::default()
-        };
+        let secret = cluster_secret(
+            namespace,
+            &name,
+            cluster,
+            owner.clone(),
+            vec![
+                ("tls.crt", pair.cert.clone().into_bytes()),
+                ("tls.key", pair.key.clone().into_bytes()),
+            ],
+        );
         match secrets.create(&PostParams::default(), &secret).await {
             Ok(_) => out.push(pair),
             // Made meanwhile by the other provider: read it.

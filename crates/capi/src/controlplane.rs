@@ -14,8 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::ByteString;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kumo_client::worker::SyncError;
 use serde_json::{json, Value};
 
@@ -181,24 +180,13 @@ async fn ensure_kubeconfig(
         .find(|p| p.purpose.suffix == certs::CLUSTER_CA.suffix)
         .ok_or_else(|| Error::Invalid("the cluster has no CA".into()))?;
     let text = certs::admin_kubeconfig(cluster, server, ca)?;
-    let s = Secret {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(k.namespace().into()),
-            labels: Some(BTreeMap::from([(
-                CLUSTER_NAME_LABEL.into(),
-                cluster.into(),
-            )])),
-            owner_references: Some(vec![k.owner_ref()]),
-            ..Default::default()
-        },
-        type_: Some(certs::SECRET_TYPE.into()),
-        data: Some(BTreeMap::from([(
-            "value".into(),
-            ByteString(text.into_bytes()),
-        )])),
-        ..Default::default()
-    };
+    let s = certs::cluster_secret(
+        k.namespace(),
+        &name,
+        cluster,
+        Some(k.owner_ref()),
+        vec![("value", text.into_bytes())],
+    );
     match secrets.create(&PostParams::default(), &s).await {
         Ok(_) => Ok(()),
         Err(e) if kumo_client::error::is_already_exists(&e) => Ok(()),
