@@ -2102,7 +2102,7 @@ fn pod_status(
                 .collect()
         })
         .unwrap_or_default();
-    let status_of = |spec: &Value, role: Role| -> (Value, bool, bool, Option<i32>) {
+    let status_of = |spec: &Value, role: Role| -> Reported {
         let init = role == Role::Init;
         // (status, running, ready, exit code if exited)
         let name = s(spec, "/name");
@@ -2215,42 +2215,7 @@ fn pod_status(
         })
         .collect();
     let statuses: Vec<_> = mains.iter().map(|c| status_of(c, Role::Regular)).collect();
-    let running = statuses.iter().filter(|s| s.1).count();
-    let exited: Vec<i32> = statuses.iter().filter_map(|s| s.3).collect();
-    // A pod is done only once its sidecars have stopped too.
-    let sidecars_running = init_statuses
-        .iter()
-        .any(|(s, role)| *role == Role::Sidecar && s.1);
-    let all_exited = !statuses.is_empty() && exited.len() == statuses.len();
-    let init_failed = restart_policy == "Never"
-        && init_statuses
-            .iter()
-            .any(|(s, role)| *role == Role::Init && s.3.is_some_and(|code| code != 0));
-    let phase = if !w.init_done && init_failed {
-        // A failed init container fails a pod that restarts nothing.
-        "Failed"
-    } else if !w.init_done {
-        "Pending"
-    } else if all_exited && restart_policy != "Always" && sidecars_running {
-        "Running"
-    } else if all_exited && restart_policy == "Never" {
-        if exited.iter().all(|c| *c == 0) {
-            "Succeeded"
-        } else {
-            "Failed"
-        }
-    } else if all_exited && restart_policy == "OnFailure" && exited.iter().all(|c| *c == 0) {
-        "Succeeded"
-    } else if running > 0
-        || statuses
-            .iter()
-            .any(|s| s.0["restartCount"].as_u64().unwrap_or(0) > 0)
-        || all_exited
-    {
-        "Running"
-    } else {
-        "Pending"
-    };
+    let phase = phase(w.init_done, &init_statuses, &statuses, restart_policy);
     // Sidecars count for readiness, before the containers (upstream's order).
     let not_ready: Vec<String> = init_statuses
         .iter()
@@ -2366,6 +2331,62 @@ fn pod_status(
 
 /// The kubelet's conditions, keeping the others' (DisruptionTarget, readiness gates) and
 /// the transition times of conditions whose status did not change.
+/// A container's status as the kubelet reports it: (status, running, ready, exit code if
+/// exited).
+type Reported = (Value, bool, bool, Option<i32>);
+
+/// The pod's phase from its containers' statuses (upstream's getPhase).
+fn phase(
+    init_done: bool,
+    init_statuses: &[(Reported, Role)],
+    statuses: &[Reported],
+    restart_policy: &str,
+) -> &'static str {
+    let running = statuses.iter().filter(|s| s.1).count();
+    let exited: Vec<i32> = statuses.iter().filter_map(|s| s.3).collect();
+    // A pod is done only once its sidecars have stopped too.
+    let sidecars_running = init_statuses
+        .iter()
+        .any(|(s, role)| *role == Role::Sidecar && s.1);
+    let all_exited = !statuses.is_empty() && exited.len() == statuses.len();
+    // A container that has never run keeps the pod Pending, whatever the others do
+    // (upstream counts waiting containers before running ones).
+    let never_ran = statuses
+        .iter()
+        .filter(|s| s.0.pointer("/state/waiting").is_some())
+        .filter(|s| s.0.pointer("/lastState/terminated").is_none())
+        .count();
+    let init_failed = restart_policy == "Never"
+        && init_statuses
+            .iter()
+            .any(|(s, role)| *role == Role::Init && s.3.is_some_and(|code| code != 0));
+    if !init_done && init_failed {
+        // A failed init container fails a pod that restarts nothing.
+        "Failed"
+    } else if !init_done || never_ran > 0 {
+        "Pending"
+    } else if all_exited && restart_policy != "Always" && sidecars_running {
+        "Running"
+    } else if all_exited && restart_policy == "Never" {
+        if exited.iter().all(|c| *c == 0) {
+            "Succeeded"
+        } else {
+            "Failed"
+        }
+    } else if all_exited && restart_policy == "OnFailure" && exited.iter().all(|c| *c == 0) {
+        "Succeeded"
+    } else if running > 0
+        || statuses
+            .iter()
+            .any(|s| s.0["restartCount"].as_u64().unwrap_or(0) > 0)
+        || all_exited
+    {
+        "Running"
+    } else {
+        "Pending"
+    }
+}
+
 fn merge_conditions(current: Option<&Value>, mut new: Value) -> Value {
     let old: Vec<Value> = current
         .and_then(|c| c.get("conditions"))
@@ -2462,5 +2483,39 @@ mod tests {
         changed["conditions"][0]["status"] = json!("False");
         assert!(!same_status(&stored, &changed));
         assert!(!same_status(&json!({}), &new));
+    }
+
+    #[test]
+    fn a_container_that_never_ran_keeps_the_pod_pending() {
+        let running = (
+            json!({"state": {"running": {}}, "restartCount": 0}),
+            true,
+            true,
+            None,
+        );
+        let creating = (
+            json!({"state": {"waiting": {"reason": "ContainerCreating"}}, "lastState": {}}),
+            false,
+            false,
+            None,
+        );
+        let backing_off = (
+            json!({"state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                   "lastState": {"terminated": {"exitCode": 1}}, "restartCount": 1}),
+            false,
+            false,
+            None,
+        );
+        let pending = [running.clone(), creating.clone()];
+        assert_eq!(phase(true, &[], &pending, "Always"), "Pending");
+        assert_eq!(
+            phase(true, &[], std::slice::from_ref(&running), "Always"),
+            "Running"
+        );
+        assert_eq!(
+            phase(true, &[], &[running, backing_off], "Always"),
+            "Running"
+        );
+        assert_eq!(phase(false, &[], &[creating], "Always"), "Pending");
     }
 }
