@@ -128,8 +128,12 @@ pub struct LeaseController {
 impl LeaseController {
     /// The controller of the server on this host, reachable by peers at `peer_address`
     /// (`host:port`).
-    pub fn new(rest: Arc<Rest>, leases: Arc<Resource>, peer_address: String) -> Self {
-        let hostname = hostname();
+    pub fn new(
+        rest: Arc<Rest>,
+        leases: Arc<Resource>,
+        peer_address: String,
+        hostname: String,
+    ) -> Self {
         let name = lease_name(&hostname);
         let holder = format!("{name}_{}", uuid::Uuid::new_v4());
         LeaseController {
@@ -327,8 +331,8 @@ pub async fn collect_once(rest: &Rest, leases: &Resource) -> Vec<String> {
 }
 
 /// Starts the lease controller and the garbage collector of this server.
-pub fn start(rest: Arc<Rest>, leases: Arc<Resource>, peer_address: String) {
-    let controller = LeaseController::new(rest.clone(), leases.clone(), peer_address);
+pub fn start(rest: Arc<Rest>, leases: Arc<Resource>, peer_address: String, hostname: String) {
+    let controller = LeaseController::new(rest.clone(), leases.clone(), peer_address, hostname);
     tokio::spawn(controller.run());
     tokio::spawn(collect_garbage(rest, leases, GC_PERIOD));
 }

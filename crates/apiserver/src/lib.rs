@@ -21,6 +21,7 @@ pub mod discovery;
 pub mod fieldmanager;
 pub mod handler;
 pub mod identity;
+pub mod masterleases;
 pub mod metrics;
 pub mod mirror;
 pub mod negotiate;

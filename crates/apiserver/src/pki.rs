@@ -590,6 +590,55 @@ pub fn ensure(data_dir: &Path, server: &str, dns: &[String], ips: &[IpAddr]) -> 
     })
 }
 
+/// The certificates of a stacked etcd member and of the API server as its client, as
+/// kubeadm's `init phase certs etcd-*` and `apiserver-etcd-client` make them from the etcd
+/// CA (`pki/etcd/ca`, created when missing): `etcd/server` and `etcd/peer` for `node` at
+/// localhost, 127.0.0.1, ::1 and `ips`, `etcd/healthcheck-client`, and
+/// `apiserver-etcd-client`.
+pub fn ensure_etcd(data_dir: &Path, node: &str, ips: &[IpAddr]) -> Result<()> {
+    let pki = data_dir.join("pki");
+    let etcd = pki.join("etcd");
+    let ca = Ca::load_or_create_named(&etcd, "ca", "etcd-ca")?;
+    let mut all_ips: Vec<IpAddr> = vec![
+        IpAddr::from([127, 0, 0, 1]),
+        IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+    ];
+    for ip in ips {
+        if !all_ips.contains(ip) {
+            all_ips.push(*ip);
+        }
+    }
+    let member = LeafParams {
+        common_name: node.to_owned(),
+        dns_names: vec!["localhost".into(), node.to_owned()],
+        ips: all_ips.clone(),
+        server_auth: true,
+        client_auth: true,
+        ..Default::default()
+    };
+    let fits = |have: &LeafParams| {
+        member.dns_names.iter().all(|d| have.dns_names.contains(d))
+            && all_ips.iter().all(|i| have.ips.contains(i))
+    };
+    ensure_leaf(&etcd, "server", &ca, &member, fits)?;
+    ensure_leaf(&etcd, "peer", &ca, &member, fits)?;
+    ensure_leaf(
+        &etcd,
+        "healthcheck-client",
+        &ca,
+        &LeafParams::client("kube-etcd-healthcheck-client", &[]),
+        |_| true,
+    )?;
+    ensure_leaf(
+        &pki,
+        "apiserver-etcd-client",
+        &ca,
+        &LeafParams::client("kube-apiserver-etcd-client", &[]),
+        |_| true,
+    )?;
+    Ok(())
+}
+
 /// Reuses `pki/<name>.crt`/`.key` when the CA signed it, it is valid and `fits`;
 /// otherwise issues `want` and writes it.
 fn ensure_leaf(

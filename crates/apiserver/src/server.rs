@@ -57,6 +57,12 @@ pub struct ApiServerConfig {
     /// `kumo up` on the real network relays the control-plane node's address to the
     /// server on loopback.
     pub service_endpoint: Option<SocketAddr>,
+    /// The client certificate for etcd members that serve TLS (`--etcd-cafile`,
+    /// `--etcd-certfile`, `--etcd-keyfile`).
+    pub etcd_tls: Option<kumo_storage::etcd::EtcdTls>,
+    /// The host name this server's identity lease is named after (the machine's own;
+    /// the OS's when `None`).
+    pub hostname: Option<String>,
 }
 
 impl ApiServerConfig {
@@ -73,6 +79,8 @@ impl ApiServerConfig {
             compaction_interval: CompactionConfig::default().window,
             pod_network: None,
             service_endpoint: None,
+            etcd_tls: None,
+            hostname: None,
         }
     }
 }
@@ -105,7 +113,13 @@ impl ApiServer {
                 EmbeddedStore::open(store_cfg).await?
             }
             StoreConfig::Etcd(endpoints) => {
-                EtcdStore::connect(endpoints, Limits::default(), compaction).await?
+                EtcdStore::connect_with(
+                    endpoints,
+                    cfg.etcd_tls.as_ref(),
+                    Limits::default(),
+                    compaction,
+                )
+                .await?
             }
         };
         let listener = TcpListener::bind(cfg.bind)
@@ -289,7 +303,23 @@ impl ApiServer {
         }
         // The identity lease of this server and the collector of departed servers' ones.
         if let Some(leases) = state.registry.find("coordination.k8s.io", "v1", "leases") {
-            crate::identity::start(state.rest.clone(), leases, state.address.clone());
+            crate::identity::start(
+                state.rest.clone(),
+                leases,
+                state.address.clone(),
+                cfg.hostname
+                    .clone()
+                    .unwrap_or_else(crate::identity::hostname),
+            );
+        }
+        // API servers sharing an etcd cluster share the `kubernetes` endpoints.
+        if matches!(cfg.store, StoreConfig::Etcd(_)) {
+            tokio::spawn(crate::masterleases::run(
+                state.rest.clone(),
+                ArcRegistry(state.clone()),
+                ep_ip,
+                ep_port,
+            ));
         }
         let acceptor = TlsAcceptor::from(Arc::new(tls));
         let task = tokio::spawn(serve(listener, acceptor, verifier, state, audit));
@@ -623,9 +653,25 @@ async fn bootstrap_kubernetes_service(
         None,
     )
     .await?;
-    let ip = address.to_string();
+    write_kubernetes_endpoints(rest, registry, &[address], port).await
+}
+
+/// The `default/kubernetes` Endpoints and EndpointSlice: `port` on each of `addresses`
+/// (this server's, or every live one's: [`crate::masterleases`]).
+pub(crate) async fn write_kubernetes_endpoints(
+    rest: &Rest,
+    registry: &Registry,
+    addresses: &[IpAddr],
+    port: u16,
+) -> Result<()> {
+    use serde_json::json;
+    let Some(first) = addresses.first() else {
+        return Ok(());
+    };
     let endpoint_ports = json!([{"name": "https", "port": port, "protocol": "TCP"}]);
-    let subsets = json!([{"addresses": [{"ip": ip}], "ports": endpoint_ports}]);
+    let ips: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+    let subset_addresses: Vec<serde_json::Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+    let subsets = json!([{"addresses": subset_addresses, "ports": endpoint_ports}]);
     put_endpoints(
         rest,
         registry,
@@ -636,8 +682,11 @@ async fn bootstrap_kubernetes_service(
             "subsets": subsets}),
     )
     .await?;
-    let family = if address.is_ipv6() { "IPv6" } else { "IPv4" };
-    let endpoints = json!([{"addresses": [ip], "conditions": {"ready": true}}]);
+    let family = if first.is_ipv6() { "IPv6" } else { "IPv4" };
+    let endpoints: Vec<serde_json::Value> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}}))
+        .collect();
     put_endpoints(
         rest,
         registry,

@@ -60,6 +60,31 @@ const ERR_FUTURE: &str = "required revision is a future revision";
 /// How often endpoints are probed (see [`monitor_endpoints`]).
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The files of a TLS client of etcd: the CA that signed the members' serving
+/// certificates, and the client's certificate and key (PEM).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca_file: std::path::PathBuf,
+    pub cert_file: std::path::PathBuf,
+    pub key_file: std::path::PathBuf,
+}
+
+impl EtcdTls {
+    /// The client's TLS options, read from the files.
+    pub fn options(&self) -> Result<etcd_client::TlsOptions> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p)
+                .map_err(|e| StorageError::Etcd(format!("reading {}: {e}", p.display())))
+        };
+        Ok(etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(&self.ca_file)?))
+            .identity(etcd_client::Identity::from_pem(
+                read(&self.cert_file)?,
+                read(&self.key_file)?,
+            )))
+    }
+}
+
 /// A [`Store`] backed by an etcd cluster.
 pub struct EtcdStore {
     kv: KvClient,
@@ -86,6 +111,18 @@ impl EtcdStore {
         limits: Limits,
         compaction: CompactionConfig,
     ) -> Result<Arc<EtcdStore>> {
+        EtcdStore::connect_with(endpoints, None, limits, compaction).await
+    }
+
+    /// [`EtcdStore::connect`] to members that serve TLS (`https://host:port`), with the
+    /// client certificate `tls` gives (kube-apiserver's `--etcd-cafile`, `--etcd-certfile`,
+    /// `--etcd-keyfile`).
+    pub async fn connect_with(
+        endpoints: &[String],
+        tls: Option<&EtcdTls>,
+        limits: Limits,
+        compaction: CompactionConfig,
+    ) -> Result<Arc<EtcdStore>> {
         if endpoints.is_empty() {
             return Err(StorageError::Etcd("no etcd endpoints given".into()));
         }
@@ -95,6 +132,8 @@ impl EtcdStore {
             .map(|e| {
                 if e.contains("://") {
                     e.clone()
+                } else if tls.is_some() {
+                    format!("https://{e}")
                 } else {
                     format!("http://{e}")
                 }
@@ -106,6 +145,10 @@ impl EtcdStore {
             // A member cut off from the quorum answers "no leader" at once instead of
             // stalling, and a watch on it is ended so that it resumes elsewhere.
             .with_require_leader(true);
+        let options = match tls {
+            Some(t) => options.with_tls(t.options()?),
+            None => options,
+        };
         let client = Client::connect(&endpoints, Some(options))
             .await
             .map_err(etcd_err)?;
