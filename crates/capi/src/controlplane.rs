@@ -6,9 +6,9 @@
 //! reports the replicas, the version and whether the control plane is initialized and
 //! available.
 //!
-//! One replica: kumo's control-plane machines keep the cluster's state in the API
-//! server's embedded store, which a second control-plane machine cannot share (that
-//! needs stacked etcd); more replicas are refused in the ScalingUp condition.
+//! Each control-plane machine runs a stacked etcd member (kubeadm's default), so the
+//! replicas are odd, as upstream's validation wants: a new machine is created only once
+//! every existing one is ready, and it joins with `kubeadm join --control-plane`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,9 +23,6 @@ use crate::{
     certs, Error, Manager, CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
     KCP_FINALIZER,
 };
-
-/// The most control-plane replicas a kumo workload cluster has (see the module docs).
-pub const MAX_REPLICAS: i64 = 1;
 
 pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     let Some(k) = m.control_planes.get(key) else {
@@ -88,10 +85,61 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
             initialized = nss.get_opt("kube-system").await.ok().flatten().is_some();
         }
     }
+    // Remediation (upstream's reconcileUnhealthyMachines): one machine at a time, never
+    // the last, and only while the others are ready, so the etcd quorum holds; the
+    // machine leaves etcd before it goes, and scaling up replaces it.
+    if let Some(x) = live
+        .iter()
+        .find(|x| crate::machineset::is_waiting_remediation(x))
+    {
+        let others_ready = live
+            .iter()
+            .filter(|y| y.name() != x.name())
+            .all(|y| is_true(&y.status, "Ready"));
+        let blocked = if have <= 1 {
+            Some((
+                "CannotBeRemediated",
+                "KubeadmControlPlane can't remediate if current replicas are less or equal to 1",
+            ))
+        } else if !others_ready {
+            Some(("RemediationDeferred", "KubeadmControlPlane waiting for control plane machine provisioning to complete before triggering remediation"))
+        } else {
+            None
+        };
+        if let Some((reason, message)) = blocked {
+            let cs = [Condition::new("OwnerRemediated", false, reason).message(message)];
+            let conditions = merge_conditions(&x.status, &cs, x.metadata.generation);
+            m.patch_status(&**x, json!({"conditions": conditions}))
+                .await?;
+        } else {
+            leave_etcd(m, ns, &cluster_name, x).await?;
+            let cs = [Condition::new("OwnerRemediated", false, "MachineDeleting")
+                .message("Machine is deleting")];
+            let conditions = merge_conditions(&x.status, &cs, x.metadata.generation);
+            m.patch_status(&**x, json!({"conditions": conditions}))
+                .await?;
+            let _ = m
+                .api::<MachineKind>(ns)
+                .delete(x.name(), &DeleteParams::background())
+                .await;
+            m.event(
+                &*k,
+                "Normal",
+                "SuccessfulDelete",
+                format!("Machine {} deleted by remediation", x.name()),
+            )
+            .await;
+            return Err(SyncError::After(Duration::from_secs(1)));
+        }
+    }
     let mut scaling_up = Condition::new("ScalingUp", false, "NotScalingUp");
-    if have < want.min(MAX_REPLICAS) && (have == 0 || (initialized && ready == have)) {
+    if want % 2 == 0 {
+        scaling_up = Condition::new("ScalingUp", false, "ScalingUpBlocked").message(format!(
+            "spec.replicas is {want}: a control plane with stacked etcd has an odd number of replicas"
+        ));
+    } else if have < want && (have == 0 || (initialized && ready == have)) {
         let name = format!("{}-{}", k.name(), crate::random_suffix());
-        create_machine(m, &k, &cluster, &cluster_name, &name, have == 0).await?;
+        create_machine(m, &k, &cluster, &cluster_name, &name, &machines).await?;
         m.event(
             &*k,
             "Normal",
@@ -101,23 +149,35 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
         .await;
         scaling_up = Condition::new("ScalingUp", true, "ScalingUp")
             .message(format!("Scaling up from {have} to {want} replicas"));
-    } else if want > MAX_REPLICAS {
-        scaling_up = Condition::new("ScalingUp", false, "ScalingUpBlocked").message(format!(
-            "kumo's control planes keep their state in the API server's embedded store: at most {MAX_REPLICAS} replica (spec.replicas is {want})"
-        ));
     } else if have < want {
         scaling_up = Condition::new("ScalingUp", true, "ScalingUp")
             .message(format!("Scaling up from {have} to {want} replicas"));
     }
-    if have > want {
-        if let Some(x) = live
-            .iter()
-            .max_by_key(|x| x.metadata.creation_timestamp.clone().map(|t| t.0))
-        {
+    if have > want && initialized && ready == have {
+        // Upstream's choice: the oldest machine of the failure domain with the most.
+        let in_domain = |d: Option<&str>| {
+            live.iter()
+                .filter(|y| str_at(&y.spec, "/failureDomain") == d)
+                .count()
+        };
+        if let Some(x) = live.iter().min_by_key(|x| {
+            (
+                std::cmp::Reverse(in_domain(str_at(&x.spec, "/failureDomain"))),
+                x.metadata.creation_timestamp.clone().map(|t| t.0),
+            )
+        }) {
+            leave_etcd(m, ns, &cluster_name, x).await?;
             let _ = m
                 .api::<MachineKind>(ns)
                 .delete(x.name(), &DeleteParams::background())
                 .await;
+            m.event(
+                &*k,
+                "Normal",
+                "SuccessfulDelete",
+                format!("Machine {} deleted", x.name()),
+            )
+            .await;
         }
     }
     let available = initialized && ready > 0;
@@ -162,6 +222,19 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     Ok(())
 }
 
+/// Takes control-plane machine `x`'s member out of the cluster's etcd before the
+/// machine goes (nothing to do for a machine that never got a node).
+async fn leave_etcd(m: &Manager, ns: &str, cluster: &str, x: &Machine) -> Result<(), SyncError> {
+    let Some(node) = str_at(&x.status, "/nodeRef/name") else {
+        return Ok(());
+    };
+    if crate::etcd::remove_member(m, ns, cluster, node).await? {
+        Ok(())
+    } else {
+        Err(SyncError::After(Duration::from_secs(1)))
+    }
+}
+
 /// The `<cluster>-kubeconfig` Secret, made once (owned by the control plane).
 async fn ensure_kubeconfig(
     m: &Manager,
@@ -202,8 +275,9 @@ async fn create_machine(
     cluster: &Cluster,
     cluster_name: &str,
     name: &str,
-    init: bool,
+    machines: &[std::sync::Arc<Machine>],
 ) -> Result<(), Error> {
+    let init = machines.iter().all(|x| x.deleting());
     let ns = k.namespace();
     let labels = BTreeMap::from([
         (CLUSTER_NAME_LABEL.to_owned(), cluster_name.to_owned()),
@@ -249,7 +323,7 @@ async fn create_machine(
         .refs
         .clone_template(ns, &infra_template, name, &labels, k.owner_ref())
         .await?;
-    let failure_domain = pick_failure_domain(m, cluster, ns, cluster_name);
+    let failure_domain = pick_failure_domain(cluster, machines);
     let mut spec = json!({
         "clusterName": cluster_name,
         "version": k.spec.get("version").cloned().unwrap_or(Value::Null),
@@ -273,12 +347,9 @@ async fn create_machine(
     }
 }
 
-fn pick_failure_domain(
-    m: &Manager,
-    cluster: &Cluster,
-    ns: &str,
-    cluster_name: &str,
-) -> Option<String> {
+/// The control-plane failure domain with the fewest of this control plane's machines
+/// (workers do not count: they spread on their own).
+fn pick_failure_domain(cluster: &Cluster, machines: &[std::sync::Arc<Machine>]) -> Option<String> {
     let domains: Vec<String> = cluster
         .status
         .get("failureDomains")
@@ -292,14 +363,9 @@ fn pick_failure_domain(
         .filter_map(|d| d.get("name").and_then(Value::as_str).map(str::to_owned))
         .collect();
     let used = |d: &str| {
-        m.machines
-            .list()
+        machines
             .iter()
-            .filter(|x| {
-                x.namespace() == ns
-                    && x.cluster_name() == Some(cluster_name)
-                    && str_at(&x.spec, "/failureDomain") == Some(d)
-            })
+            .filter(|x| !x.deleting() && str_at(&x.spec, "/failureDomain") == Some(d))
             .count()
     };
     domains.into_iter().min_by_key(|d| used(d))

@@ -11,6 +11,7 @@ pub mod certs;
 pub mod cluster;
 pub mod controlplane;
 pub mod crds;
+pub mod etcd;
 pub mod healthcheck;
 pub mod kubeadm;
 pub mod machine;

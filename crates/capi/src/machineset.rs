@@ -98,17 +98,7 @@ pub async fn sync_set(m: &Manager, key: &str) -> Result<(), SyncError> {
     }
     // Remediation: a Machine its health check marked for its owner is replaced.
     for x in owned.iter().filter(|x| !x.deleting()) {
-        let waiting = x
-            .status
-            .get("conditions")
-            .and_then(Value::as_array)
-            .is_some_and(|cs| {
-                cs.iter().any(|c| {
-                    c.get("type").and_then(Value::as_str) == Some("OwnerRemediated")
-                        && c.get("status").and_then(Value::as_str) == Some("False")
-                })
-            });
-        if waiting {
+        if is_waiting_remediation(x) {
             let cs = merge_conditions(
                 &x.status,
                 &[Condition::new("OwnerRemediated", false, "MachineDeleting")
@@ -227,7 +217,8 @@ async fn delete_machine(m: &Manager, s: &MachineSet, x: &Machine, reason: &str, 
     m.event(s, "Normal", reason, msg).await;
 }
 
-fn is_waiting_remediation(x: &Machine) -> bool {
+/// Whether a health check marked machine `x` for its owner to remediate.
+pub(crate) fn is_waiting_remediation(x: &Machine) -> bool {
     x.status
         .get("conditions")
         .and_then(Value::as_array)

@@ -293,6 +293,8 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             apiserver: api.local_addr.port(),
             controller_manager: serving_port(cfg.controller_manager, &mut cm_rx).await,
             scheduler: serving_port(cfg.scheduler, &mut sched_rx).await,
+            advertise_address: None,
+            etcd: None,
         };
         crate::controlplane::write_manifests(&cfg.static_pod_path(), &cfg.data_dir, &endpoints)?;
     }
@@ -751,7 +753,10 @@ async fn run_metrics_server(admin: PathBuf, dataplane: Arc<kumo_sim::net::Datapl
     );
 }
 
-async fn serving_port(on: bool, rx: &mut watch::Receiver<Option<SocketAddr>>) -> Option<u16> {
+pub(crate) async fn serving_port(
+    on: bool,
+    rx: &mut watch::Receiver<Option<SocketAddr>>,
+) -> Option<u16> {
     if !on {
         return None;
     }

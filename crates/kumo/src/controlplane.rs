@@ -4,8 +4,9 @@
 //! `kumo up` process; the pods stand for them, and their health is the components' own:
 //! kubeadm's probes go to the real endpoints on loopback (the API server's `/livez` and
 //! `/readyz`, the controller-manager's `/healthz`, the scheduler's `/livez` and `/readyz`).
-//! The embedded store lives inside the API server, so there is no `etcd` pod (as with
-//! kubeadm's external etcd).
+//! With the embedded store, which lives inside the API server, there is no `etcd` pod (as
+//! with kubeadm's external etcd); a machine with a stacked etcd member (`crate::etcd`) has
+//! one, probed on the member's metrics port.
 
 use std::path::Path;
 
@@ -20,10 +21,28 @@ pub struct Endpoints {
     /// The controller-manager's and the scheduler's secure ports, when they run.
     pub controller_manager: Option<u16>,
     pub scheduler: Option<u16>,
+    /// kube-apiserver's `--advertise-address` (127.0.0.1 when `None`).
+    pub advertise_address: Option<std::net::IpAddr>,
+    /// The machine's stacked etcd member, when the store is etcd.
+    pub etcd: Option<EtcdPod>,
+}
+
+/// A stacked etcd member as its static pod shows it.
+#[derive(Clone, Debug)]
+pub struct EtcdPod {
+    /// The member's command line (`etcd --name=...`).
+    pub command: Vec<String>,
+    pub client_url: String,
+    pub metrics_port: u16,
+    /// Its data directory.
+    pub data_dir: std::path::PathBuf,
+    /// The paths its liveness and readiness probes ask (`crate::etcd::health_paths`).
+    pub health: (&'static str, &'static str),
 }
 
 /// The manifest file names this module owns.
 const FILES: &[&str] = &[
+    "etcd.yaml",
     "kube-apiserver.yaml",
     "kube-controller-manager.yaml",
     "kube-scheduler.yaml",
@@ -42,6 +61,16 @@ fn probe(port: u16, path: &str, period: u64, failures: u64, initial_delay: u64) 
     }
     p
 }
+
+/// kubeadm's probe of etcd's metrics listener (plain HTTP on loopback).
+fn http_probe(port: u16, path: &str, period: u64, failures: u64, initial_delay: u64) -> Value {
+    let mut p = probe(port, path, period, failures, initial_delay);
+    p["httpGet"]["scheme"] = json!("HTTP");
+    p
+}
+
+/// The etcd image kubeadm v1.37 runs.
+const ETCD_IMAGE_TAG: &str = "3.7.0-0";
 
 fn host_path(name: &str, path: &Path, kind: &str) -> (Value, Value) {
     let mount_path = path.display().to_string();
@@ -102,20 +131,62 @@ pub fn manifests(data_dir: &Path, ep: &Endpoints) -> Vec<(&'static str, Value)> 
     let certs = host_path("k8s-certs", &pki, "DirectoryOrCreate");
     let mut out = Vec::new();
     let port = ep.apiserver;
+    let advertise = ep
+        .advertise_address
+        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+    if let Some(e) = &ep.etcd {
+        let mut etcd = pod(
+            "etcd",
+            e.command.clone(),
+            "100m",
+            json!({
+                "livenessProbe": http_probe(e.metrics_port, e.health.0, 10, 8, 10),
+                "readinessProbe": http_probe(e.metrics_port, e.health.1, 1, 3, 0),
+                "startupProbe": http_probe(e.metrics_port, e.health.1, 10, 24, 10),
+            }),
+            &[
+                host_path("etcd-certs", &pki.join("etcd"), "DirectoryOrCreate"),
+                host_path("etcd-data", &e.data_dir, "DirectoryOrCreate"),
+            ],
+        );
+        etcd["metadata"]["annotations"] = json!({
+            "kubeadm.kubernetes.io/etcd.advertise-client-urls": e.client_url,
+        });
+        etcd["spec"]["containers"][0]["image"] =
+            json!(format!("registry.k8s.io/etcd:{ETCD_IMAGE_TAG}"));
+        out.push(("etcd.yaml", etcd));
+    }
+    let mut command = vec![
+        "kube-apiserver".into(),
+        format!("--advertise-address={advertise}"),
+        "--allow-privileged=true".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        format!("--client-ca-file={}", pki.join("ca.crt").display()),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        "--enable-bootstrap-token-auth=true".into(),
+    ];
+    if let Some(e) = &ep.etcd {
+        command.extend([
+            format!("--etcd-cafile={}", pki.join("etcd/ca.crt").display()),
+            format!(
+                "--etcd-certfile={}",
+                pki.join("apiserver-etcd-client.crt").display()
+            ),
+            format!(
+                "--etcd-keyfile={}",
+                pki.join("apiserver-etcd-client.key").display()
+            ),
+            format!("--etcd-servers={}", e.client_url),
+        ]);
+    }
+    command.extend([
+        format!("--secure-port={port}"),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        "--service-cluster-ip-range=10.96.0.0/12".into(),
+    ]);
     let mut api = pod(
         "kube-apiserver",
-        vec![
-            "kube-apiserver".into(),
-            "--advertise-address=127.0.0.1".into(),
-            "--allow-privileged=true".into(),
-            "--authorization-mode=Node,RBAC".into(),
-            format!("--client-ca-file={}", pki.join("ca.crt").display()),
-            "--enable-admission-plugins=NodeRestriction".into(),
-            "--enable-bootstrap-token-auth=true".into(),
-            format!("--secure-port={port}"),
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            "--service-cluster-ip-range=10.96.0.0/12".into(),
-        ],
+        command,
         "250m",
         json!({
             "livenessProbe": probe(port, "/livez", 10, 8, 10),
@@ -125,7 +196,7 @@ pub fn manifests(data_dir: &Path, ep: &Endpoints) -> Vec<(&'static str, Value)> 
         std::slice::from_ref(&certs),
     );
     api["metadata"]["annotations"] = json!({
-        "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint": format!("127.0.0.1:{port}"),
+        "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint": format!("{advertise}:{port}"),
     });
     out.push(("kube-apiserver.yaml", api));
     if let Some(p) = ep.controller_manager {
@@ -226,6 +297,8 @@ mod tests {
             apiserver: 6443,
             controller_manager: Some(10257),
             scheduler: None,
+            advertise_address: None,
+            etcd: None,
         };
         let m = manifests(Path::new("/d"), &ep);
         let names: Vec<&str> = m.iter().map(|(f, _)| *f).collect();

@@ -4,15 +4,19 @@
 //! disk: `/etc/kubernetes/pki/ca.crt` is `<machine>/etc/kubernetes/pki/ca.crt`) and whose
 //! `runcmd` this image understands as far as kubeadm goes:
 //!
-//! - `kubeadm init --config F`: the workload cluster's control plane on this machine —
-//!   kumo's API server over the embedded store in `<machine>/etc/kubernetes` with the
-//!   certificates Cluster API wrote there, the controller-manager, the scheduler, the
+//! - `kubeadm init --config F`: the workload cluster's control plane on this machine — a
+//!   stacked etcd member ([`crate::etcd`]) and kumo's API server on it in
+//!   `<machine>/etc/kubernetes` with the certificates Cluster API wrote there (and
+//!   kubeadm's etcd ones), the controller-manager, the scheduler, the
 //!   cloud-controller-manager (its node controllers, with a cloud access key of the
 //!   cluster's own), kube-proxy and the cluster DNS's records on the cluster's own
 //!   simulated network, `kube-public/cluster-info` for discovery, and the node's kubelet.
 //! - `kubeadm join --config F`: a kubelet that discovers the cluster through
 //!   `cluster-info` with its bootstrap token (the CA pinned by `caCertHashes`), then
-//!   joins by TLS bootstrap.
+//!   joins by TLS bootstrap; with `controlPlane`, another control-plane machine whose
+//!   etcd member joins the cluster's (found through its etcd pods).
+//!
+//! The control-plane machines show their components as kubeadm's static pods.
 //!
 //! Other commands are logged and skipped. Each machine runs on a thread and runtime of its
 //! own, so halting the instance ends everything it started. The control plane listens on
@@ -377,10 +381,90 @@ async fn init_control_plane(
         .and_then(Value::as_str)
         .unwrap_or("kubernetes")
         .to_owned();
-    let tenant = ctx.tenants.tenant(&endpoint);
+    let reg = init_cfg
+        .get("nodeRegistration")
+        .cloned()
+        .unwrap_or_default();
+    let start = Start::Init {
+        cluster_configuration: &cluster_cfg,
+    };
+    control_plane(ctx, inst, dir, &endpoint, &cluster_name, &reg, start, stop).await
+}
+
+/// How a control-plane machine comes up.
+enum Start<'a> {
+    /// `kubeadm init`: the cluster's first member, with its ClusterConfiguration.
+    Init { cluster_configuration: &'a Value },
+    /// `kubeadm join --control-plane`: a member added through these etcd client URLs.
+    Join { etcd: Vec<String> },
+}
+
+/// The API server's port on every control-plane machine (kubeadm's bindPort): where the
+/// `kubernetes` Service's endpoints point, at each machine's address.
+const BIND_PORT: u16 = 6443;
+
+/// A control-plane machine: its stacked etcd member (the first of the cluster, or
+/// `joining` the members the cluster's etcd pods advertise), the API server on it, the
+/// controller-manager, scheduler and cloud-controller-manager (leader-elected among the
+/// machines), the static pods that show them, and the node's kubelet. The first machine
+/// also writes what `kubeadm init` leaves in the cluster (`kube-system/kubeadm-config`,
+/// the add-ons, `cluster-info`).
+#[allow(clippy::too_many_arguments)]
+async fn control_plane(
+    ctx: &MachineContext,
+    inst: &Instance,
+    dir: &Path,
+    endpoint: &str,
+    cluster_name: &str,
+    reg: &Value,
+    start: Start<'_>,
+    stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let joining = match &start {
+        Start::Init { .. } => None,
+        Start::Join { etcd } => Some(etcd.clone()),
+    };
+    let tenant = ctx.tenants.tenant(endpoint);
     let data_dir = dir.join("etc/kubernetes");
+    let pki = data_dir.join("pki");
+    let node_name = reg
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or(&inst.name)
+        .to_owned();
+    let ip: IpAddr = inst
+        .private_ip
+        .parse()
+        .with_context(|| format!("the instance's address {:?}", inst.private_ip))?;
+    kumo_apiserver::pki::ensure_etcd(&data_dir, &node_name, &[ip])
+        .context("the etcd certificates")?;
+    let etcd_tls = crate::etcd::client_tls(&pki);
+    let urls = crate::etcd::Urls::pick()?;
+    let (member, learner) = match &joining {
+        None => (Vec::new(), None),
+        Some(endpoints) => {
+            let (id, existing) =
+                crate::etcd::add_learner(endpoints, &etcd_tls, &node_name, &urls.peer).await?;
+            (existing, Some((endpoints, id)))
+        }
+    };
+    let member = crate::etcd::Member::start(crate::etcd::MemberSpec {
+        name: &node_name,
+        machine: dir,
+        pki: &pki,
+        urls,
+        existing: member,
+    })
+    .await?;
+    if let Some((endpoints, id)) = learner {
+        crate::etcd::promote(endpoints, &etcd_tls, id).await?;
+    }
     let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&data_dir);
     api_cfg.bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    api_cfg.store = kumo_apiserver::server::StoreConfig::Etcd(vec![member.urls.client.clone()]);
+    api_cfg.etcd_tls = Some(etcd_tls);
+    api_cfg.hostname = Some(node_name.clone());
+    api_cfg.service_endpoint = Some(SocketAddr::new(ip, BIND_PORT));
     api_cfg.kubelet_dial_overrides = tenant.dial.clone();
     api_cfg.pod_network = Some(Arc::new(crate::cluster::PodNetwork(
         tenant.dataplane.clone(),
@@ -391,39 +475,40 @@ async fn init_control_plane(
     ctx.tenants.set_api_address(&inst.id, Some(api.local_addr));
     let server = crate::cluster::server_url(&api.admin_kubeconfig)?;
     let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
-    // kubeadm's phases that write objects: the addons, cluster-info.
-    crate::addons::ensure(&admin).await.context("the addons")?;
-    let ca_pem = std::fs::read_to_string(data_dir.join("pki/ca.crt")).context("the cluster CA")?;
-    publish_cluster_info(&admin, &format!("https://{endpoint}"), &ca_pem)
-        .await
-        .context("cluster-info")?;
-    let reg = init_cfg
-        .get("nodeRegistration")
-        .cloned()
-        .unwrap_or_default();
-    let node_name = reg
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or(&inst.name)
-        .to_owned();
+    if let Start::Init {
+        cluster_configuration,
+    } = &start
+    {
+        // kubeadm init's phases that write objects: its configuration, the addons,
+        // cluster-info.
+        upload_config(&admin, cluster_configuration).await?;
+        crate::addons::ensure(&admin).await.context("the addons")?;
+        let ca_pem = std::fs::read_to_string(pki.join("ca.crt")).context("the cluster CA")?;
+        publish_cluster_info(&admin, &format!("https://{endpoint}"), &ca_pem)
+            .await
+            .context("cluster-info")?;
+    }
     // The components' lease holders are named after their machine, as on a kubeadm node.
-    let (cm_tx, _) = watch::channel(None);
+    let (cm_tx, mut cm_rx) = watch::channel(None);
     tokio::spawn(crate::cluster::run_controller_manager(
         data_dir.join("controller-manager.conf"),
         cm_tx,
         Some(node_name.clone()),
     ));
-    let (sched_tx, _) = watch::channel(None);
+    let (sched_tx, mut sched_rx) = watch::channel(None);
     tokio::spawn(crate::cluster::run_scheduler(
         data_dir.join("scheduler.conf"),
         sched_tx,
         Some(node_name.clone()),
     ));
-    let proxy_kc = kumo_apiserver::pki::kube_proxy_kubeconfig(&data_dir, &server)?;
-    tokio::spawn(crate::cluster::run_proxy(
-        proxy_kc,
-        tenant.dataplane.clone(),
-    ));
+    if joining.is_none() {
+        // One kube-proxy programs the cluster's simulated network, which every node shares.
+        let proxy_kc = kumo_apiserver::pki::kube_proxy_kubeconfig(&data_dir, &server)?;
+        tokio::spawn(crate::cluster::run_proxy(
+            proxy_kc,
+            tenant.dataplane.clone(),
+        ));
+    }
     if let Some((cloud_dir, cloud)) = &ctx.cloud {
         // The cluster's own cloud-controller-manager (node controllers, as seed 000's
         // environment runs it), with an access key of the cluster's own.
@@ -445,15 +530,25 @@ async fn init_control_plane(
             Some(node_name.clone()),
         ));
     }
+    // The static pods that show the components, probed where they serve.
+    let manifests = data_dir.join("manifests");
+    let endpoints = crate::controlplane::Endpoints {
+        apiserver: api.local_addr.port(),
+        controller_manager: crate::cluster::serving_port(true, &mut cm_rx).await,
+        scheduler: crate::cluster::serving_port(true, &mut sched_rx).await,
+        advertise_address: Some(ip),
+        etcd: Some(crate::controlplane::EtcdPod {
+            command: member.command.clone(),
+            client_url: member.urls.client.clone(),
+            metrics_port: member.urls.metrics_port,
+            data_dir: dir.join("var/lib/etcd"),
+            health: crate::etcd::health_paths(),
+        }),
+    };
+    crate::controlplane::write_manifests(&manifests, &data_dir, &endpoints)?;
     let kubeconfig = kumo_apiserver::pki::kubelet_kubeconfig(&data_dir, &node_name, &server)?;
-    let cfg = kubelet_config(
-        inst,
-        &reg,
-        &kubeconfig,
-        true,
-        &data_dir.join("pki/ca.crt"),
-        &tenant,
-    )?;
+    let mut cfg = kubelet_config(inst, reg, &kubeconfig, true, &pki.join("ca.crt"), &tenant)?;
+    cfg.pod_manifest_path = Some(manifests);
     tokio::spawn(crate::hypervisor::mark_control_plane(
         api.admin_kubeconfig.clone(),
         node_name.clone(),
@@ -464,11 +559,85 @@ async fn init_control_plane(
         .name(format!("kubelet-{node_name}"))
         .spawn(move || crate::hypervisor::kubelet_thread(cfg, None, Some(dial), None, stop_kubelet))
         .context("starting the kubelet")?;
-    tracing::info!(instance = %inst.id, cluster = %cluster_name, api = %api.local_addr, "kubeadm init: control plane up");
-    // The API server serves until the machine powers off.
+    tracing::info!(instance = %inst.id, cluster = %cluster_name, api = %api.local_addr, etcd = %member.urls.client, joined = joining.is_some(), "kubeadm: control plane up");
+    // The API server and the etcd member serve until the machine powers off.
     let mut stop = stop;
     let _ = stop.wait_for(|s| *s).await;
     drop(api);
+    drop(member);
+    Ok(())
+}
+
+/// What a joining control-plane machine reads before it has an API server of its own:
+/// the etcd members' client URLs, from the annotations of the cluster's etcd pods
+/// (kubeadm's `GetEtcdEndpoints`), through the control-plane endpoint with the admin
+/// credentials it makes from the cluster CA.
+async fn etcd_endpoints(
+    data_dir: &Path,
+    endpoint: &str,
+    ip: IpAddr,
+) -> Result<(Vec<String>, String)> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+    let server = format!("https://{endpoint}");
+    let (dns, mut ips) = kumo_apiserver::pki::apiserver_sans(None, IpAddr::V4(Ipv4Addr::LOCALHOST));
+    ips.push(ip);
+    let certs = kumo_apiserver::pki::ensure(data_dir, &server, &dns, &ips)
+        .context("the control plane's certificates")?;
+    let admin = crate::hypervisor::kube_client(&certs.admin_kubeconfig).await?;
+    // The cluster's name from the configuration `kubeadm init` uploaded.
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), "kube-system");
+    let config = cms
+        .get("kubeadm-config")
+        .await
+        .context("reading kube-system/kubeadm-config")?;
+    let cluster_name = config
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ClusterConfiguration"))
+        .and_then(|t| serde_yaml::from_str::<Value>(t).ok())
+        .and_then(|c| c.get("clusterName")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "kubernetes".into());
+    let pods: kube::Api<Pod> = kube::Api::namespaced(admin, "kube-system");
+    let list = pods
+        .list(&kube::api::ListParams::default().labels("component=etcd,tier=control-plane"))
+        .await
+        .context("listing the etcd pods")?;
+    let urls: Vec<String> = list
+        .items
+        .iter()
+        .filter_map(|p| {
+            p.metadata
+                .annotations
+                .as_ref()?
+                .get("kubeadm.kubernetes.io/etcd.advertise-client-urls")
+                .cloned()
+        })
+        .collect();
+    if urls.is_empty() {
+        bail!("no etcd pod of the cluster advertises its client URLs yet");
+    }
+    Ok((urls, cluster_name))
+}
+
+/// kubeadm's `upload-config` phase: `kube-system/kubeadm-config` with the
+/// ClusterConfiguration, which joining control-plane machines read.
+async fn upload_config(admin: &kube::Client, cluster_configuration: &Value) -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, Patch, PatchParams};
+    let text =
+        serde_yaml::to_string(cluster_configuration).context("encoding the configuration")?;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "kube-system");
+    cms.patch(
+        "kubeadm-config",
+        &PatchParams::apply("kubeadm").force(),
+        &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+            "data": {"ClusterConfiguration": text},
+        })),
+    )
+    .await
+    .context("uploading kube-system/kubeadm-config")?;
     Ok(())
 }
 
@@ -590,9 +759,6 @@ async fn join(
     let join_cfg = docs
         .get("JoinConfiguration")
         .context("no JoinConfiguration")?;
-    if join_cfg.get("controlPlane").is_some() {
-        bail!("joining a control plane needs a shared store (stacked etcd), which kumo's control-plane machines do not have yet");
-    }
     let bt = join_cfg
         .pointer("/discovery/bootstrapToken")
         .context("no discovery.bootstrapToken")?;
@@ -636,6 +802,34 @@ async fn join(
             Err(e) => return Err(e),
         }
     };
+    let reg = join_cfg
+        .get("nodeRegistration")
+        .cloned()
+        .unwrap_or_default();
+    if join_cfg.get("controlPlane").is_some() {
+        // A control-plane machine: the CA from discovery must be the one it was given.
+        let kdir = dir.join("etc/kubernetes");
+        let given = std::fs::read_to_string(kdir.join("pki/ca.crt"))
+            .context("a control-plane machine joins with the cluster's certificates")?;
+        if given.trim() != ca.trim() {
+            bail!("the discovered cluster CA is not the CA this machine was given");
+        }
+        let ip: IpAddr = inst.private_ip.parse()?;
+        let mut attempt = 0;
+        let (etcd, cluster_name) = loop {
+            match etcd_endpoints(&kdir, &endpoint, ip).await {
+                Ok(m) => break m,
+                Err(e) if attempt < 120 => {
+                    attempt += 1;
+                    tracing::debug!(instance = %inst.id, error = %format!("{e:#}"), "kubeadm join: etcd endpoints; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let start = Start::Join { etcd };
+        return control_plane(ctx, inst, dir, &endpoint, &cluster_name, &reg, start, stop).await;
+    }
     let kdir = dir.join("etc/kubernetes");
     let pki = kdir.join("pki");
     std::fs::create_dir_all(&pki)?;
@@ -652,10 +846,6 @@ async fn join(
         bootstrap,
         cert_dir: dir.join("var/lib/kubelet/pki"),
     };
-    let reg = join_cfg
-        .get("nodeRegistration")
-        .cloned()
-        .unwrap_or_default();
     let cfg = kubelet_config(inst, &reg, &tls.kubeconfig, false, &ca_file, &tenant)?;
     let dial = tenant.dial.clone();
     let node = cfg.node_name.clone();

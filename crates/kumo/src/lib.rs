@@ -6,6 +6,7 @@ pub mod addons;
 pub mod cluster;
 pub mod clusterapi;
 pub mod controlplane;
+pub mod etcd;
 pub mod hypervisor;
 pub mod kubeadm;
 pub mod kubeconfig;

@@ -317,6 +317,8 @@ pub fn power_off_all(data_dir: &Path) {
     if let Err(e) = kumo_vpc::teardown(&vpc_dir(data_dir)) {
         tracing::warn!(error = %e, "tearing the VPC down");
     }
+    // The stacked etcd members of Cluster API's control-plane machines.
+    crate::etcd::stop_all(&data_dir.join("machines"));
 }
 
 /// The directory `kumo load image-archive` keeps archives in, for nodes that boot later.

@@ -330,6 +330,15 @@ struct ApiserverArgs {
     /// etcd endpoints, comma-separated, for --store etcd.
     #[arg(long, value_delimiter = ',')]
     etcd_servers: Vec<String>,
+    /// The CA of etcd members that serve TLS (with --etcd-certfile and --etcd-keyfile).
+    #[arg(long, requires_all = ["etcd_certfile", "etcd_keyfile"])]
+    etcd_cafile: Option<std::path::PathBuf>,
+    /// The client certificate for etcd.
+    #[arg(long, requires = "etcd_cafile")]
+    etcd_certfile: Option<std::path::PathBuf>,
+    /// The client certificate's key for etcd.
+    #[arg(long, requires = "etcd_cafile")]
+    etcd_keyfile: Option<std::path::PathBuf>,
     /// What the nodes run their pods on: `sim` (simulated containers, no process runs) or
     /// `containerd` (real containers: each node a network namespace of its own with its
     /// containerd and runc, driven through the CRI; needs root and
@@ -720,6 +729,15 @@ async fn apiserver(args: ApiserverArgs) -> Result<()> {
         "etcd" => StoreConfig::Etcd(args.etcd_servers),
         _ => StoreConfig::Embedded,
     };
+    if let (Some(ca_file), Some(cert_file), Some(key_file)) =
+        (args.etcd_cafile, args.etcd_certfile, args.etcd_keyfile)
+    {
+        cfg.etcd_tls = Some(kumo_storage::etcd::EtcdTls {
+            ca_file,
+            cert_file,
+            key_file,
+        });
+    }
     let server = kumo_apiserver::ApiServer::start(cfg).await?;
     println!(
         "kumo apiserver: serving on https://{} (ready in {} ms)",

@@ -1193,7 +1193,7 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
         r#"{"spec":{"template":{"spec":{"infrastructureRef":{"name":"demo-md-0-v2"}}}}}"#,
     ]);
     let t = Instant::now();
-    let nodes = eventually(120, "the workers rolled over to the new template", || {
+    eventually(120, "the workers rolled over to the new template", || {
         let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
         let list: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
         let nodes = list["items"].as_array()?.clone();
@@ -1206,7 +1206,7 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
                     .any(|o| n["metadata"]["name"] == o.as_str())
             });
         let (_, sets, _) = u.k(&["get", "machinesets", "-n", ns, "-o", "name"]);
-        (rolled && sets.lines().count() == 1).then_some(nodes)
+        (rolled && sets.lines().count() == 1).then_some(())
     });
     eprintln!("rolled 3 workers to a new template in {:?}", t.elapsed());
     let events = u.ok(&[
@@ -1219,42 +1219,132 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     ]);
     assert!(events.contains("SuccessfulScaleDown"), "{events}");
 
-    // A worker whose instance is terminated is replaced (its Node deleted by the
-    // cluster's cloud node-lifecycle controller, its Machine remediated).
+    // Three control-plane replicas: each new machine joins the stacked etcd
+    // (`kubeadm join --control-plane`), one at a time, spread over the zones.
+    u.ok(&[
+        "scale",
+        "-n",
+        ns,
+        "kubeadmcontrolplane",
+        "demo-control-plane",
+        "--replicas",
+        "3",
+    ]);
+    let t = Instant::now();
+    let nodes = ready_nodes(6);
+    eprintln!("control plane scaled 1 → 3 in {:?}", t.elapsed());
+    let cp_nodes: Vec<&serde_json::Value> = nodes
+        .iter()
+        .filter(|n| n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"].is_string())
+        .collect();
+    assert_eq!(cp_nodes.len(), 3, "{nodes:?}");
+    let zones: std::collections::BTreeSet<&str> = cp_nodes
+        .iter()
+        .map(|n| {
+            n["metadata"]["labels"]["topology.kubernetes.io/zone"]
+                .as_str()
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(
+        zones.len(),
+        3,
+        "one control-plane machine per zone: {zones:?}"
+    );
+    // Every machine shows its etcd member as kubeadm's static pod, and every API server
+    // is an endpoint of the `kubernetes` Service (the master leases).
+    eventually(60, "3 etcd pods Ready and 3 kubernetes endpoints", || {
+        let (ok, out, _) = tk(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "component=etcd",
+            "-o",
+            "json",
+        ]);
+        let pods: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+        let ready = pods["items"]
+            .as_array()?
+            .iter()
+            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+            .count();
+        let (_, eps, _) = tk(&[
+            "get",
+            "endpointslice",
+            "kubernetes",
+            "-o",
+            "jsonpath={.endpoints[*].addresses[0]}",
+        ]);
+        let mut want: Vec<&str> = cp_nodes
+            .iter()
+            .filter_map(|n| {
+                n["status"]["addresses"]
+                    .as_array()?
+                    .iter()
+                    .find(|a| a["type"] == "InternalIP")?["address"]
+                    .as_str()
+            })
+            .collect();
+        want.sort_unstable();
+        let mut have: Vec<&str> = eps.split_whitespace().collect();
+        have.sort_unstable();
+        (ready == 3 && have == want).then_some(())
+    });
+
+    // Health checks on the workers and on the control plane: a worker whose instance is
+    // terminated (its Node deleted by the cluster's cloud node-lifecycle controller), a
+    // worker and a control-plane machine whose instances are stopped (their kubelets
+    // stop: Ready Unknown) are all replaced; the control plane's leaves etcd first.
     let mhc = "apiVersion: cluster.x-k8s.io/v1beta2\nkind: MachineHealthCheck\nmetadata: {name: demo-md-0}\nspec:\n  clusterName: demo\n  selector: {matchLabels: {cluster.x-k8s.io/deployment-name: demo-md-0}}\n  checks:\n    unhealthyNodeConditions:\n    - {type: Ready, status: Unknown, timeoutSeconds: 5}\n";
     apply_text(mhc);
-    let victim = nodes
+    let cp_mhc = mhc.replace(
+        "{name: demo-md-0}\nspec:\n  clusterName: demo\n  selector: {matchLabels: {cluster.x-k8s.io/deployment-name: demo-md-0}}",
+        "{name: demo-control-plane}\nspec:\n  clusterName: demo\n  selector: {matchLabels: {cluster.x-k8s.io/control-plane: \"\"}}",
+    );
+    assert_ne!(cp_mhc, mhc);
+    apply_text(&cp_mhc);
+    let instance_of = |n: &serde_json::Value| -> (String, String) {
+        let name = n["metadata"]["name"].as_str().unwrap().to_owned();
+        let id = n["spec"]["providerID"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        (name, id)
+    };
+    let workers: Vec<(String, String)> = nodes
         .iter()
-        .find(|n| {
-            !n["metadata"]["name"]
-                .as_str()
-                .unwrap()
-                .contains("control-plane")
-        })
-        .unwrap();
-    let victim_name = victim["metadata"]["name"].as_str().unwrap().to_owned();
-    let victim_id = victim["spec"]["providerID"]
-        .as_str()
-        .unwrap()
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    u.cloud(&["instance", "terminate", &victim_id]);
+        .filter(|n| !n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"].is_string())
+        .map(instance_of)
+        .collect();
+    let (terminated, terminated_id) = workers[0].clone();
+    let (stopped, stopped_id) = workers[1].clone();
+    let (stopped_cp, stopped_cp_id) = instance_of(cp_nodes[0]);
+    u.cloud(&["instance", "terminate", &terminated_id]);
+    u.cloud(&["instance", "stop", &stopped_id]);
+    u.cloud(&["instance", "stop", &stopped_cp_id]);
     let t = Instant::now();
-    eventually(150, "the terminated worker replaced", || {
+    let victims = [terminated.clone(), stopped.clone(), stopped_cp.clone()];
+    eventually(180, "the three unhealthy machines replaced", || {
         let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
         let nodes: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
         let items = nodes["items"].as_array()?;
         let ready = items.iter().filter(|n| node_ready(n));
-        (items.len() == 4
-            && ready.count() == 4
+        (items.len() == 6
+            && ready.count() == 6
             && !items
                 .iter()
-                .any(|n| n["metadata"]["name"] == victim_name.as_str()))
+                .any(|n| victims.iter().any(|v| n["metadata"]["name"] == v.as_str())))
         .then_some(())
     });
-    eprintln!("terminated worker replaced in {:?}", t.elapsed());
+    eprintln!(
+        "terminated worker, stopped worker and stopped control plane replaced in {:?}",
+        t.elapsed()
+    );
     let events = u.ok(&[
         "get",
         "events",
@@ -1263,13 +1353,28 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
         "-o",
         "custom-columns=REASON:.reason,MESSAGE:.message",
     ]);
-    assert!(events.contains("MachineMarkedUnhealthy"), "{events}");
+    for v in &victims {
+        assert!(
+            events.contains(&format!("Machine {ns}/{v} has been marked as unhealthy")),
+            "{v}: {events}"
+        );
+    }
     assert!(
-        events.contains(&format!(
-            "Machine {ns}/{victim_name} has been marked as unhealthy"
-        )),
+        events.contains(&format!("Machine {stopped_cp} deleted by remediation")),
         "{events}"
     );
+
+    // Scaling the control plane down: the machines leave etcd, the last one serves alone.
+    u.ok(&[
+        "scale",
+        "-n",
+        ns,
+        "kubeadmcontrolplane",
+        "demo-control-plane",
+        "--replicas",
+        "1",
+    ]);
+    ready_nodes(4);
 
     // Deleting the Cluster removes everything it made.
     u.ok(&["delete", "cluster", "-n", ns, "demo", "--wait=false"]);
