@@ -112,23 +112,12 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
             m.patch_status(&**x, json!({"conditions": conditions}))
                 .await?;
         } else {
-            leave_etcd(m, ns, &cluster_name, x).await?;
             let cs = [Condition::new("OwnerRemediated", false, "MachineDeleting")
                 .message("Machine is deleting")];
             let conditions = merge_conditions(&x.status, &cs, x.metadata.generation);
             m.patch_status(&**x, json!({"conditions": conditions}))
                 .await?;
-            let _ = m
-                .api::<MachineKind>(ns)
-                .delete(x.name(), &DeleteParams::background())
-                .await;
-            m.event(
-                &*k,
-                "Normal",
-                "SuccessfulDelete",
-                format!("Machine {} deleted by remediation", x.name()),
-            )
-            .await;
+            remove_machine(m, &k, &cluster_name, x, "deleted by remediation").await?;
             return Err(SyncError::After(Duration::from_secs(1)));
         }
     }
@@ -166,18 +155,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
                 x.metadata.creation_timestamp.clone().map(|t| t.0),
             )
         }) {
-            leave_etcd(m, ns, &cluster_name, x).await?;
-            let _ = m
-                .api::<MachineKind>(ns)
-                .delete(x.name(), &DeleteParams::background())
-                .await;
-            m.event(
-                &*k,
-                "Normal",
-                "SuccessfulDelete",
-                format!("Machine {} deleted", x.name()),
-            )
-            .await;
+            remove_machine(m, &k, &cluster_name, x, "deleted").await?;
         }
     }
     let available = initialized && ready > 0;
@@ -222,17 +200,34 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     Ok(())
 }
 
-/// Takes control-plane machine `x`'s member out of the cluster's etcd before the
-/// machine goes (nothing to do for a machine that never got a node).
-async fn leave_etcd(m: &Manager, ns: &str, cluster: &str, x: &Machine) -> Result<(), SyncError> {
-    let Some(node) = str_at(&x.status, "/nodeRef/name") else {
-        return Ok(());
-    };
-    if crate::etcd::remove_member(m, ns, cluster, node).await? {
-        Ok(())
-    } else {
-        Err(SyncError::After(Duration::from_secs(1)))
+/// Deletes control-plane machine `x` once its member is out of the cluster's etcd
+/// (nothing to remove for a machine that never got a node), with a `SuccessfulDelete`
+/// event saying `Machine <name> <why>`.
+async fn remove_machine(
+    m: &Manager,
+    k: &KubeadmControlPlane,
+    cluster: &str,
+    x: &Machine,
+    why: &str,
+) -> Result<(), SyncError> {
+    let ns = k.namespace();
+    if let Some(node) = str_at(&x.status, "/nodeRef/name") {
+        if !crate::etcd::remove_member(m, ns, cluster, node).await? {
+            return Err(SyncError::After(Duration::from_secs(1)));
+        }
     }
+    let _ = m
+        .api::<MachineKind>(ns)
+        .delete(x.name(), &DeleteParams::background())
+        .await;
+    m.event(
+        k,
+        "Normal",
+        "SuccessfulDelete",
+        format!("Machine {} {why}", x.name()),
+    )
+    .await;
+    Ok(())
 }
 
 /// The `<cluster>-kubeconfig` Secret, made once (owned by the control plane).

@@ -320,4 +320,55 @@ mod tests {
         assert_eq!(cm["livenessProbe"]["httpGet"]["port"], 10257);
         assert!(cm.get("readinessProbe").is_none());
     }
+
+    #[test]
+    fn a_stacked_member_is_an_etcd_pod_and_the_api_servers_store() {
+        let ep = Endpoints {
+            apiserver: 40000,
+            controller_manager: None,
+            scheduler: None,
+            advertise_address: Some("10.0.1.5".parse().unwrap()),
+            etcd: Some(EtcdPod {
+                command: vec!["etcd".into(), "--name=cp-1".into()],
+                client_url: "https://127.0.0.1:40001".into(),
+                metrics_port: 40002,
+                data_dir: "/m/var/lib/etcd".into(),
+                health: ("/livez", "/readyz"),
+            }),
+        };
+        let m = manifests(Path::new("/d"), &ep);
+        assert_eq!(m[0].0, "etcd.yaml");
+        let etcd = &m[0].1;
+        assert_eq!(
+            etcd["metadata"]["annotations"]["kubeadm.kubernetes.io/etcd.advertise-client-urls"],
+            "https://127.0.0.1:40001"
+        );
+        let c = &etcd["spec"]["containers"][0];
+        assert_eq!(c["command"], json!(["etcd", "--name=cp-1"]));
+        assert_eq!(
+            c["readinessProbe"]["httpGet"],
+            json!({"host": "127.0.0.1", "path": "/readyz", "port": 40002, "scheme": "HTTP"})
+        );
+        let api = &m[1].1;
+        let flags: Vec<&str> = api["spec"]["containers"][0]["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f.as_str())
+            .collect();
+        assert!(flags.contains(&"--advertise-address=10.0.1.5"), "{flags:?}");
+        assert!(
+            flags.contains(&"--etcd-servers=https://127.0.0.1:40001"),
+            "{flags:?}"
+        );
+        assert!(
+            flags.contains(&"--etcd-certfile=/d/pki/apiserver-etcd-client.crt"),
+            "{flags:?}"
+        );
+        assert_eq!(
+            api["metadata"]["annotations"]
+                ["kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"],
+            "10.0.1.5:40000"
+        );
+    }
 }

@@ -51,6 +51,11 @@ pub fn health_paths() -> (&'static str, &'static str) {
         .and_then(|b| Command::new(b).arg("--version").output().ok())
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
+    paths_for(&version)
+}
+
+/// [`health_paths`] for the output of `etcd --version`.
+fn paths_for(version: &str) -> (&'static str, &'static str) {
     let number: Vec<u32> = version
         .lines()
         .find_map(|l| l.strip_prefix("etcd Version: "))
@@ -339,10 +344,13 @@ pub async fn add_learner(
     peer_url: &str,
 ) -> Result<(u64, Vec<(String, String)>)> {
     let mut c = connect_any(endpoints, tls).await?;
-    // A member of this name left over from an earlier try of this machine goes first.
+    // A member of this name left over from an earlier try of this machine goes first, and
+    // so does a learner that never started (a machine that failed to join: etcd allows
+    // one learner at a time, and control-plane machines join one at a time).
     let list = c.member_list().await.context("listing etcd members")?;
     for m in list.members() {
-        if m.name() == name || m.peer_urls().iter().any(|u| u == peer_url) {
+        let stale_learner = m.is_learner() && m.name().is_empty();
+        if stale_learner || m.name() == name || m.peer_urls().iter().any(|u| u == peer_url) {
             c.member_remove(m.id())
                 .await
                 .context("removing a stale etcd member")?;
@@ -386,5 +394,21 @@ pub async fn promote(endpoints: &[String], tls: &EtcdTls, id: u64) -> Result<()>
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_follow_what_the_etcd_serves() {
+        assert_eq!(
+            paths_for("etcd Version: 3.4.23\nGit SHA: Not provided\n"),
+            ("/health", "/health")
+        );
+        assert_eq!(paths_for("etcd Version: 3.5.11\n"), ("/livez", "/readyz"));
+        assert_eq!(paths_for("etcd Version: 3.6.16\n"), ("/livez", "/readyz"));
+        assert_eq!(paths_for(""), ("/health", "/health"));
     }
 }

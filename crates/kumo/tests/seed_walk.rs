@@ -1219,17 +1219,20 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     ]);
     assert!(events.contains("SuccessfulScaleDown"), "{events}");
 
+    let scale_control_plane = |n: &str| {
+        u.ok(&[
+            "scale",
+            "-n",
+            ns,
+            "kubeadmcontrolplane",
+            "demo-control-plane",
+            "--replicas",
+            n,
+        ])
+    };
     // Three control-plane replicas: each new machine joins the stacked etcd
     // (`kubeadm join --control-plane`), one at a time, spread over the zones.
-    u.ok(&[
-        "scale",
-        "-n",
-        ns,
-        "kubeadmcontrolplane",
-        "demo-control-plane",
-        "--replicas",
-        "3",
-    ]);
+    scale_control_plane("3");
     let t = Instant::now();
     let nodes = ready_nodes(6);
     eprintln!("control plane scaled 1 → 3 in {:?}", t.elapsed());
@@ -1365,15 +1368,7 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     );
 
     // Scaling the control plane down: the machines leave etcd, the last one serves alone.
-    u.ok(&[
-        "scale",
-        "-n",
-        ns,
-        "kubeadmcontrolplane",
-        "demo-control-plane",
-        "--replicas",
-        "1",
-    ]);
+    scale_control_plane("1");
     ready_nodes(4);
 
     // Deleting the Cluster removes everything it made.

@@ -116,10 +116,20 @@ async fn ready_nodes(client: &kube::Client) -> Option<usize> {
 async fn measure(args: &Args, data: &std::path::Path) -> Result<()> {
     let admin = super::lb::admin_client(&data.join("admin.conf")).await?;
     let pid = crate::daemon::running(data).context("the kumo up process")?;
+    // The `kumo up` process and the control-plane machines' etcd members (processes of
+    // their own): a workload control plane costs both.
+    let machines = data.join("machines");
     let rss = || {
-        super::api::proc_memory(pid)
-            .map(|(rss, _)| rss as f64 / 1024.0)
-            .unwrap_or(0.0)
+        let kib = |p: u32| super::api::proc_memory(p).map_or(0.0, |(rss, _)| rss as f64);
+        let members: f64 = std::fs::read_dir(&machines)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("var/run/etcd.pid")).ok())
+            .filter_map(|t| t.trim().parse::<u32>().ok())
+            .map(kib)
+            .sum();
+        (kib(pid) + members) / 1024.0
     };
     println!(
         "kumo bench clusters: management cluster up (pid {pid}, RSS {:.0} MiB)",
@@ -210,7 +220,7 @@ async fn measure(args: &Args, data: &std::path::Path) -> Result<()> {
         }
     }
     println!(
-        "{} clusters: {answering} answering (each listed its nodes; {:.1} s for all); kumo up RSS {idle_rss:.0} MiB at idle",
+        "{} clusters: {answering} answering (each listed its nodes; {:.1} s for all); RSS of kumo up and the etcd members {idle_rss:.0} MiB at idle",
         args.clusters,
         t.elapsed().as_secs_f64()
     );
