@@ -34,6 +34,24 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
             .map(|o| o.name.clone())
     });
     let machines = Manager::controlled_by(m.machines.list(), &*k);
+    {
+        // A machine this control plane created and its cache does not show yet: the
+        // replica count read from the cache would be short by one.
+        let mut expected = m.expected_machines.lock();
+        if let Some((name, at)) = expected.get(key) {
+            let seen = m
+                .machines
+                .list()
+                .iter()
+                .any(|x| x.namespace() == k.namespace() && x.name() == name);
+            // A watch that lost it (or its deletion first) must not block forever.
+            if seen || at.elapsed() > Duration::from_secs(30) {
+                expected.remove(key);
+            } else {
+                return Err(SyncError::After(Duration::from_millis(200)));
+            }
+        }
+    }
     if k.deleting() {
         return m.delete_children(&*k, &machines, KCP_FINALIZER).await;
     }
@@ -129,6 +147,9 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     } else if have < want && (have == 0 || (initialized && ready == have)) {
         let name = format!("{}-{}", k.name(), crate::random_suffix());
         create_machine(m, &k, &cluster, &cluster_name, &name, &machines).await?;
+        m.expected_machines
+            .lock()
+            .insert(key.to_owned(), (name.clone(), std::time::Instant::now()));
         m.event(
             &*k,
             "Normal",

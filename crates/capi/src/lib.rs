@@ -85,6 +85,12 @@ pub struct Manager {
     pub kcp_queue: Arc<WorkQueue<String>>,
     pub config_queue: Arc<WorkQueue<String>>,
     pub health_check_queue: Arc<WorkQueue<String>>,
+    /// Machines a control plane created that its cache has not shown yet (controller-
+    /// runtime's expectations): control plane key → machine name. No control plane creates
+    /// another machine before the last one is seen, so a stale cache never makes two
+    /// `kubeadm init` machines.
+    pub expected_machines:
+        parking_lot::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
 }
 
 /// How often every object is looked at again (the infrastructure and the workload
@@ -113,6 +119,7 @@ impl Manager {
             kcp_queue: factory.queue("kubeadmcontrolplane"),
             config_queue: factory.queue("kubeadmconfig"),
             health_check_queue: factory.queue("machinehealthcheck"),
+            expected_machines: Default::default(),
             client,
         });
         // Each change enqueues the object and what it belongs to.
