@@ -139,12 +139,29 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
             return Err(SyncError::After(Duration::from_secs(1)));
         }
     }
+    // Which machines differ from what the control plane asks for now; each machine's
+    // UpToDate condition says why (KCP owns that condition for its machines).
+    let mut outdated = Vec::new();
+    for x in &live {
+        let why = not_up_to_date(m, &k, x).await?;
+        m.set_condition(&***x, up_to_date_condition(x, &why))
+            .await?;
+        if !why.is_empty() {
+            outdated.push(*x);
+        }
+    }
+    let surge = max_surge(&k.spec);
+    // A rollout (upstream's rollingUpdate): one new machine beside the others while fewer
+    // than replicas + maxSurge exist, then an outdated one goes; repeat until none is left.
+    let rolling = !outdated.is_empty() && want % 2 == 1;
     let mut scaling_up = Condition::new("ScalingUp", false, "NotScalingUp");
     if want % 2 == 0 {
         scaling_up = Condition::new("ScalingUp", false, "ScalingUpBlocked").message(format!(
             "spec.replicas is {want}: a control plane with stacked etcd has an odd number of replicas"
         ));
-    } else if have < want && (have == 0 || (initialized && ready == have)) {
+    } else if (have < want || (rolling && have < want + surge))
+        && (have == 0 || (initialized && ready == have))
+    {
         let name = format!("{}-{}", k.name(), crate::random_suffix());
         create_machine(m, &k, &cluster, &cluster_name, &name, &machines).await?;
         m.expected_machines
@@ -157,20 +174,28 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
             format!("Machine {name} created"),
         )
         .await;
-        scaling_up = Condition::new("ScalingUp", true, "ScalingUp")
-            .message(format!("Scaling up from {have} to {want} replicas"));
+        if have < want {
+            scaling_up = Condition::new("ScalingUp", true, "ScalingUp")
+                .message(format!("Scaling up from {have} to {want} replicas"));
+        }
     } else if have < want {
         scaling_up = Condition::new("ScalingUp", true, "ScalingUp")
             .message(format!("Scaling up from {have} to {want} replicas"));
     }
-    if have > want && initialized && ready == have {
-        // Upstream's choice: the oldest machine of the failure domain with the most.
+    if (have > want || (rolling && have >= want + surge)) && initialized && ready == have {
+        // Upstream's choice: an outdated machine if there is one, the oldest of the
+        // failure domain with the most.
         let in_domain = |d: Option<&str>| {
             live.iter()
                 .filter(|y| str_at(&y.spec, "/failureDomain") == d)
                 .count()
         };
-        if let Some(x) = live.iter().min_by_key(|x| {
+        let candidates = if outdated.is_empty() {
+            &live
+        } else {
+            &outdated
+        };
+        if let Some(x) = candidates.iter().min_by_key(|x| {
             (
                 std::cmp::Reverse(in_domain(str_at(&x.spec, "/failureDomain"))),
                 x.metadata.creation_timestamp.clone().map(|t| t.0),
@@ -197,7 +222,8 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
                 .message("There are no healthy control plane Machines yet")
         },
         scaling_up,
-        Condition::new("MachinesUpToDate", true, "UpToDate"),
+        machines_up_to_date(&live),
+        crate::rolling_out(live.iter().map(|x| &***x)),
     ];
     // ScalingDown and MachinesReady as every set of replicas reports them; ScalingUp above.
     conditions.extend(
@@ -207,7 +233,8 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     );
     let version = k.spec.get("version").cloned().unwrap_or(Value::Null);
     let status = json!({
-        "replicas": have, "readyReplicas": ready, "availableReplicas": ready, "upToDateReplicas": have,
+        "replicas": have, "readyReplicas": ready, "availableReplicas": ready,
+        "upToDateReplicas": live.iter().filter(|x| is_true(&x.status, "UpToDate")).count(),
         "version": version,
         "selector": format!("{CLUSTER_NAME_LABEL}={cluster_name},{CONTROL_PLANE_LABEL}"),
         "initialization": {"controlPlaneInitialized": initialized},
@@ -385,4 +412,230 @@ fn pick_failure_domain(cluster: &Cluster, machines: &[std::sync::Arc<Machine>]) 
             .count()
     };
     domains.into_iter().min_by_key(|d| used(d))
+}
+
+/// `spec.rollout.strategy.rollingUpdate.maxSurge` (1 by default; upstream allows 0 or 1).
+fn max_surge(spec: &Value) -> i64 {
+    spec.pointer("/rollout/strategy/rollingUpdate/maxSurge")
+        .and_then(Value::as_i64)
+        .unwrap_or(1)
+        .clamp(0, 1)
+}
+
+/// Why control-plane machine `x` differs from what `k` asks for now, as upstream's
+/// UpToDate condition lists it (without the leading "* "): `spec.rollout.after` passed
+/// since it was made, another version, another KubeadmConfig, an infrastructure machine
+/// cloned from another template. Empty: it is up to date.
+async fn not_up_to_date(
+    m: &Manager,
+    k: &KubeadmControlPlane,
+    x: &Machine,
+) -> Result<Vec<String>, Error> {
+    let mut why = Vec::new();
+    let after = str_at(&k.spec, "/rollout/after").and_then(kumo_apimachinery::time::parse_rfc3339);
+    let created = x
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default();
+    if let (Some(after), Some(created)) = (after, created) {
+        if after <= now && created < after {
+            why.push("KubeadmControlPlane spec.rolloutAfter expired".to_owned());
+        }
+    }
+    let want = str_at(&k.spec, "/version").unwrap_or_default();
+    let have = str_at(&x.spec, "/version").unwrap_or_default();
+    if want != have {
+        why.push(format!("Version {have}, {want} required"));
+    }
+    let ns = k.namespace();
+    if let Some(name) = str_at(&x.spec, "/bootstrap/configRef/name") {
+        if let Some(cfg) = m.configs.get(&format!("{ns}/{name}")) {
+            let desired = k.spec.get("kubeadmConfigSpec").cloned().unwrap_or_default();
+            if config_facts(&cfg.spec) != config_facts(&desired) {
+                why.push("KubeadmConfig is not up-to-date".to_owned());
+            }
+        }
+    }
+    if let Some(infra) = x.spec.get("infrastructureRef") {
+        if let Some(obj) = m.refs.get(ns, infra).await? {
+            let annotations = obj.metadata.annotations.unwrap_or_default();
+            let template = k.spec.pointer("/machineTemplate/spec/infrastructureRef");
+            let field = |k: &str| {
+                template
+                    .and_then(|t| t.get(k))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+            };
+            let group_kind = format!("{}.{}", field("kind"), field("apiGroup"));
+            // Machines without the annotations (adopted ones) are not compared, as upstream.
+            if let (Some(n), Some(gk)) = (
+                annotations.get(crate::CLONED_FROM_NAME),
+                annotations.get(crate::CLONED_FROM_GROUPKIND),
+            ) {
+                if n != field("name") || *gk != group_kind {
+                    let kind = str_at(infra, "/kind").unwrap_or("InfrastructureMachine");
+                    why.push(format!("{kind} is not up-to-date"));
+                }
+            }
+        }
+    }
+    Ok(why)
+}
+
+/// What of a KubeadmConfigSpec makes a machine: everything but the init and join
+/// configurations, which differ by design between the first machine and the others.
+fn config_facts(spec: &Value) -> Value {
+    let mut v = spec.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("initConfiguration");
+        o.remove("joinConfiguration");
+    }
+    v
+}
+
+/// A control-plane machine's UpToDate condition: the reasons it is outdated, or a node
+/// whose kubelet runs another version than the machine asks for (upstream's Updating).
+fn up_to_date_condition(x: &Machine, why: &[String]) -> Condition {
+    if !why.is_empty() {
+        let lines: Vec<String> = why.iter().map(|w| format!("* {w}")).collect();
+        return Condition::new("UpToDate", false, "NotUpToDate").message(lines.join("\n"));
+    }
+    let kubelet = str_at(&x.status, "/nodeInfo/kubeletVersion").unwrap_or_default();
+    let version = str_at(&x.spec, "/version").unwrap_or_default();
+    // Compared without pre-release or build suffixes: kumo's kubelet says it is
+    // `v1.37.2-kumo`, Kubernetes v1.37.2 built by kumo, as vendors' builds do.
+    let core = |v: &str| v.split(['-', '+']).next().unwrap_or_default().to_owned();
+    if !kubelet.is_empty() && !version.is_empty() && core(kubelet) != core(version) {
+        return Condition::new("UpToDate", false, "Updating").message(format!(
+            "* Node.status.nodeInfo.kubeletVersion {kubelet}, {version} required"
+        ));
+    }
+    Condition::new("UpToDate", true, "UpToDate")
+}
+
+/// KCP's MachinesUpToDate: its machines' UpToDate conditions aggregated (those that are
+/// not, grouped by what they say, as upstream's aggregate messages).
+fn machines_up_to_date(live: &[&std::sync::Arc<Machine>]) -> Condition {
+    if live.is_empty() {
+        return Condition::new("MachinesUpToDate", true, "NoReplicas");
+    }
+    let mut groups: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for x in live {
+        if let Some(c) = condition_of(&x.status, "UpToDate") {
+            if c.get("status").and_then(Value::as_str) == Some("False") {
+                let msg = c.get("message").and_then(Value::as_str).unwrap_or_default();
+                groups.entry(msg.to_owned()).or_default().push(x.name());
+            }
+        }
+    }
+    if groups.is_empty() {
+        return Condition::new("MachinesUpToDate", true, "UpToDate");
+    }
+    let mut lines = Vec::new();
+    for (msg, names) in groups {
+        let noun = if names.len() == 1 {
+            "Machine"
+        } else {
+            "Machines"
+        };
+        lines.push(format!("* {noun} {}:", names.join(", ")));
+        lines.extend(msg.lines().map(|l| format!("  {l}")));
+    }
+    Condition::new("MachinesUpToDate", false, "NotUpToDate").message(lines.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(name: &str, version: &str, status: Value) -> std::sync::Arc<Machine> {
+        let mut x = Machine::new("ns", name, json!({"version": version}));
+        x.status = status;
+        std::sync::Arc::new(x)
+    }
+
+    #[test]
+    fn up_to_date_says_why_or_that_the_kubelet_differs() {
+        let x = machine("a", "v1.37.2", json!({}));
+        let c = up_to_date_condition(&x, &["Version v1.36.0, v1.37.2 required".into()]);
+        assert_eq!((c.status, c.reason), (false, "NotUpToDate"));
+        assert_eq!(c.message, "* Version v1.36.0, v1.37.2 required");
+        let x = machine(
+            "a",
+            "v1.38.0",
+            json!({"nodeInfo": {"kubeletVersion": "v1.37.2"}}),
+        );
+        let c = up_to_date_condition(&x, &[]);
+        assert_eq!((c.status, c.reason), (false, "Updating"));
+        assert_eq!(
+            c.message,
+            "* Node.status.nodeInfo.kubeletVersion v1.37.2, v1.38.0 required"
+        );
+        let x = machine(
+            "a",
+            "v1.37.2",
+            json!({"nodeInfo": {"kubeletVersion": "v1.37.2-kumo"}}),
+        );
+        assert!(up_to_date_condition(&x, &[]).status);
+    }
+
+    #[test]
+    fn rollout_conditions_aggregate_the_machines() {
+        let outdated = |name: &str, msg: &str| {
+            machine(
+                name,
+                "v1.37.2",
+                json!({"conditions": [{"type": "UpToDate", "status": "False", "reason": "NotUpToDate", "message": msg}]}),
+            )
+        };
+        let fresh = machine(
+            "c",
+            "v1.37.2",
+            json!({"conditions": [{"type": "UpToDate", "status": "True", "reason": "UpToDate", "message": ""}]}),
+        );
+        let a = outdated(
+            "a",
+            "* KumoMachine is not up-to-date\n* Version v1.36.0, v1.37.2 required",
+        );
+        let b = outdated(
+            "b",
+            "* KumoMachine is not up-to-date\n* Version v1.36.0, v1.37.2 required",
+        );
+        let live = vec![&a, &b, &fresh];
+        let r = crate::rolling_out(live.iter().map(|x| &***x));
+        assert_eq!((r.status, r.reason), (true, "RollingOut"));
+        assert_eq!(
+            r.message,
+            "Rolling out 2 not up-to-date replicas\n* Version v1.36.0, v1.37.2 required\n* KumoMachine is not up-to-date"
+        );
+        let u = machines_up_to_date(&live);
+        assert_eq!((u.status, u.reason), (false, "NotUpToDate"));
+        assert_eq!(
+            u.message,
+            "* Machines a, b:\n  * KumoMachine is not up-to-date\n  * Version v1.36.0, v1.37.2 required"
+        );
+        let only = vec![&fresh];
+        assert!(machines_up_to_date(&only).status);
+        assert!(!crate::rolling_out(only.iter().map(|x| &***x)).status);
+    }
+
+    #[test]
+    fn init_and_join_do_not_make_a_config_outdated() {
+        let kcp = json!({"clusterConfiguration": {"a": 1}, "initConfiguration": {"x": 1}, "joinConfiguration": {}});
+        let joined =
+            json!({"clusterConfiguration": {"a": 1}, "joinConfiguration": {"controlPlane": {}}});
+        assert_eq!(config_facts(&kcp), config_facts(&joined));
+        let changed = json!({"clusterConfiguration": {"a": 2}});
+        assert_ne!(config_facts(&kcp), config_facts(&changed));
+        assert_eq!(max_surge(&json!({})), 1);
+        assert_eq!(
+            max_surge(&json!({"rollout": {"strategy": {"rollingUpdate": {"maxSurge": 0}}}})),
+            0
+        );
+    }
 }

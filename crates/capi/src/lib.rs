@@ -301,6 +301,22 @@ impl Manager {
         Ok(())
     }
 
+    /// Sets condition `c` on `obj` (a status patch only when it changes something).
+    pub async fn set_condition<K: Kind>(&self, obj: &Obj<K>, c: Condition) -> Result<(), Error> {
+        let merged = merge_conditions(&obj.status, &[c], obj.metadata.generation);
+        if obj.status.get("conditions") == Some(&merged) {
+            return Ok(());
+        }
+        self.api::<K>(obj.namespace())
+            .patch_status(
+                obj.name(),
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {"conditions": merged}})),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Merge-patches `metadata` (labels, finalizers, owner references) of `obj`.
     pub async fn patch_meta<K: Kind>(&self, obj: &Obj<K>, meta: Value) -> Result<(), Error> {
         self.api::<K>(obj.namespace())
@@ -456,6 +472,36 @@ pub fn scaling_conditions(have: i64, want: i64, ready: i64) -> Vec<Condition> {
             Condition::new("MachinesReady", false, "NotReady")
         },
     ]
+}
+
+/// The RollingOut condition of a set of machines (a KubeadmControlPlane's or a
+/// MachineDeployment's): how many are not up to date and every reason their UpToDate
+/// conditions give, a version change first, as upstream words it.
+pub fn rolling_out<'a>(machines: impl Iterator<Item = &'a Machine>) -> Condition {
+    let mut n = 0;
+    let mut reasons = std::collections::BTreeSet::new();
+    for x in machines {
+        let Some(c) = condition_of(&x.status, "UpToDate") else {
+            continue;
+        };
+        if c.get("status").and_then(Value::as_str) != Some("False") {
+            continue;
+        }
+        n += 1;
+        let message = c.get("message").and_then(Value::as_str).unwrap_or_default();
+        reasons.extend(message.lines().filter(|l| !l.is_empty()).map(str::to_owned));
+    }
+    if n == 0 {
+        return Condition::new("RollingOut", false, "NotRollingOut");
+    }
+    let mut reasons: Vec<String> = reasons.into_iter().collect();
+    reasons.sort_by_key(|r| !r.starts_with("* Version"));
+    let mut message = format!("Rolling out {n} not up-to-date replicas");
+    if !reasons.is_empty() {
+        message.push('\n');
+        message.push_str(&reasons.join("\n"));
+    }
+    Condition::new("RollingOut", true, "RollingOut").message(message)
 }
 
 /// A random suffix of five of upstream's name-generator characters.

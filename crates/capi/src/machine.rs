@@ -37,8 +37,13 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     let mut conditions = vec![
         Condition::new("Deleting", false, "NotDeleting"),
         Condition::new("Paused", false, "NotPaused"),
-        Condition::new("UpToDate", true, "UpToDate"),
     ];
+    // UpToDate is the owner's to say: here for a MachineDeployment's machine (its
+    // MachineSet's template against the deployment's, as upstream's machine controller);
+    // a KubeadmControlPlane sets it on its own machines.
+    if let Some(c) = crate::machineset::deployment_up_to_date(m, &x) {
+        conditions.push(c);
+    }
     // Bootstrap.
     let mut data_secret = str_at(&x.spec, "/bootstrap/dataSecretName").map(str::to_owned);
     if let Some(r) = x

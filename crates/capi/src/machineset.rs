@@ -300,6 +300,69 @@ fn selector_text(spec: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// A MachineDeployment's machine's UpToDate condition: whether the template of the
+/// MachineSet it belongs to is the deployment's (None for a machine of no deployment).
+pub(crate) fn deployment_up_to_date(m: &Manager, x: &Machine) -> Option<Condition> {
+    let ns = x.namespace();
+    let set = x.controller_of_kind::<MachineSetKind>()?;
+    let set = m.machine_sets.get(&format!("{ns}/{}", set.name))?;
+    let d = set.controller_of_kind::<MachineDeploymentKind>()?;
+    let d = m.deployments.get(&format!("{ns}/{}", d.name))?;
+    let why = template_differences(
+        set.spec.get("template").unwrap_or(&Value::Null),
+        d.spec.get("template").unwrap_or(&Value::Null),
+    );
+    Some(if why.is_empty() {
+        Condition::new("UpToDate", true, "UpToDate")
+    } else {
+        let lines: Vec<String> = why.iter().map(|w| format!("* {w}")).collect();
+        Condition::new("UpToDate", false, "NotUpToDate").message(lines.join("\n"))
+    })
+}
+
+/// How machine template `current` differs from `desired` in what makes a machine
+/// (upstream's MachineTemplateUpToDate condition messages).
+fn template_differences(current: &Value, desired: &Value) -> Vec<String> {
+    let at = |v: &Value, p: &str| v.pointer(p).cloned().unwrap_or(Value::Null);
+    let text = |v: &Value, p: &str| str_at(v, p).unwrap_or_default().to_owned();
+    let mut why = Vec::new();
+    if at(current, "/spec/version") != at(desired, "/spec/version") {
+        why.push(format!(
+            "Version {}, {} required",
+            text(current, "/spec/version"),
+            text(desired, "/spec/version")
+        ));
+    }
+    if at(current, "/spec/bootstrap") != at(desired, "/spec/bootstrap") {
+        match str_at(current, "/spec/bootstrap/configRef/kind") {
+            Some(kind) => why.push(format!(
+                "{} is not up-to-date",
+                kind.strip_suffix("Template").unwrap_or(kind)
+            )),
+            None => why.push(format!(
+                "spec.bootstrap.dataSecretName {}, {} required",
+                str_at(current, "/spec/bootstrap/dataSecretName").unwrap_or("nil"),
+                str_at(desired, "/spec/bootstrap/dataSecretName").unwrap_or("nil")
+            )),
+        }
+    }
+    if at(current, "/spec/infrastructureRef") != at(desired, "/spec/infrastructureRef") {
+        let kind = text(current, "/spec/infrastructureRef/kind");
+        why.push(format!(
+            "{} is not up-to-date",
+            kind.strip_suffix("Template").unwrap_or(&kind)
+        ));
+    }
+    if at(current, "/spec/failureDomain") != at(desired, "/spec/failureDomain") {
+        why.push(format!(
+            "Failure domain {}, {} required",
+            text(current, "/spec/failureDomain"),
+            text(desired, "/spec/failureDomain")
+        ));
+    }
+    why
+}
+
 /// A short stable hash of a template (the MachineSet name's suffix).
 fn template_hash(t: &Value) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, t.to_string().as_bytes());
@@ -461,7 +524,16 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
                 .unwrap_or(0)
         })
         .unwrap_or(0);
-    let rolling = sets.len() > 1;
+    let machines: Vec<_> = m
+        .machines
+        .list()
+        .into_iter()
+        .filter(|x| {
+            x.namespace() == ns
+                && x.controller_of_kind::<MachineSetKind>()
+                    .is_some_and(|o| sets.iter().any(|s| s.name() == o.name))
+        })
+        .collect();
     let mut conditions = vec![
         Condition::new("Deleting", false, "NotDeleting"),
         Condition::new("Paused", false, "NotPaused"),
@@ -470,11 +542,7 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
         } else {
             Condition::new("Available", false, "NotAvailable").message(format!("{available} available replicas, at least {want} required (spec.strategy.rollout.maxUnavailable is 0, spec.replicas is {want})"))
         },
-        if rolling {
-            Condition::new("RollingOut", true, "RollingOut")
-        } else {
-            Condition::new("RollingOut", false, "NotRollingOut")
-        },
+        crate::rolling_out(machines.iter().map(|x| &**x)),
     ];
     conditions.extend(crate::scaling_conditions(have, want, ready));
     let phase = if have < want {
@@ -507,5 +575,38 @@ mod tests {
         assert_eq!(rollout_limits(&spec(json!("25%"), json!("25%")), 3), (1, 0));
         assert_eq!(rollout_limits(&spec(json!("50%"), json!("50%")), 5), (3, 2));
         assert_eq!(rollout_limits(&spec(json!(0), json!(0)), 3), (1, 0));
+    }
+
+    #[test]
+    fn template_differences_name_what_makes_a_machine() {
+        let t = |version: &str, infra: &str, fd: Option<&str>| {
+            let mut t = json!({"metadata": {"labels": {"a": version}}, "spec": {
+                "version": version,
+                "bootstrap": {"configRef": {"kind": "KubeadmConfigTemplate", "name": "b"}},
+                "infrastructureRef": {"kind": "KumoMachineTemplate", "name": infra},
+            }});
+            if let Some(fd) = fd {
+                t["spec"]["failureDomain"] = fd.into();
+            }
+            t
+        };
+        let a = t("v1.36.0", "x", None);
+        assert!(template_differences(&a, &a).is_empty());
+        assert_eq!(
+            template_differences(&a, &t("v1.37.2", "y", Some("kumo-1a"))),
+            [
+                "Version v1.36.0, v1.37.2 required",
+                "KumoMachine is not up-to-date",
+                "Failure domain , kumo-1a required"
+            ]
+        );
+        let secret = json!({"spec": {"bootstrap": {"dataSecretName": "s"}}});
+        assert_eq!(
+            template_differences(
+                &secret,
+                &json!({"spec": {"bootstrap": {"dataSecretName": "t"}}})
+            ),
+            ["spec.bootstrap.dataSecretName s, t required"]
+        );
     }
 }

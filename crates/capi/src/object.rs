@@ -283,6 +283,15 @@ pub fn merge_conditions(old: &Value, set: &[Condition], generation: Option<i64>)
     Value::Array(out)
 }
 
+/// Condition `type_` of `status`, if set.
+pub fn condition_of<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
+    status
+        .get("conditions")
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(type_))
+}
+
 /// Whether condition `type_` of `status` is True.
 pub fn is_true(status: &Value, type_: &str) -> bool {
     status

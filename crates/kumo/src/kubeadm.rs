@@ -501,8 +501,10 @@ async fn control_plane(
         sched_tx,
         Some(node_name.clone()),
     ));
-    if joining.is_none() {
-        // One kube-proxy programs the cluster's simulated network, which every node shares.
+    {
+        // The kube-proxy that programs the cluster's simulated network, which every node
+        // shares: on every control-plane machine, since scale-downs and rollouts remove
+        // the first one (each writes the same rules from the same API).
         let proxy_kc = kumo_apiserver::pki::kube_proxy_kubeconfig(&data_dir, &server)?;
         tokio::spawn(crate::cluster::run_proxy(
             proxy_kc,

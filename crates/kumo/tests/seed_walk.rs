@@ -1371,6 +1371,92 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     scale_control_plane("1");
     ready_nodes(4);
 
+    // A new machine template rolls the control plane over as upstream's KCP does: a new
+    // machine joins beside the outdated one (maxSurge 1), then the outdated one leaves
+    // etcd and goes; the machines' UpToDate conditions say why.
+    let cp_machines = || -> Vec<serde_json::Value> {
+        let list = u.json(&[
+            "get",
+            "machines",
+            "-n",
+            ns,
+            "-l",
+            "cluster.x-k8s.io/control-plane",
+        ]);
+        list["items"].as_array().unwrap().clone()
+    };
+    let before: Vec<String> = cp_machines()
+        .iter()
+        .map(|m| m["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(before.len(), 1, "{before:?}");
+    apply_text("apiVersion: infrastructure.cluster.x-k8s.io/v1beta2\nkind: KumoMachineTemplate\nmetadata: {name: demo-control-plane-v2}\nspec: {template: {spec: {instanceType: k1.small}}}\n");
+    u.ok(&[
+        "patch",
+        "-n",
+        ns,
+        "kubeadmcontrolplane",
+        "demo-control-plane",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"machineTemplate":{"spec":{"infrastructureRef":{"name":"demo-control-plane-v2"}}}}}"#,
+    ]);
+    let t = Instant::now();
+    let kcp_condition = |type_: &str| {
+        u.ok(&[
+            "get",
+            "kubeadmcontrolplane",
+            "-n",
+            ns,
+            "demo-control-plane",
+            "-o",
+            &format!("jsonpath={{.status.conditions[?(@.type==\"{type_}\")].status}}/{{.status.conditions[?(@.type==\"{type_}\")].message}}"),
+        ])
+    };
+    let rolling = eventually(30, "the control plane rolling out", || {
+        let c = kcp_condition("RollingOut");
+        c.starts_with("True/").then_some(c)
+    });
+    assert_eq!(
+        rolling,
+        "True/Rolling out 1 not up-to-date replicas\n* KumoMachine is not up-to-date"
+    );
+    let outdated = u.ok(&[
+        "get",
+        "machine",
+        "-n",
+        ns,
+        &before[0],
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"UpToDate\")].reason}",
+    ]);
+    assert_eq!(outdated, "NotUpToDate");
+    eventually(120, "the control plane rolled over", || {
+        let machines = cp_machines();
+        let rolled = machines.len() == 1
+            && machines[0]["metadata"]["name"] != before[0].as_str()
+            && machines[0]["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "UpToDate" && c["status"] == "True");
+        (rolled && kcp_condition("RollingOut") == "False/").then_some(())
+    });
+    let nodes = ready_nodes(4);
+    eprintln!(
+        "control plane rolled over to a new template in {:?}",
+        t.elapsed()
+    );
+    let cp = nodes
+        .iter()
+        .find(|n| n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"].is_string())
+        .unwrap();
+    assert_eq!(
+        cp["metadata"]["labels"]["node.kubernetes.io/instance-type"], "k1.small",
+        "{cp}"
+    );
+    let kcp = u.json(&["get", "kubeadmcontrolplane", "-n", ns, "demo-control-plane"]);
+    assert_eq!(kcp["status"]["upToDateReplicas"], 1, "{kcp}");
+
     // Deleting the Cluster removes everything it made.
     u.ok(&["delete", "cluster", "-n", ns, "demo", "--wait=false"]);
     eventually(60, "the cluster and its machines gone", || {
