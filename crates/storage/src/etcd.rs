@@ -899,6 +899,11 @@ fn is_connect_error(e: &etcd_client::Error) -> bool {
 /// [`PROBE_INTERVAL`], or at once when `wake` is notified, removes the ones that refuse
 /// and adds them back when they answer again. It never removes the last endpoint.
 async fn monitor_endpoints(client: Client, endpoints: Vec<String>, wake: Arc<Notify>) {
+    // One endpoint (a stacked member's API server talks to its own member) has nothing to
+    // balance, and probing it would cost the member a refused handshake every second.
+    if endpoints.len() < 2 {
+        return;
+    }
     let addrs: Vec<Option<String>> = endpoints.iter().map(|e| socket_addr(e)).collect();
     let mut active = vec![true; endpoints.len()];
     loop {
