@@ -8,6 +8,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/test/images/agnhost"
+	_ "k8s.io/sample-apiserver"
 
 	_ "github.com/onsi/ginkgo/v2"
 	_ "go.yaml.in/yaml/v2"
