@@ -59,11 +59,12 @@ async fn recorded_conformance_tests_still_pass_on_kumo() {
         .collect();
     let list = dir.path().join("sim-list.txt");
     std::fs::write(&list, names.join("\n") + "\n").unwrap();
-    // Two ginkgo processes ([Serial] tests still run alone, at the end): the list grows
-    // with every controller, and CI has two cores.
+    // Four ginkgo processes ([Serial] tests still run alone, at the end): most of a
+    // test's time is spent waiting (timeouts, intervals), so two cores keep up with four
+    // (at two, the list took 15 of CI's 60 minutes at a load of about 1).
     let count = names.len();
     tokio::task::spawn_blocking(move || {
-        conformance_list_passes(&list, count, &kubeconfig, &out_dir, 2)
+        conformance_list_passes(&list, count, &kubeconfig, &out_dir, 4)
     })
     .await
     .unwrap()
