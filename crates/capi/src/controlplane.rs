@@ -144,7 +144,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     let mut outdated = Vec::new();
     for x in &live {
         let why = not_up_to_date(m, &k, x).await?;
-        m.set_condition(&***x, up_to_date_condition(x, &why))
+        m.set_conditions(&***x, &[up_to_date_condition(x, &why)])
             .await?;
         if !why.is_empty() {
             outdated.push(*x);

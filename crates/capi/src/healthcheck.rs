@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kumo_client::worker::SyncError;
 use serde_json::{json, Value};
 
@@ -205,9 +205,8 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
         match check(x, node, &h.spec) {
             Some(why) => unhealthy.push((x.clone(), why)),
             None => {
-                mark(
-                    m,
-                    x,
+                m.set_conditions(
+                    &**x,
                     &[Condition::new(
                         "HealthCheckSucceeded",
                         true,
@@ -260,7 +259,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
             )
             .await;
         }
-        mark(m, x, &cs).await?;
+        m.set_conditions(&**x, &cs).await?;
     }
     let conditions = [
         if allowed {
@@ -283,21 +282,6 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     m.patch_status(&*h, status).await?;
     // Node conditions age without an event here.
     Err(SyncError::After(Duration::from_secs(1)))
-}
-
-async fn mark(m: &Manager, x: &Machine, cs: &[Condition]) -> Result<(), Error> {
-    let merged = merge_conditions(&x.status, cs, x.metadata.generation);
-    if x.status.get("conditions") == Some(&merged) {
-        return Ok(());
-    }
-    m.api::<MachineKind>(x.namespace())
-        .patch_status(
-            x.name(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"conditions": merged}})),
-        )
-        .await?;
-    Ok(())
 }
 
 #[cfg(test)]

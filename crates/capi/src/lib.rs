@@ -301,9 +301,13 @@ impl Manager {
         Ok(())
     }
 
-    /// Sets condition `c` on `obj` (a status patch only when it changes something).
-    pub async fn set_condition<K: Kind>(&self, obj: &Obj<K>, c: Condition) -> Result<(), Error> {
-        let merged = merge_conditions(&obj.status, &[c], obj.metadata.generation);
+    /// Sets conditions `cs` on `obj` (a status patch only when it changes something).
+    pub async fn set_conditions<K: Kind>(
+        &self,
+        obj: &Obj<K>,
+        cs: &[Condition],
+    ) -> Result<(), Error> {
+        let merged = merge_conditions(&obj.status, cs, obj.metadata.generation);
         if obj.status.get("conditions") == Some(&merged) {
             return Ok(());
         }
