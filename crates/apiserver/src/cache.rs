@@ -870,6 +870,12 @@ impl WatchCaches {
         self.get_indexed(prefix, None)
     }
 
+    /// The cache of `prefix` if one is running (none is started).
+    pub fn running(&self, prefix: &str) -> Option<Arc<WatchCache>> {
+        let caches = self.caches.lock().unwrap_or_else(|e| e.into_inner());
+        caches.get(prefix).cloned()
+    }
+
     /// The cache of `prefix`, indexed by `index` when this call starts it.
     pub fn get_indexed(&self, prefix: &str, index: Option<WatchIndex>) -> Arc<WatchCache> {
         let mut caches = self.caches.lock().unwrap_or_else(|e| e.into_inner());
