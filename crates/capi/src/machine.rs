@@ -277,7 +277,11 @@ async fn node_of(
         return Err(Error::Invalid("the cluster has no kubeconfig yet".into()));
     };
     let nodes: Api<Node> = Api::all(client);
-    let list = nodes.list(&Default::default()).await?;
+    // From the workload API server's watch cache, as upstream reads Nodes from its
+    // ClusterCache's informers (a quorum read every resync would load the cluster's etcd).
+    let list = nodes
+        .list(&kube::api::ListParams::default().match_any())
+        .await?;
     Ok(list
         .items
         .into_iter()

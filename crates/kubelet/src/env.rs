@@ -272,9 +272,17 @@ pub async fn sources(
     sources["tokens"] = Value::Object(tokens(client, pod, previous).await);
     sources["trustBundles"] = Value::Object(crate::trustbundle::fetch(client, pod).await);
     sources["podCertificates"] = Value::Object(crate::podcertificate::fetch(client, pod).await);
+    // Refreshes read the API server's watch cache (`resourceVersion=0`): upstream's kubelet
+    // watches the objects it mounts instead of reading them from etcd every few seconds.
+    // The first read is a quorum read, so a pod made right after its ConfigMap finds it.
+    let query = if previous.is_some() {
+        "?resourceVersion=0"
+    } else {
+        ""
+    };
     for (kind, names) in [("configmaps", cms), ("secrets", secrets)] {
         for name in names {
-            let req = http::Request::get(format!("/api/v1/namespaces/{ns}/{kind}/{name}"))
+            let req = http::Request::get(format!("/api/v1/namespaces/{ns}/{kind}/{name}{query}"))
                 .body(Vec::new());
             let Ok(req) = req else { continue };
             if let Ok(obj) = client.request::<Value>(req).await {
