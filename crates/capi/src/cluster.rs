@@ -171,8 +171,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
             Ok(Some(client)) => {
                 let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
                 nodes
-                    // Whether it answers, not what its etcd holds: from the watch cache.
-                    .list_metadata(&ListParams::default().match_any().limit(1))
+                    .list_metadata(&ListParams::default().limit(1))
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string())

@@ -183,10 +183,8 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
         return Err(SyncError::After(Duration::from_secs(2)));
     };
     let nodes: Api<Node> = Api::all(remote);
-    // The watch cache answers (upstream reads its ClusterCache's informers): this runs
-    // every second per health check.
     let nodes = nodes
-        .list(&kube::api::ListParams::default().match_any())
+        .list(&Default::default())
         .await
         .map_err(Error::from)?
         .items;

@@ -277,11 +277,7 @@ async fn node_of(
         return Err(Error::Invalid("the cluster has no kubeconfig yet".into()));
     };
     let nodes: Api<Node> = Api::all(client);
-    // From the workload API server's watch cache, as upstream reads Nodes from its
-    // ClusterCache's informers (a quorum read every resync would load the cluster's etcd).
-    let list = nodes
-        .list(&kube::api::ListParams::default().match_any())
-        .await?;
+    let list = nodes.list(&Default::default()).await?;
     Ok(list
         .items
         .into_iter()
