@@ -524,15 +524,10 @@ pub async fn sync_deployment(m: &Manager, key: &str) -> Result<(), SyncError> {
                 .unwrap_or(0)
         })
         .unwrap_or(0);
-    let machines: Vec<_> = m
-        .machines
-        .list()
-        .into_iter()
-        .filter(|x| {
-            x.namespace() == ns
-                && x.controller_of_kind::<MachineSetKind>()
-                    .is_some_and(|o| sets.iter().any(|s| s.name() == o.name))
-        })
+    let all = m.machines.list();
+    let machines: Vec<_> = sets
+        .iter()
+        .flat_map(|s| Manager::controlled_by(all.clone(), &**s))
         .collect();
     let mut conditions = vec![
         Condition::new("Deleting", false, "NotDeleting"),
