@@ -1234,7 +1234,27 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     // (`kubeadm join --control-plane`), one at a time, spread over the zones.
     scale_control_plane("3");
     let t = Instant::now();
-    let nodes = ready_nodes(6);
+    // kubeadm labels a control-plane node after its kubelet registers it (and it may be
+    // Ready before): wait for the labels too.
+    let nodes = eventually(
+        60,
+        "6 Ready nodes, 3 of them labelled control plane",
+        || {
+            let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
+            let nodes: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+            let items = nodes["items"].as_array()?.clone();
+            let ready = items
+                .iter()
+                .all(|node| node_ready(node) && node["spec"]["providerID"].is_string());
+            let cps = items
+                .iter()
+                .filter(|n| {
+                    n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"].is_string()
+                })
+                .count();
+            (items.len() == 6 && ready && cps == 3).then_some(items)
+        },
+    );
     eprintln!("control plane scaled 1 → 3 in {:?}", t.elapsed());
     let cp_nodes: Vec<&serde_json::Value> = nodes
         .iter()
