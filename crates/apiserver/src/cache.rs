@@ -30,15 +30,19 @@ use kumo_storage::{RangeRequest, Revision, Store, WatchEvent};
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc, watch};
 
-/// Events the window always keeps, however old (watchers of quiet resources resume).
-const HISTORY: usize = 4096;
+/// Events the window always keeps, however old (watchers of quiet resources resume):
+/// upstream's lower bound of a watch cache's capacity. More stay while they are fresh;
+/// an idle cluster's leases, renewed every few seconds, keep no more than this.
+const HISTORY: usize = 100;
 /// Events younger than this stay in the window (upstream's eventFreshDuration), so that a
 /// watcher that got a bookmark a minute ago can resume from it under any write rate...
 const FRESH: Duration = Duration::from_secs(75);
 /// ...up to this many (upstream's largest watch-cache capacity).
 const HISTORY_MAX: usize = 100 * 1024;
-/// Events a watcher may fall behind the fan-out before it is ended.
-const FANOUT: usize = 4096;
+/// Events a watcher may fall behind the fan-out before it is ended (then it resumes from
+/// the window): upstream's largest per-watcher buffer. The fan-out's ring is allocated
+/// whole (32 bytes a slot), for every watched resource of every API server of the process.
+const FANOUT: usize = 1024;
 /// Events a watcher of one index value may fall behind (one node's pods change rarely).
 const INDEXED_FANOUT: usize = 256;
 /// Objects read per store range while filling a cache.
@@ -220,7 +224,8 @@ pub struct WatchCache {
     prefix: String,
     window: Window,
     inner: RwLock<Inner>,
-    fanout: broadcast::Sender<Arc<CacheEvent>>,
+    /// Made for the first watcher: a resource nobody watches needs no ring.
+    fanout: std::sync::OnceLock<broadcast::Sender<Arc<CacheEvent>>>,
     /// The resource's index field, if any.
     index: Option<WatchIndex>,
     /// One fan-out per index value that has watchers.
@@ -437,7 +442,10 @@ impl WatchCache {
         // Subscribing under the read lock: the writer applies and fans out under the write
         // lock, so nothing falls between the snapshot (or the replay) and the live stream.
         let live = match by {
-            None => self.fanout.subscribe(),
+            None => self
+                .fanout
+                .get_or_init(|| broadcast::channel(FANOUT).0)
+                .subscribe(),
             Some(v) => {
                 let mut indexed = self.indexed.lock().unwrap_or_else(|e| e.into_inner());
                 indexed
@@ -675,7 +683,9 @@ impl WatchCache {
                 }
             }
         }
-        let _ = self.fanout.send(event);
+        if let Some(fanout) = self.fanout.get() {
+            let _ = fanout.send(event);
+        }
     }
 }
 
@@ -894,7 +904,7 @@ impl WatchCaches {
                 floor: 0,
                 last_change: 0,
             }),
-            fanout: broadcast::channel(FANOUT).0,
+            fanout: std::sync::OnceLock::new(),
             index,
             indexed: Mutex::new(HashMap::new()),
             revision: watch::channel(0).0,
