@@ -58,7 +58,7 @@ impl Remote {
             .map_err(|e| Error::Invalid(format!("{namespace}/{cluster}-kubeconfig: {e}")))?;
         cfg.connect_timeout = Some(std::time::Duration::from_secs(2));
         cfg.read_timeout = Some(std::time::Duration::from_secs(10));
-        let c = kube::Client::try_from(kumo_client::clients::as_client_go(cfg))?;
+        let c = kumo_client::transport::client(kumo_client::clients::as_client_go(cfg))?;
         self.cache.lock().insert(key, (rv, c.clone()));
         Ok(Some(c))
     }

@@ -122,7 +122,7 @@ impl ClientBuilder {
                     // Only the token: the controller must not also present our certificate.
                     cfg.auth_info = serde_json::from_value(json!({ "token": token }))
                         .map_err(|e| Error::Client(e.to_string()))?;
-                    let client = Client::try_from(cfg)?;
+                    let client = crate::transport::client(cfg)?;
                     let lifetime = lifetime.max(Duration::from_secs(600));
                     let renew = lifetime - lifetime * LEEWAY_PERCENT / 100;
                     return Ok((client, renew));

@@ -6,7 +6,8 @@
 //! ([`events`], core/v1 as `tools/record`; [`events_v1`], events.k8s.io with series as
 //! `tools/events`), the secure port with health and metrics ([`healthz`], [`metrics`],
 //! [`delegated`] authentication and authorization), and clients built from a kubeconfig or
-//! from ServiceAccount tokens ([`clients`]). No controller lives here.
+//! from ServiceAccount tokens ([`clients`]) over HTTP/2 as client-go's ([`transport`]). No
+//! controller lives here.
 
 pub mod clients;
 pub mod delegated;
@@ -17,6 +18,7 @@ pub mod healthz;
 pub mod informer;
 pub mod leader;
 pub mod metrics;
+pub mod transport;
 pub mod worker;
 pub mod workqueue;
 

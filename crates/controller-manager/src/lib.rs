@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use base64::Engine;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::Client;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -430,7 +429,7 @@ impl ControllerManager {
             .await
             .map(kumo_client::clients::as_client_go)
             .map_err(|e| bad(e.to_string()))?;
-        let client = Client::try_from(kcfg.clone())?;
+        let client = kumo_client::transport::client(kcfg.clone())?;
         let identity = cfg
             .identity
             .clone()

@@ -169,7 +169,7 @@ pub const KUBELET_VERSION: &str = "v1.37.2-kumo";
 
 /// A client for `path`.
 pub async fn client(path: &std::path::Path) -> Result<Client> {
-    Client::try_from(config(path).await?).map_err(Error::Api)
+    kumo_client::transport::client(config(path).await?).map_err(Error::Api)
 }
 
 /// The client configuration a kubeconfig file describes.

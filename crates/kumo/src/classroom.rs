@@ -105,7 +105,7 @@ pub async fn run(what: Classroom) -> Result<()> {
 async fn crate_kube_client(path: &std::path::Path) -> Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    Ok(kube::Client::try_from(kumo_client::clients::as_client_go(
-        cfg,
-    ))?)
+    Ok(kumo_client::transport::client(
+        kumo_client::clients::as_client_go(cfg),
+    )?)
 }

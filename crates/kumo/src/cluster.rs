@@ -719,7 +719,7 @@ async fn run_metrics_server(admin: PathBuf, dataplane: Arc<kumo_sim::net::Datapl
         let base = kumo_client::clients::as_client_go(
             kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
         );
-        let root = kube::Client::try_from(base.clone())?;
+        let root = kumo_client::transport::client(base.clone())?;
         let (stop_tx, stop) = watch::channel(false);
         // The token renewal runs as long as the process.
         std::mem::forget(stop_tx);

@@ -251,7 +251,7 @@ impl KubeletHypervisor {
                     let client = match async {
                         let config =
                             kumo_client::clients::config_from_kubeconfig(&kubeconfig).await?;
-                        Ok::<_, anyhow::Error>(kube::Client::try_from(config)?)
+                        Ok::<_, anyhow::Error>(kumo_client::transport::client(config)?)
                     }
                     .await
                     {
@@ -820,9 +820,9 @@ pub(crate) async fn mark_control_plane(admin: PathBuf, node: String) {
 pub(crate) async fn kube_client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    Ok(kube::Client::try_from(kumo_client::clients::as_client_go(
-        cfg,
-    ))?)
+    Ok(kumo_client::transport::client(
+        kumo_client::clients::as_client_go(cfg),
+    )?)
 }
 
 #[cfg(test)]

@@ -714,7 +714,7 @@ async fn discover(endpoint: &str, token: &str, hashes: &[String]) -> Result<(Str
     );
     let kc = kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    let client = kube::Client::try_from(cfg)?;
+    let client = kumo_client::transport::client(cfg)?;
     let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
         kube::Api::namespaced(client, "kube-public");
     let cm = cms

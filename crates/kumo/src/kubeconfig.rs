@@ -229,7 +229,7 @@ pub async fn admin_client(data_dir: &Path) -> Result<(kube::Client, String)> {
         .await
         .with_context(|| format!("loading {}", path.display()))?;
     let url = cfg.cluster_url.to_string().trim_end_matches('/').to_owned();
-    Ok((kube::Client::try_from(cfg)?, url))
+    Ok((kumo_client::transport::client(cfg)?, url))
 }
 
 /// `$HOME/.kumo/default`, where `kumo up` keeps its state without `--data-dir` or `--name`.
@@ -307,7 +307,7 @@ pub async fn target(args: &ClusterArgs) -> Result<Target> {
                 .with_context(|| format!("loading context {context} of {source}"))?;
             let url = cfg.cluster_url.to_string().trim_end_matches('/').to_owned();
             Ok(Target {
-                client: kube::Client::try_from(cfg)?,
+                client: kumo_client::transport::client(cfg)?,
                 url,
                 data_dir,
                 source: format!("context {context} of {source}"),

@@ -472,7 +472,7 @@ impl Drop for Proxy {
 /// Runs the proxy with the identity of `kubeconfig` until its watches end.
 pub async fn run(kubeconfig: &Path, dataplane: Arc<dyn Dataplane>) -> Result<(), Error> {
     let config = kumo_client::clients::config_from_kubeconfig(kubeconfig).await?;
-    let client = Client::try_from(config)?;
+    let client = kumo_client::transport::client(config)?;
     Proxy::start(client, dataplane).wait().await;
     Ok(())
 }

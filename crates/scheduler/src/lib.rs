@@ -87,7 +87,7 @@ impl Scheduler {
     /// enabled) starts the informers and the scheduling loop.
     pub async fn start(cfg: Config) -> Result<Scheduler> {
         let kcfg = clients::config_from_kubeconfig(&cfg.kubeconfig).await?;
-        let client = Client::try_from(kcfg)?;
+        let client = kumo_client::transport::client(kcfg)?;
         let identity = cfg
             .identity
             .clone()

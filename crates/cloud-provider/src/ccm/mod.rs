@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Client;
 use kumo_client::clients::{self, ClientBuilder};
 use kumo_client::healthz;
 use kumo_client::informer::InformerFactory;
@@ -175,7 +174,8 @@ impl CloudControllerManager {
     ) -> Result<CloudControllerManager, Error> {
         let controllers = resolve_controllers(&cfg.controllers)?;
         let kcfg = clients::config_from_kubeconfig(&cfg.kubeconfig).await?;
-        let client = Client::try_from(kcfg.clone()).map_err(kumo_client::Error::from)?;
+        let client =
+            kumo_client::transport::client(kcfg.clone()).map_err(kumo_client::Error::from)?;
         let identity = cfg
             .identity
             .clone()

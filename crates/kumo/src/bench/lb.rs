@@ -154,7 +154,7 @@ pub async fn run(args: Args) -> Result<()> {
 pub(super) async fn admin_client(path: &std::path::Path) -> Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    Ok(kube::Client::try_from(cfg)?)
+    Ok(kumo_client::transport::client(cfg)?)
 }
 
 /// Runs an instance and makes a Ready Node for it; returns the instance id.

@@ -205,7 +205,7 @@ async fn wait<T>(secs: u64, what: &str, mut f: impl AsyncFnMut() -> Option<T>) -
 async fn cluster_bench(args: &Args, data: &Path) -> Result<()> {
     let kc = kube::config::Kubeconfig::read_from(data.join("admin.conf"))?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    let client = kube::Client::try_from(cfg)?;
+    let client = kumo_client::transport::client(cfg)?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
     let pp = PostParams::default();
