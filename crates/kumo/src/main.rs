@@ -262,7 +262,7 @@ async fn dns(args: DnsArgs) -> Result<()> {
             conf.display()
         );
     }
-    let client = kube::Client::try_from(cfg)?;
+    let client = kumo_client::transport::client(cfg)?;
     kumo_dns::run(
         client,
         kumo_dns::Listen {
@@ -278,7 +278,7 @@ async fn dns(args: DnsArgs) -> Result<()> {
 async fn metrics_server(args: MetricsServerArgs) -> Result<()> {
     let kc = kube::config::Kubeconfig::read_from(&args.kubeconfig)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    let client = kube::Client::try_from(cfg)?;
+    let client = kumo_client::transport::client(cfg)?;
     let server = kumo_metrics_server::MetricsServer::start(kumo_metrics_server::Config {
         client: std::sync::Arc::new(move || client.clone()),
         resolution: args.metric_resolution,
@@ -551,6 +551,15 @@ async fn up(args: UpArgs) -> Result<()> {
         .parse()
         .map_err(|e: String| anyhow::anyhow!(e))?;
     let real = cfg.runtime == kumo::machine::RuntimeKind::Containerd;
+    if real && args.cluster_api {
+        // The workload clusters' machines are simulated (their control planes listen on
+        // this host's loopback, their pods on the simulator): on the VPC the cloud's
+        // load balancers would probe their private addresses and find nothing there.
+        anyhow::bail!(
+            "--cluster-api runs its workload clusters on the simulated runtime only: \
+             use it with --runtime sim (the default)"
+        );
+    }
     if real {
         kumo_node::prerequisites()?;
     }

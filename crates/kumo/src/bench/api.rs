@@ -189,6 +189,18 @@ pub(super) fn proc_memory(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// Proportional set size of a process in KiB (`/proc/PID/smaps_rollup`): its resident
+/// pages with each shared page divided among the processes that map it, so that the
+/// executable's pages, shared by every process of one binary, count once in a sum.
+pub(super) fn proc_pss(pid: u32) -> Option<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
 /// User + system CPU time of a process in seconds (`pid` None: this process).
 pub(super) fn proc_cpu_seconds(pid: Option<u32>) -> Option<f64> {
     let path = match pid {
@@ -1249,7 +1261,7 @@ pub async fn run(args: Args) -> Result<()> {
     config.default_retry = false;
     config.connect_timeout = Some(Duration::from_secs(10));
     let server = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config)?;
+    let client = kumo_client::transport::client(config)?;
     let version = client
         .apiserver_version()
         .await
