@@ -197,7 +197,8 @@ async fn measure(args: &Args, data: &std::path::Path) -> Result<()> {
         }
         next = end;
         // The batch's control planes answer before the next batch.
-        for i in held..end {
+        let first = held;
+        for i in first..end {
             let ns = format!("bench-{i}");
             let deadline = Instant::now() + Duration::from_secs(180);
             loop {
