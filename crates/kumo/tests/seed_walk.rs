@@ -1066,19 +1066,21 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
             .unwrap();
         (out.status.success(), text(&out.stdout), text(&out.stderr))
     };
+    // The workload cluster's nodes, if every one is Ready with a providerID.
+    let all_ready = || {
+        let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
+        let nodes: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+        let items = nodes["items"].as_array()?.clone();
+        items
+            .iter()
+            .all(|node| node_ready(node) && node["spec"]["providerID"].is_string())
+            .then_some(items)
+    };
     let ready_nodes = |n: usize| {
         eventually(
             60,
             &format!("{n} Ready nodes in the workload cluster"),
-            || {
-                let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
-                let nodes: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
-                let items = nodes["items"].as_array()?.clone();
-                let ready = items
-                    .iter()
-                    .all(|node| node_ready(node) && node["spec"]["providerID"].is_string());
-                (items.len() == n && ready).then_some(items)
-            },
+            || all_ready().filter(|items| items.len() == n),
         )
     };
     let nodes = ready_nodes(3);
@@ -1240,19 +1242,15 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
         60,
         "6 Ready nodes, 3 of them labelled control plane",
         || {
-            let (ok, out, _) = tk(&["get", "nodes", "-o", "json"]);
-            let nodes: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
-            let items = nodes["items"].as_array()?.clone();
-            let ready = items
-                .iter()
-                .all(|node| node_ready(node) && node["spec"]["providerID"].is_string());
-            let cps = items
-                .iter()
-                .filter(|n| {
-                    n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"].is_string()
-                })
-                .count();
-            (items.len() == 6 && ready && cps == 3).then_some(items)
+            all_ready().filter(|items| {
+                let cps = items
+                    .iter()
+                    .filter(|n| {
+                        n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"].is_string()
+                    })
+                    .count();
+                items.len() == 6 && cps == 3
+            })
         },
     );
     eprintln!("control plane scaled 1 → 3 in {:?}", t.elapsed());
