@@ -125,18 +125,53 @@ impl Up {
 }
 
 /// Polls `f` every 100 ms until it returns Some, failing after `secs`.
-fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+fn eventually<T>(secs: u64, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    eventually_or(secs, what, f, String::new)
+}
+
+/// [`eventually`], with what `diagnose` finds in the failure's message.
+fn eventually_or<T>(
+    secs: u64,
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+    diagnose: impl FnOnce() -> String,
+) -> T {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {secs} s: {what}"
-        );
+        if Instant::now() >= deadline {
+            panic!("timed out after {secs} s: {what}\n{}", diagnose());
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The last lines of every `name` file under `dir`, each headed by its path.
+fn tails(dir: &Path, name: &str, lines: usize) -> String {
+    let mut out = String::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n == name) {
+                let t = std::fs::read_to_string(&p).unwrap_or_default();
+                let v: Vec<&str> = t.lines().collect();
+                out += &format!(
+                    "== {}\n{}\n",
+                    p.display(),
+                    v[v.len().saturating_sub(lines)..].join("\n")
+                );
+            }
+        }
+    }
+    out
 }
 
 /// Waits until every node is Ready and initialized by the cloud node controller.
@@ -1274,8 +1309,9 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     );
     // Every machine shows its etcd member as kubeadm's static pod, and every API server
     // is an endpoint of the `kubernetes` Service (the master leases).
-    eventually(60, "3 etcd pods Ready and 3 kubernetes endpoints", || {
-        let (ok, out, _) = tk(&[
+    let mut last_seen = String::new();
+    let diagnose = || {
+        let (_, pods, _) = tk(&[
             "get",
             "pods",
             "-n",
@@ -1283,36 +1319,74 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
             "-l",
             "component=etcd",
             "-o",
-            "json",
+            "yaml",
         ]);
-        let pods: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
-        let ready = pods["items"]
-            .as_array()?
-            .iter()
-            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
-            .count();
-        let (_, eps, _) = tk(&[
-            "get",
-            "endpointslice",
-            "kubernetes",
-            "-o",
-            "jsonpath={.endpoints[*].addresses[0]}",
-        ]);
-        let mut want: Vec<&str> = cp_nodes
-            .iter()
-            .filter_map(|n| {
-                n["status"]["addresses"]
-                    .as_array()?
-                    .iter()
-                    .find(|a| a["type"] == "InternalIP")?["address"]
-                    .as_str()
-            })
-            .collect();
-        want.sort_unstable();
-        let mut have: Vec<&str> = eps.split_whitespace().collect();
-        have.sort_unstable();
-        (ready == 3 && have == want).then_some(())
-    });
+        let (_, events, _) = tk(&["get", "events", "-n", "kube-system"]);
+        format!(
+            "{pods}\n{events}\n{}",
+            tails(u.dir.parent().unwrap_or(&u.dir), "etcd.log", 15)
+        )
+    };
+    eventually_or(
+        60,
+        "3 etcd pods Ready and 3 kubernetes endpoints",
+        || {
+            let (ok, out, _) = tk(&[
+                "get",
+                "pods",
+                "-n",
+                "kube-system",
+                "-l",
+                "component=etcd",
+                "-o",
+                "json",
+            ]);
+            let pods: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+            let ready = pods["items"]
+                .as_array()?
+                .iter()
+                .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+                .count();
+            let (_, eps, _) = tk(&[
+                "get",
+                "endpointslice",
+                "kubernetes",
+                "-o",
+                "jsonpath={.endpoints[*].addresses[0]}",
+            ]);
+            let mut want: Vec<&str> = cp_nodes
+                .iter()
+                .filter_map(|n| {
+                    n["status"]["addresses"]
+                        .as_array()?
+                        .iter()
+                        .find(|a| a["type"] == "InternalIP")?["address"]
+                        .as_str()
+                })
+                .collect();
+            want.sort_unstable();
+            let mut have: Vec<&str> = eps.split_whitespace().collect();
+            have.sort_unstable();
+            // What was seen, each time it changes: a timeout then says which half was missing.
+            let seen = format!("{ready} etcd pods Ready; endpoints {have:?}, want {want:?}");
+            if seen != last_seen {
+                eprintln!("{:?}: {seen}", t.elapsed());
+                // And the probes that failed so far (the etcd pods' readiness is probed).
+                let (_, events, _) = tk(&[
+                    "get",
+                    "events",
+                    "-n",
+                    "kube-system",
+                    "--field-selector",
+                    "reason=Unhealthy",
+                ]);
+                eprintln!("{events}");
+                last_seen = seen;
+            }
+            (ready == 3 && have == want).then_some(())
+        },
+        diagnose,
+    );
 
     // Health checks on the workers and on the control plane: a worker whose instance is
     // terminated (its Node deleted by the cluster's cloud node-lifecycle controller), a
