@@ -49,12 +49,18 @@ const COREFILE: &str = ".:53 {
 }
 ";
 
-const KUBE_PROXY_CONFIG: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+/// kubeadm's kube-proxy configuration (the fields it sets), for a cluster whose pods are
+/// in `pod_subnet`.
+fn kube_proxy_config(pod_subnet: &str) -> String {
+    format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 bindAddress: 0.0.0.0
-clusterCIDR: 10.244.0.0/16
+clusterCIDR: {pod_subnet}
 mode: iptables
-";
+"
+    )
+}
 
 /// Creates `obj` unless an object of its name exists.
 async fn create<K>(api: Api<K>, obj: Value) -> Result<()>
@@ -224,9 +230,9 @@ async fn metrics_server(client: &Client) -> Result<()> {
 }
 
 /// Creates the addons that do not exist yet, for the simulated runtime.
-pub async fn ensure(client: &Client) -> Result<()> {
+pub async fn ensure(client: &Client, net: &crate::controlplane::Networking) -> Result<()> {
     coredns(client, &DnsPods::Simulated).await?;
-    kube_proxy(client).await?;
+    kube_proxy(client, &net.pod_subnet).await?;
     metrics_server(client).await
 }
 
@@ -400,7 +406,7 @@ async fn coredns(client: &Client, pods: &DnsPods) -> Result<()> {
     Ok(())
 }
 
-async fn kube_proxy(client: &Client) -> Result<()> {
+async fn kube_proxy(client: &Client, pod_subnet: &str) -> Result<()> {
     let ns = "kube-system";
     let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let cm: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
@@ -421,7 +427,7 @@ async fn kube_proxy(client: &Client) -> Result<()> {
     .await?;
     create(
         cm,
-        json!({"metadata": {"name": "kube-proxy", "namespace": ns, "labels": {"app": "kube-proxy"}}, "data": {"config.conf": KUBE_PROXY_CONFIG}}),
+        json!({"metadata": {"name": "kube-proxy", "namespace": ns, "labels": {"app": "kube-proxy"}}, "data": {"config.conf": kube_proxy_config(pod_subnet)}}),
     )
     .await?;
     let proxy_labels = json!({"k8s-app": "kube-proxy"});

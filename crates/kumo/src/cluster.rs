@@ -252,7 +252,7 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     let real = cfg.runtime == crate::machine::RuntimeKind::Containerd;
     if cfg.addons && !real {
         let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
-        crate::addons::ensure(&admin)
+        crate::addons::ensure(&admin, &Default::default())
             .await
             .context("creating kubeadm's addons")?;
         tokio::spawn(run_metrics_server(
@@ -276,7 +276,12 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
     let (cm_addr, mut cm_rx) = watch::channel(None);
     if cfg.controller_manager {
         let kubeconfig = cfg.data_dir.join("controller-manager.conf");
-        tokio::spawn(run_controller_manager(kubeconfig, cm_addr, None));
+        tokio::spawn(run_controller_manager(
+            kubeconfig,
+            cm_addr,
+            None,
+            Default::default(),
+        ));
     }
     let (sched_addr, mut sched_rx) = watch::channel(None);
     if cfg.scheduler {
@@ -296,7 +301,12 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
             advertise_address: None,
             etcd: None,
         };
-        crate::controlplane::write_manifests(&cfg.static_pod_path(), &cfg.data_dir, &endpoints)?;
+        crate::controlplane::write_manifests(
+            &cfg.static_pod_path(),
+            &cfg.data_dir,
+            &endpoints,
+            &Default::default(),
+        )?;
     }
     // kube-proxy as system:kube-proxy, programming the network every kubelet's pods share.
     let server = server_url(&api.admin_kubeconfig)?;
@@ -552,6 +562,7 @@ async fn start_cloud(
             settings.controllers.clone(),
             ccm_cloud.0,
             None,
+            Default::default(),
         ));
     }
     Ok(ClusterCloud {
@@ -771,6 +782,7 @@ pub(crate) async fn run_controller_manager(
     kubeconfig: PathBuf,
     serving: watch::Sender<Option<SocketAddr>>,
     host: Option<String>,
+    net: crate::controlplane::Networking,
 ) {
     loop {
         let mut cfg = kumo_controller_manager::Config::new(&kubeconfig);
@@ -779,9 +791,8 @@ pub(crate) async fn run_controller_manager(
         // As kubeadm with a pod subnet: node-ipam hands each node its spec.podCIDR, which
         // the kubelet then uses.
         cfg.node_ipam.allocate_node_cidrs = true;
-        cfg.node_ipam.cluster_cidr =
-            kumo_controller_manager::controllers::nodeipam::DEFAULT_CLUSTER_CIDR.into();
-        cfg.node_ipam.service_cluster_ip_range = "10.96.0.0/12".into();
+        cfg.node_ipam.cluster_cidr = net.pod_subnet.clone();
+        cfg.node_ipam.service_cluster_ip_range = net.service_subnet.clone();
         // As kubeadm: the bootstrap-token controllers too, and csrsigning issues from the
         // cluster CA (kubelets joining with a bootstrap token get their certificates).
         cfg.controllers = vec!["*".into(), "bootstrapsigner".into(), "tokencleaner".into()];
@@ -811,13 +822,15 @@ pub(crate) async fn run_controller_manager(
 /// The cloud-controller-manager as system:cloud-controller-manager, in the cloud with its
 /// own access key; as kubeadm's CCM with a pod subnet, it allocates nothing itself but
 /// writes a cloud route per node range (`--allocate-node-cidrs --configure-cloud-routes
-/// --cluster-cidr 10.244.0.0/16`). Started again if it stops (it stops when it loses the
-/// lease).
+/// --cluster-cidr <pod subnet> --cluster-name <cluster>`: the cluster's name tags its
+/// routes and load balancers, so clusters in one cloud leave each other's alone). Started
+/// again if it stops (it stops when it loses the lease).
 pub(crate) async fn run_cloud_controller_manager(
     kubeconfig: PathBuf,
     controllers: Vec<String>,
     cloud: kumo_cloud::Client,
     host: Option<String>,
+    net: crate::controlplane::Networking,
 ) {
     use kumo_cloud_provider::ccm;
     let provider: Arc<dyn kumo_cloud_provider::CloudProvider> =
@@ -828,8 +841,8 @@ pub(crate) async fn run_cloud_controller_manager(
         cfg.controllers = controllers.clone();
         cfg.allocate_node_cidrs = true;
         cfg.configure_cloud_routes = true;
-        cfg.cluster_cidr =
-            Some(kumo_controller_manager::controllers::nodeipam::DEFAULT_CLUSTER_CIDR.into());
+        cfg.cluster_cidr = Some(net.pod_subnet.clone());
+        cfg.cluster_name = net.cluster_name.clone();
         let mut m = ccm::CloudControllerManager::start(cfg.clone(), provider.clone()).await;
         if let Err(ccm::Error::Client(kumo_client::Error::Listen { .. })) = m {
             // 10258 is taken (another cluster on this machine): serve /healthz elsewhere.

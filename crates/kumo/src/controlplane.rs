@@ -27,6 +27,29 @@ pub struct Endpoints {
     pub etcd: Option<EtcdPod>,
 }
 
+/// The cluster's name and address ranges, as kubeadm's ClusterConfiguration gives them
+/// (`clusterName`, `networking.podSubnet`, `networking.serviceSubnet`): the
+/// controller-manager hands nodes their pod ranges from the pod subnet, the
+/// cloud-controller-manager names the cloud's routes and load balancers after the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Networking {
+    pub cluster_name: String,
+    pub pod_subnet: String,
+    pub service_subnet: String,
+}
+
+impl Default for Networking {
+    /// kubeadm's defaults (`kubernetes`, `10.96.0.0/12`), with the pod subnet kumo's own
+    /// cluster uses.
+    fn default() -> Self {
+        Networking {
+            cluster_name: "kubernetes".into(),
+            pod_subnet: crate::cluster::CLUSTER_CIDR.into(),
+            service_subnet: crate::cluster::SERVICE_CIDR.into(),
+        }
+    }
+}
+
 /// A stacked etcd member as its static pod shows it.
 #[derive(Clone, Debug)]
 pub struct EtcdPod {
@@ -126,7 +149,7 @@ fn pod(
 
 /// The manifests of the components in `ep`, for a cluster whose data directory is
 /// `data_dir`: (file name, pod).
-pub fn manifests(data_dir: &Path, ep: &Endpoints) -> Vec<(&'static str, Value)> {
+pub fn manifests(data_dir: &Path, ep: &Endpoints, net: &Networking) -> Vec<(&'static str, Value)> {
     let pki = data_dir.join("pki");
     let certs = host_path("k8s-certs", &pki, "DirectoryOrCreate");
     let mut out = Vec::new();
@@ -182,7 +205,7 @@ pub fn manifests(data_dir: &Path, ep: &Endpoints) -> Vec<(&'static str, Value)> 
     command.extend([
         format!("--secure-port={port}"),
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-        "--service-cluster-ip-range=10.96.0.0/12".into(),
+        format!("--service-cluster-ip-range={}", net.service_subnet),
     ]);
     let mut api = pod(
         "kube-apiserver",
@@ -211,7 +234,8 @@ pub fn manifests(data_dir: &Path, ep: &Endpoints) -> Vec<(&'static str, Value)> 
                     format!("--authentication-kubeconfig={}", conf.display()),
                     format!("--authorization-kubeconfig={}", conf.display()),
                     "--bind-address=127.0.0.1".into(),
-                    "--cluster-cidr=10.244.0.0/16".into(),
+                    format!("--cluster-cidr={}", net.pod_subnet),
+                    format!("--cluster-name={}", net.cluster_name),
                     format!(
                         "--cluster-signing-cert-file={}",
                         pki.join("ca.crt").display()
@@ -224,7 +248,7 @@ pub fn manifests(data_dir: &Path, ep: &Endpoints) -> Vec<(&'static str, Value)> 
                     format!("--kubeconfig={}", conf.display()),
                     "--leader-elect=true".into(),
                     format!("--secure-port={p}"),
-                    "--service-cluster-ip-range=10.96.0.0/12".into(),
+                    format!("--service-cluster-ip-range={}", net.service_subnet),
                     "--use-service-account-credentials=true".into(),
                 ],
                 "200m",
@@ -269,9 +293,14 @@ pub fn manifests(data_dir: &Path, ep: &Endpoints) -> Vec<(&'static str, Value)> 
 
 /// Writes the manifests into `dir` (only those that changed, so the kubelet keeps the
 /// running pods) and removes those of components that no longer run.
-pub fn write_manifests(dir: &Path, data_dir: &Path, ep: &Endpoints) -> Result<()> {
+pub fn write_manifests(
+    dir: &Path,
+    data_dir: &Path,
+    ep: &Endpoints,
+    net: &Networking,
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let wanted = manifests(data_dir, ep);
+    let wanted = manifests(data_dir, ep, net);
     for (file, pod) in &wanted {
         let path = dir.join(file);
         let text = serde_yaml::to_string(pod).context("encoding a static pod")?;
@@ -300,7 +329,7 @@ mod tests {
             advertise_address: None,
             etcd: None,
         };
-        let m = manifests(Path::new("/d"), &ep);
+        let m = manifests(Path::new("/d"), &ep, &Networking::default());
         let names: Vec<&str> = m.iter().map(|(f, _)| *f).collect();
         assert_eq!(
             names,
@@ -336,7 +365,7 @@ mod tests {
                 health: ("/livez", "/readyz"),
             }),
         };
-        let m = manifests(Path::new("/d"), &ep);
+        let m = manifests(Path::new("/d"), &ep, &Networking::default());
         assert_eq!(m[0].0, "etcd.yaml");
         let etcd = &m[0].1;
         assert_eq!(

@@ -376,11 +376,7 @@ async fn init_control_plane(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    let cluster_name = cluster_cfg
-        .get("clusterName")
-        .and_then(Value::as_str)
-        .unwrap_or("kubernetes")
-        .to_owned();
+    let net = networking(&cluster_cfg)?;
     let reg = init_cfg
         .get("nodeRegistration")
         .cloned()
@@ -388,7 +384,40 @@ async fn init_control_plane(
     let start = Start::Init {
         cluster_configuration: &cluster_cfg,
     };
-    control_plane(ctx, inst, dir, &endpoint, &cluster_name, &reg, start, stop).await
+    control_plane(ctx, inst, dir, &endpoint, &net, &reg, start, stop).await
+}
+
+/// The cluster's name and ranges from its ClusterConfiguration (kubeadm's defaults where
+/// it gives none). kumo's API server allocates Service IPs from kubeadm's default range
+/// only, so another `serviceSubnet` is refused rather than shown and not served.
+fn networking(cluster_configuration: &Value) -> Result<crate::controlplane::Networking> {
+    let mut net = crate::controlplane::Networking::default();
+    let field = |path: &str| cluster_configuration.pointer(path).and_then(Value::as_str);
+    if let Some(name) = field("/clusterName").filter(|n| !n.is_empty()) {
+        net.cluster_name = name.to_owned();
+    }
+    if let Some(pods) = field("/networking/podSubnet").filter(|p| !p.is_empty()) {
+        // One range per family, comma-separated; this cluster is IPv4.
+        let v4 = pods
+            .split(',')
+            .map(str::trim)
+            .find(|c| {
+                c.split_once('/').is_some_and(|(ip, bits)| {
+                    ip.parse::<Ipv4Addr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 32)
+                })
+            })
+            .with_context(|| format!("networking.podSubnet {pods:?} has no IPv4 range"))?;
+        net.pod_subnet = v4.to_owned();
+    }
+    if let Some(services) = field("/networking/serviceSubnet").filter(|s| !s.is_empty()) {
+        if services != net.service_subnet {
+            bail!(
+                "networking.serviceSubnet {services:?}: this machine image's API server allocates Service IPs from {} only",
+                net.service_subnet
+            );
+        }
+    }
+    Ok(net)
 }
 
 /// How a control-plane machine comes up.
@@ -415,7 +444,7 @@ async fn control_plane(
     inst: &Instance,
     dir: &Path,
     endpoint: &str,
-    cluster_name: &str,
+    net: &crate::controlplane::Networking,
     reg: &Value,
     start: Start<'_>,
     stop: watch::Receiver<bool>,
@@ -482,7 +511,9 @@ async fn control_plane(
         // kubeadm init's phases that write objects: its configuration, the addons,
         // cluster-info.
         upload_config(&admin, cluster_configuration).await?;
-        crate::addons::ensure(&admin).await.context("the addons")?;
+        crate::addons::ensure(&admin, net)
+            .await
+            .context("the addons")?;
         let ca_pem = std::fs::read_to_string(pki.join("ca.crt")).context("the cluster CA")?;
         publish_cluster_info(&admin, &format!("https://{endpoint}"), &ca_pem)
             .await
@@ -494,6 +525,7 @@ async fn control_plane(
         data_dir.join("controller-manager.conf"),
         cm_tx,
         Some(node_name.clone()),
+        net.clone(),
     ));
     let (sched_tx, mut sched_rx) = watch::channel(None);
     tokio::spawn(crate::cluster::run_scheduler(
@@ -517,7 +549,7 @@ async fn control_plane(
         kumo_cloud_provider::ccm::rbac::ensure(&admin)
             .await
             .context("the cloud-controller-manager's RBAC")?;
-        let key_name = format!("ccm-{cluster_name}-{}", inst.id);
+        let key_name = format!("ccm-{}-{}", net.cluster_name, inst.id);
         let (client, _) = crate::cluster::cloud_credentials(
             cloud_dir,
             cloud,
@@ -530,6 +562,7 @@ async fn control_plane(
             cloud_controllers(dir),
             client,
             Some(node_name.clone()),
+            net.clone(),
         ));
     }
     // The static pods that show the components, probed where they serve.
@@ -547,7 +580,7 @@ async fn control_plane(
             health: crate::etcd::health_paths(),
         }),
     };
-    crate::controlplane::write_manifests(&manifests, &data_dir, &endpoints)?;
+    crate::controlplane::write_manifests(&manifests, &data_dir, &endpoints, net)?;
     let kubeconfig = kumo_apiserver::pki::kubelet_kubeconfig(&data_dir, &node_name, &server)?;
     let mut cfg = kubelet_config(inst, reg, &kubeconfig, true, &pki.join("ca.crt"), &tenant)?;
     cfg.pod_manifest_path = Some(manifests);
@@ -561,7 +594,7 @@ async fn control_plane(
         .name(format!("kubelet-{node_name}"))
         .spawn(move || crate::hypervisor::kubelet_thread(cfg, None, Some(dial), None, stop_kubelet))
         .context("starting the kubelet")?;
-    tracing::info!(instance = %inst.id, cluster = %cluster_name, api = %api.local_addr, etcd = %member.urls.client, joined = joining.is_some(), "kubeadm: control plane up");
+    tracing::info!(instance = %inst.id, cluster = %net.cluster_name, api = %api.local_addr, etcd = %member.urls.client, joined = joining.is_some(), "kubeadm: control plane up");
     // The API server and the etcd member serve until the machine powers off.
     let mut stop = stop;
     let _ = stop.wait_for(|s| *s).await;
@@ -578,7 +611,7 @@ async fn etcd_endpoints(
     data_dir: &Path,
     endpoint: &str,
     ip: IpAddr,
-) -> Result<(Vec<String>, String)> {
+) -> Result<(Vec<String>, crate::controlplane::Networking)> {
     use k8s_openapi::api::core::v1::{ConfigMap, Pod};
     let server = format!("https://{endpoint}");
     let (dns, mut ips) = kumo_apiserver::pki::apiserver_sans(None, IpAddr::V4(Ipv4Addr::LOCALHOST));
@@ -586,19 +619,20 @@ async fn etcd_endpoints(
     let certs = kumo_apiserver::pki::ensure(data_dir, &server, &dns, &ips)
         .context("the control plane's certificates")?;
     let admin = crate::hypervisor::kube_client(&certs.admin_kubeconfig).await?;
-    // The cluster's name from the configuration `kubeadm init` uploaded.
+    // The cluster's name and ranges from the configuration `kubeadm init` uploaded.
     let cms: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), "kube-system");
     let config = cms
         .get("kubeadm-config")
         .await
         .context("reading kube-system/kubeadm-config")?;
-    let cluster_name = config
+    let cluster_configuration = config
         .data
         .as_ref()
         .and_then(|d| d.get("ClusterConfiguration"))
-        .and_then(|t| serde_yaml::from_str::<Value>(t).ok())
-        .and_then(|c| c.get("clusterName")?.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "kubernetes".into());
+        .context("kube-system/kubeadm-config has no ClusterConfiguration")?;
+    let cluster_configuration: Value = serde_yaml::from_str(cluster_configuration)
+        .context("kube-system/kubeadm-config's ClusterConfiguration")?;
+    let net = networking(&cluster_configuration)?;
     let pods: kube::Api<Pod> = kube::Api::namespaced(admin, "kube-system");
     let list = pods
         .list(&kube::api::ListParams::default().labels("component=etcd,tier=control-plane"))
@@ -618,7 +652,7 @@ async fn etcd_endpoints(
     if urls.is_empty() {
         bail!("no etcd pod of the cluster advertises its client URLs yet");
     }
-    Ok((urls, cluster_name))
+    Ok((urls, net))
 }
 
 /// kubeadm's `upload-config` phase: `kube-system/kubeadm-config` with the
@@ -818,7 +852,7 @@ async fn join(
         }
         let ip: IpAddr = inst.private_ip.parse()?;
         let mut attempt = 0;
-        let (etcd, cluster_name) = loop {
+        let (etcd, net) = loop {
             match etcd_endpoints(&kdir, &endpoint, ip).await {
                 Ok(m) => break m,
                 Err(e) if attempt < 120 => {
@@ -830,7 +864,7 @@ async fn join(
             }
         };
         let start = Start::Join { etcd };
-        return control_plane(ctx, inst, dir, &endpoint, &cluster_name, &reg, start, stop).await;
+        return control_plane(ctx, inst, dir, &endpoint, &net, &reg, start, stop).await;
     }
     let kdir = dir.join("etc/kubernetes");
     let pki = kdir.join("pki");
@@ -862,6 +896,27 @@ async fn join(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cluster_configuration_names_the_cluster_and_its_ranges() {
+        let net = networking(&json!({})).unwrap();
+        assert_eq!(net, crate::controlplane::Networking::default());
+        let net = networking(&json!({
+            "clusterName": "demo",
+            "networking": {"podSubnet": "fd00::/48, 192.168.0.0/16", "serviceSubnet": "10.96.0.0/12"},
+        }))
+        .unwrap();
+        assert_eq!(net.cluster_name, "demo");
+        assert_eq!(net.pod_subnet, "192.168.0.0/16");
+        let err = networking(&json!({"networking": {"serviceSubnet": "10.100.0.0/16"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("10.100.0.0/16") && err.contains("10.96.0.0/12"),
+            "{err}"
+        );
+        assert!(networking(&json!({"networking": {"podSubnet": "fd00::/48"}})).is_err());
+    }
 
     #[test]
     fn cloud_init_is_read_as_kubeadm_runs_it() {

@@ -1120,6 +1120,28 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     };
     let nodes = ready_nodes(3);
     eprintln!("Cluster applied → 3 Ready nodes in {:?}", t.elapsed());
+    // The Cluster's pod range (clusterNetwork.pods, through kubeadm's podSubnet) is the
+    // one the workload cluster's controller-manager hands its nodes' ranges from, with the
+    // cluster's name, as its static pod shows.
+    eventually(30, "every node's spec.podCIDR in 192.168.0.0/16", || {
+        let (ok, out, _) = tk(&["get", "nodes", "-o", "jsonpath={.items[*].spec.podCIDR}"]);
+        let cidrs: Vec<&str> = out.split_whitespace().collect();
+        (ok && cidrs.len() == 3 && cidrs.iter().all(|c| c.starts_with("192.168."))).then_some(())
+    });
+    let (ok, cm, err) = tk(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "component=kube-controller-manager",
+        "-o",
+        "jsonpath={.items[0].spec.containers[0].command}",
+    ]);
+    assert!(ok, "{err}");
+    for flag in ["--cluster-cidr=192.168.0.0/16", "--cluster-name=demo"] {
+        assert!(cm.contains(flag), "{flag} not in {cm}");
+    }
     let instances: serde_json::Value =
         serde_json::from_str(&u.cloud(&["instances", "list", "-o", "json"])).unwrap();
     for node in &nodes {
