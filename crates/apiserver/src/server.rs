@@ -63,6 +63,10 @@ pub struct ApiServerConfig {
     /// The host name this server's identity lease is named after (the machine's own;
     /// the OS's when `None`).
     pub hostname: Option<String>,
+    /// `--service-cluster-ip-range`: the default ServiceCIDR, made at the first start
+    /// (a stored one stays, as upstream), whose first address is the `kubernetes`
+    /// Service's. IPv4, from /1 to /30.
+    pub service_cluster_ip_range: String,
 }
 
 impl ApiServerConfig {
@@ -81,6 +85,7 @@ impl ApiServerConfig {
             service_endpoint: None,
             etcd_tls: None,
             hostname: None,
+            service_cluster_ip_range: crate::registry::service_cidr(),
         }
     }
 }
@@ -135,7 +140,19 @@ impl ApiServer {
             (None, ip) => ip,
         };
         let server_url = format!("https://{}", SocketAddr::new(host, local_addr.port()));
+        let service_range = crate::registry::parse_service_cidr(&cfg.service_cluster_ip_range)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--service-cluster-ip-range {:?}: not an IPv4 range from /1 to /30",
+                    cfg.service_cluster_ip_range
+                )
+            })?;
         let (dns, mut ips) = pki::apiserver_sans(cfg.advertise_address, cfg.bind.ip());
+        // The `kubernetes` Service's address, where in-cluster clients dial it.
+        let service_ip = IpAddr::V4(crate::registry::first_service_ip(service_range));
+        if !ips.contains(&service_ip) {
+            ips.push(service_ip);
+        }
         // In-cluster clients (and nodes, on the real network) reach it at the Service's
         // endpoint: the certificate is for that address too, as for kubeadm's advertise
         // address.
@@ -194,7 +211,7 @@ impl ApiServer {
         let (ep_ip, ep_port) = cfg
             .service_endpoint
             .map_or((host, local_addr.port()), |e| (e.ip(), e.port()));
-        bootstrap_kubernetes_service(&rest, &registry, ep_ip, ep_port).await?;
+        bootstrap_kubernetes_service(&rest, &registry, service_range, ep_ip, ep_port).await?;
         let front_proxy_ca =
             std::fs::read_to_string(cfg.data_dir.join("pki").join("front-proxy-ca.crt")).ok();
         bootstrap_kube_system_config_maps(&rest, &registry, &certs.ca_pem, front_proxy_ca).await?;
@@ -601,6 +618,7 @@ async fn bootstrap_kube_system_config_maps(
 async fn bootstrap_kubernetes_service(
     rest: &Rest,
     registry: &Registry,
+    range: (Ipv4Addr, u8),
     address: IpAddr,
     port: u16,
 ) -> Result<()> {
@@ -618,7 +636,7 @@ async fn bootstrap_kubernetes_service(
         )
         .await?;
     }
-    let cidr = crate::registry::service_cidr();
+    let cidr = format!("{}/{}", range.0, range.1);
     let name = crate::registry::DEFAULT_SERVICE_CIDR;
     let ready = json!({"status": {"conditions": [{
         "type": "Ready",
@@ -647,7 +665,7 @@ async fn bootstrap_kubernetes_service(
         &json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "kubernetes", "namespace": "default",
                 "labels": {"component": "apiserver", "provider": "kubernetes"}},
-            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.1", "ports": ports,
+            "spec": {"type": "ClusterIP", "clusterIP": crate::registry::first_service_ip(range).to_string(), "ports": ports,
                 "sessionAffinity": "None"}}),
         Some(&json!({"spec": {"ports": ports}})),
         None,

@@ -942,3 +942,95 @@ async fn node_pod_cidrs_and_provider_id_are_set_once() {
     .await;
     assert!(out.ok, "{}", out.stderr);
 }
+
+/// `--service-cluster-ip-range`: the default ServiceCIDR, the `kubernetes` Service on its
+/// first address, the serving certificate for that address, and every cluster IP from it
+/// (a requested one outside it refused, as upstream words it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_range_is_the_configured_one() {
+    use kumo_apiserver::ApiServerConfig;
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ApiServerConfig::new(dir.path());
+    cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    cfg.service_cluster_ip_range = "10.128.0.0/12".into();
+    let server = kumo_apiserver::ApiServer::start(cfg).await.unwrap();
+    let kc = server.admin_kubeconfig.clone();
+    let get = |args: &'static [&'static str]| {
+        let kc = kc.clone();
+        async move {
+            let out = k(&kc, args).await;
+            assert!(out.ok, "{args:?}: {}", out.stderr);
+            out.stdout
+        }
+    };
+    assert_eq!(
+        get(&[
+            "get",
+            "servicecidr",
+            "kubernetes",
+            "-o",
+            "jsonpath={.spec.cidrs}"
+        ])
+        .await,
+        r#"["10.128.0.0/12"]"#
+    );
+    assert_eq!(
+        get(&[
+            "get",
+            "svc",
+            "kubernetes",
+            "-o",
+            "jsonpath={.spec.clusterIP}"
+        ])
+        .await,
+        "10.128.0.1"
+    );
+    let pem = std::fs::read_to_string(dir.path().join("pki/apiserver.crt")).unwrap();
+    let der = rustls_pemfile::certs(&mut pem.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap();
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    let sans = format!(
+        "{:?}",
+        cert.subject_alternative_name().unwrap().unwrap().value
+    );
+    assert!(sans.contains("IPAddress([10, 128, 0, 1])"), "{sans}");
+    let out = k(&kc, &["create", "service", "clusterip", "web", "--tcp=80"]).await;
+    assert!(out.ok, "{}", out.stderr);
+    let ip: Ipv4Addr = get(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"])
+        .await
+        .parse()
+        .unwrap();
+    assert_eq!(
+        u32::from(ip) >> 20,
+        u32::from(Ipv4Addr::new(10, 128, 0, 0)) >> 20,
+        "{ip}"
+    );
+    let outside = "apiVersion: v1\nkind: Service\nmetadata: {name: old}\nspec: {clusterIP: 10.96.0.50, ports: [{port: 80}]}\n";
+    let out = create(&kc, outside).await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr
+            .contains("the provided network does not match the current range"),
+        "{}",
+        out.stderr
+    );
+    // The dry-run allocator answers the range's own address.
+    let out = k(
+        &kc,
+        &[
+            "create",
+            "service",
+            "clusterip",
+            "dry",
+            "--tcp=80",
+            "--dry-run=server",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "10.128.0.0", "{}", out.stderr);
+}

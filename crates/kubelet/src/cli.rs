@@ -73,6 +73,9 @@ pub struct Args {
     /// The cgroup the pods' cgroups go under (`<root>/kubepods/...`).
     #[arg(long, default_value = "/")]
     pub cgroup_root: String,
+    /// The cluster DNS servers of ClusterFirst pods, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10.96.0.10")]
+    pub cluster_dns: Vec<std::net::IpAddr>,
     /// CPU capacity the sim runtime reports.
     #[arg(long, default_value = "4")]
     pub sim_cpu: String,
@@ -244,6 +247,7 @@ impl Args {
         cfg.cpu = self.sim_cpu;
         cfg.memory = self.sim_memory;
         cfg.cgroup_root = self.cgroup_root;
+        cfg.cluster_dns = self.cluster_dns.iter().map(ToString::to_string).collect();
         Ok(cfg)
     }
 }

@@ -14,7 +14,8 @@ use crate::expansion;
 use kumo_cri::{ContainerConfig, Files, Mount, Source};
 
 /// Where a prepared pod carries what its environment refers to: `{"configmaps": {name:
-/// data}, "secrets": {name: data}, "allocatable": {cpu, memory}, "hostIP": ip}`.
+/// data}, "secrets": {name: data}, "allocatable": {cpu, memory}, "hostIP": ip,
+/// "clusterDNS": [ip]}`.
 pub const SOURCES: &str = "kumo.sources";
 
 /// The sources' key of the ConfigMaps' binaryData (name → key → value).
@@ -216,6 +217,21 @@ async fn tokens(
         }
     }
     out
+}
+
+/// The cluster DNS the kubelet gave `pod` under [`SOURCES`] (its default without).
+fn cluster_dns(pod: &Value) -> Vec<String> {
+    match pod
+        .pointer(&format!("/{SOURCES}/clusterDNS"))
+        .and_then(Value::as_array)
+    {
+        Some(ips) => ips
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect(),
+        None => vec![crate::resolv::CLUSTER_DNS.to_owned()],
+    }
 }
 
 /// Reads what `pod`'s environment refers to, to be put under [`SOURCES`]; `previous`:
@@ -774,7 +790,7 @@ pub fn container_config(
     }
     files.insert(
         "/etc/resolv.conf".to_owned(),
-        crate::resolv::pod_resolv_conf(pod),
+        crate::resolv::pod_resolv_conf(pod, &cluster_dns(pod)),
     );
     let security = |key: &str| {
         spec.pointer(&format!("/securityContext/{key}"))

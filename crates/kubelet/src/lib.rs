@@ -120,6 +120,9 @@ pub struct KubeletConfig {
     /// `--cgroup-root`: pods' cgroups go under `<root>/kubepods` (nodes sharing a machine
     /// each take a root of their own).
     pub cgroup_root: String,
+    /// `clusterDNS`: the nameservers of ClusterFirst pods (kubeadm's: the 10th address
+    /// of the Service range, the `kube-dns` Service's).
+    pub cluster_dns: Vec<String>,
     /// `--root-dir`: where the kubelet keeps its state, CSI volumes' staging and publish
     /// directories among it (`plugins/kubernetes.io/csi/...`, `pods/<uid>/volumes/...`).
     /// Without one, the kubelet mounts no CSI volume.
@@ -158,6 +161,7 @@ impl KubeletConfig {
             server: None,
             runtime: None,
             cgroup_root: "/".into(),
+            cluster_dns: vec![resolv::CLUSTER_DNS.into()],
             root_dir: None,
             csi_plugins: Vec::new(),
         }

@@ -554,6 +554,7 @@ impl Workers {
                     &self.cfg.memory,
                 )
                 .await;
+                src["clusterDNS"] = serde_json::json!(self.cfg.cluster_dns);
                 // Its claims' volumes, mounted (or why not yet).
                 src[crate::csi::DISKS] = self.volumes.mount(pod).await;
                 self.sources.insert(uid.clone(), src);
@@ -1184,7 +1185,7 @@ impl Workers {
                 && w.sandbox_retry.is_none_or(|t| Instant::now() >= t)
         });
         if retry_due {
-            let config = crate::sandbox::config(pod, &self.cfg.cgroup_root);
+            let config = crate::sandbox::config(pod, &self.cfg.cgroup_root, &self.cfg.cluster_dns);
             let make = {
                 let runtime = self.runtime.clone();
                 move || {

@@ -8,7 +8,8 @@ use serde_json::Value;
 /// `--cluster-domain`.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 
-/// `--cluster-dns`: the cluster DNS Service's address (kube-dns's ClusterIP).
+/// `--cluster-dns` when none is configured: the cluster DNS Service's address in
+/// kubeadm's default Service range (kube-dns's ClusterIP).
 pub const CLUSTER_DNS: &str = "10.96.0.10";
 
 /// The node's own resolver configuration (what `dnsPolicy: Default` pods get): the
@@ -20,7 +21,7 @@ pub const NODE_RESOLV_CONF: &str = "nameserver 10.0.0.2\n";
 /// cluster DNS with the namespace's search list and `ndots:5`; Default, and ClusterFirst
 /// with hostNetwork, the node's; None nothing; `dnsConfig` then adds its nameservers and
 /// searches (without duplicates) and its options (replacing those of the same name).
-pub fn pod_resolv_conf(pod: &Value) -> String {
+pub fn pod_resolv_conf(pod: &Value, cluster_dns: &[String]) -> String {
     let s = |p: &str| pod.pointer(p).and_then(Value::as_str).unwrap_or("");
     let host_network = pod
         .pointer("/spec/hostNetwork")
@@ -38,7 +39,7 @@ pub fn pod_resolv_conf(pod: &Value) -> String {
     let mut options: Vec<(String, Option<String>)> = Vec::new();
     match policy {
         "ClusterFirst" => {
-            servers.push(CLUSTER_DNS.to_owned());
+            servers.extend(cluster_dns.iter().cloned());
             let ns = match s("/metadata/namespace") {
                 "" => "default",
                 ns => ns,
@@ -125,31 +126,41 @@ mod tests {
     #[test]
     fn resolv_conf_follows_dns_policy_and_config() {
         let pod = |spec: serde_json::Value| serde_json::json!({"metadata": {"name": "p", "namespace": "team"}, "spec": spec});
+        let dns = [CLUSTER_DNS.to_owned()];
         assert_eq!(
-            pod_resolv_conf(&pod(serde_json::json!({}))),
+            pod_resolv_conf(&pod(serde_json::json!({})), &dns),
             "search team.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
         );
         // hostNetwork with ClusterFirst gets the node's; ClusterFirstWithHostNet the cluster's.
         assert_eq!(
-            pod_resolv_conf(&pod(serde_json::json!({"hostNetwork": true}))),
+            pod_resolv_conf(&pod(serde_json::json!({"hostNetwork": true})), &dns),
             NODE_RESOLV_CONF
         );
-        assert!(pod_resolv_conf(&pod(
-            serde_json::json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"})
-        ))
+        assert!(pod_resolv_conf(
+            &pod(serde_json::json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"})),
+            &dns
+        )
         .contains("nameserver 10.96.0.10"));
         // None: only dnsConfig; options replace those of the same name.
         assert_eq!(
-            pod_resolv_conf(&pod(serde_json::json!({"dnsPolicy": "None", "dnsConfig": {
+            pod_resolv_conf(
+                &pod(serde_json::json!({"dnsPolicy": "None", "dnsConfig": {
                 "nameservers": ["1.1.1.1"], "searches": ["resolv.conf.local"],
-                "options": [{"name": "ndots", "value": "2"}, {"name": "edns0"}]}}))),
+                "options": [{"name": "ndots", "value": "2"}, {"name": "edns0"}]}})),
+                &dns
+            ),
             "search resolv.conf.local\nnameserver 1.1.1.1\noptions ndots:2 edns0\n"
         );
         assert_eq!(
             pod_resolv_conf(&pod(serde_json::json!({"dnsConfig": {
                 "nameservers": ["10.96.0.10", "1.1.1.1"],
-                "options": [{"name": "ndots", "value": "1"}]}}))),
+                "options": [{"name": "ndots", "value": "1"}]}})), &dns),
             "search team.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\nnameserver 1.1.1.1\noptions ndots:1\n"
+        );
+        // The configured cluster DNS (another Service range's).
+        assert!(
+            pod_resolv_conf(&pod(serde_json::json!({})), &["10.100.0.10".into()])
+                .contains("nameserver 10.100.0.10\n")
         );
     }
 }

@@ -44,8 +44,8 @@ pub fn cgroup_parent(pod: &Value, cgroup_root: &str) -> String {
     )
 }
 
-/// The sandbox of `pod`.
-pub fn config(pod: &Value, cgroup_root: &str) -> SandboxConfig {
+/// The sandbox of `pod` (its resolver: `cluster_dns` for ClusterFirst).
+pub fn config(pod: &Value, cgroup_root: &str, cluster_dns: &[String]) -> SandboxConfig {
     let host_network = flag(pod, "/spec/hostNetwork");
     // A host-network pod keeps the node's host name: the runtime cannot set one without a
     // UTS namespace of its own.
@@ -109,8 +109,9 @@ pub fn config(pod: &Value, cgroup_root: &str) -> SandboxConfig {
         uid: str_at(pod, "/metadata/uid"),
         attempt: 0,
         hostname,
-        dns: (!node_resolver)
-            .then(|| DnsConfig::from_resolv_conf(&crate::resolv::pod_resolv_conf(pod))),
+        dns: (!node_resolver).then(|| {
+            DnsConfig::from_resolv_conf(&crate::resolv::pod_resolv_conf(pod, cluster_dns))
+        }),
         port_mappings,
         labels,
         annotations: string_map(pod.pointer("/metadata/annotations")),
@@ -143,7 +144,7 @@ mod tests {
             "spec": {"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 8080}, {"containerPort": 81}]}]},
             "status": {"qosClass": "BestEffort"}
         });
-        let c = config(&pod, "/kumo/n1");
+        let c = config(&pod, "/kumo/n1", &["10.96.0.10".into()]);
         assert_eq!(c.hostname, "web");
         assert_eq!(c.cgroup_parent, "/kumo/n1/kubepods/besteffort/podu1");
         assert!(!c.privileged);
@@ -166,7 +167,7 @@ mod tests {
         let host = json!({"metadata": {"name": "h", "uid": "u2"}, "spec": {"hostNetwork": true,
             "initContainers": [{"name": "i", "securityContext": {"privileged": true}}]},
             "status": {"qosClass": "Guaranteed"}});
-        let c = config(&host, "/");
+        let c = config(&host, "/", &["10.96.0.10".into()]);
         assert!(c.privileged);
         assert_eq!(c.hostname, "");
         assert!(c.dns.is_none());

@@ -21,9 +21,6 @@ use serde_json::{json, Value};
 /// kubeadm's CoreDNS image for this Kubernetes version.
 pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.12.1";
 
-/// The cluster DNS Service's address (kubeadm's default, the kubelets' clusterDNS).
-pub const DNS_SERVICE_IP: &str = "10.96.0.10";
-
 const COREFILE: &str = ".:53 {
     errors
     health {
@@ -231,7 +228,7 @@ async fn metrics_server(client: &Client) -> Result<()> {
 
 /// Creates the addons that do not exist yet, for the simulated runtime.
 pub async fn ensure(client: &Client, net: &crate::controlplane::Networking) -> Result<()> {
-    coredns(client, &DnsPods::Simulated).await?;
+    coredns(client, &DnsPods::Simulated, &net.dns_ip()).await?;
     kube_proxy(client, &net.pod_subnet).await?;
     metrics_server(client).await
 }
@@ -246,6 +243,7 @@ pub async fn ensure_real(client: &Client, kumo_binary: &std::path::Path) -> Resu
         &DnsPods::Kumo {
             binary: kumo_binary.to_owned(),
         },
+        &crate::controlplane::Networking::default().dns_ip(),
     )
     .await
 }
@@ -267,7 +265,8 @@ pub fn dns_image() -> String {
 /// Where the `coredns` pods find the kumo binary.
 pub const DNS_BINARY_MOUNT: &str = "/kumo/kumo";
 
-async fn coredns(client: &Client, pods: &DnsPods) -> Result<()> {
+/// CoreDNS and the `kube-dns` Service at `dns_ip` (the kubelets' clusterDNS).
+async fn coredns(client: &Client, pods: &DnsPods, dns_ip: &str) -> Result<()> {
     let ns = "kube-system";
     let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let cm: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
@@ -358,7 +357,7 @@ async fn coredns(client: &Client, pods: &DnsPods) -> Result<()> {
                 "annotations": {"prometheus.io/port": "9153", "prometheus.io/scrape": "true"},
             },
             "spec": {
-                "clusterIP": DNS_SERVICE_IP,
+                "clusterIP": dns_ip,
                 "selector": dns_labels,
                 "ports": [
                     {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},

@@ -38,6 +38,16 @@ pub struct Networking {
     pub service_subnet: String,
 }
 
+impl Networking {
+    /// The cluster DNS Service's address, as kubeadm picks it: the Service range's 10th
+    /// address (`10.96.0.10`), where the kubelets point ClusterFirst pods.
+    pub fn dns_ip(&self) -> String {
+        let net = kumo_apiserver::registry::parse_service_cidr(&self.service_subnet)
+            .map_or(std::net::Ipv4Addr::new(10, 96, 0, 0), |(net, _)| net);
+        std::net::Ipv4Addr::from(u32::from(net).saturating_add(10)).to_string()
+    }
+}
+
 impl Default for Networking {
     /// kubeadm's defaults (`kubernetes`, `10.96.0.0/12`), with the pod subnet kumo's own
     /// cluster uses.

@@ -388,8 +388,7 @@ async fn init_control_plane(
 }
 
 /// The cluster's name and ranges from its ClusterConfiguration (kubeadm's defaults where
-/// it gives none). kumo's API server allocates Service IPs from kubeadm's default range
-/// only, so another `serviceSubnet` is refused rather than shown and not served.
+/// it gives none); a range this image cannot serve is refused.
 fn networking(cluster_configuration: &Value) -> Result<crate::controlplane::Networking> {
     let mut net = crate::controlplane::Networking::default();
     let field = |path: &str| cluster_configuration.pointer(path).and_then(Value::as_str);
@@ -410,12 +409,14 @@ fn networking(cluster_configuration: &Value) -> Result<crate::controlplane::Netw
         net.pod_subnet = v4.to_owned();
     }
     if let Some(services) = field("/networking/serviceSubnet").filter(|s| !s.is_empty()) {
-        if services != net.service_subnet {
-            bail!(
-                "networking.serviceSubnet {services:?}: this machine image's API server allocates Service IPs from {} only",
-                net.service_subnet
-            );
-        }
+        // The API server's IPv4 range; this cluster is IPv4.
+        let (ip, bits) = services
+            .split(',')
+            .find_map(kumo_apiserver::registry::parse_service_cidr)
+            .with_context(|| {
+                format!("networking.serviceSubnet {services:?} has no IPv4 range from /1 to /30")
+            })?;
+        net.service_subnet = format!("{ip}/{bits}");
     }
     Ok(net)
 }
@@ -493,6 +494,7 @@ async fn control_plane(
     api_cfg.store = kumo_apiserver::server::StoreConfig::Etcd(vec![member.urls.client.clone()]);
     api_cfg.etcd_tls = Some(etcd_tls);
     api_cfg.hostname = Some(node_name.clone());
+    api_cfg.service_cluster_ip_range = net.service_subnet.clone();
     api_cfg.service_endpoint = Some(SocketAddr::new(ip, BIND_PORT));
     api_cfg.kubelet_dial_overrides = tenant.dial.clone();
     api_cfg.pod_network = Some(Arc::new(crate::cluster::PodNetwork(
@@ -511,6 +513,7 @@ async fn control_plane(
         // kubeadm init's phases that write objects: its configuration, the addons,
         // cluster-info.
         upload_config(&admin, cluster_configuration).await?;
+        upload_kubelet_config(&admin, net).await?;
         crate::addons::ensure(&admin, net)
             .await
             .context("the addons")?;
@@ -583,6 +586,7 @@ async fn control_plane(
     crate::controlplane::write_manifests(&manifests, &data_dir, &endpoints, net)?;
     let kubeconfig = kumo_apiserver::pki::kubelet_kubeconfig(&data_dir, &node_name, &server)?;
     let mut cfg = kubelet_config(inst, reg, &kubeconfig, true, &pki.join("ca.crt"), &tenant)?;
+    cfg.cluster_dns = vec![net.dns_ip()];
     cfg.pod_manifest_path = Some(manifests);
     tokio::spawn(crate::hypervisor::mark_control_plane(
         api.admin_kubeconfig.clone(),
@@ -675,6 +679,126 @@ async fn upload_config(admin: &kube::Client, cluster_configuration: &Value) -> R
     .await
     .context("uploading kube-system/kubeadm-config")?;
     Ok(())
+}
+
+/// kubeadm's ConfigMap of the kubelets' shared configuration, and its key.
+const KUBELET_CONFIG_MAP: &str = "kubelet-config";
+const KUBELET_CONFIG_KEY: &str = "kubelet";
+
+/// The KubeletConfiguration kubeadm uploads for the cluster's kubelets (the fields it
+/// sets by default), with the cluster DNS at the Service range's 10th address.
+fn kubelet_configuration(net: &crate::controlplane::Networking) -> Value {
+    json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": true, "cacheTTL": "0s"},
+            "x509": {"clientCAFile": "/etc/kubernetes/pki/ca.crt"},
+        },
+        "authorization": {"mode": "Webhook", "webhook": {"cacheAuthorizedTTL": "0s", "cacheUnauthorizedTTL": "0s"}},
+        "cgroupDriver": "systemd",
+        "clusterDNS": [net.dns_ip()],
+        "clusterDomain": "cluster.local",
+        "containerRuntimeEndpoint": "",
+        "cpuManagerReconcilePeriod": "0s",
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "rotateCertificates": true,
+        "staticPodPath": "/etc/kubernetes/manifests",
+    })
+}
+
+/// kubeadm's `upload-config kubelet` phase: `kube-system/kubelet-config`, which joining
+/// nodes read with their bootstrap token (the Role `kubeadm:kubelet-config` lets them and
+/// the nodes get it, and nothing else).
+async fn upload_kubelet_config(
+    admin: &kube::Client,
+    net: &crate::controlplane::Networking,
+) -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::{Api, Patch, PatchParams};
+    let text = serde_yaml::to_string(&kubelet_configuration(net))
+        .context("encoding the kubelet configuration")?;
+    let ns = "kube-system";
+    let apply = PatchParams::apply("kubeadm").force();
+    Api::<ConfigMap>::namespaced(admin.clone(), ns)
+        .patch(
+            KUBELET_CONFIG_MAP,
+            &apply,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": KUBELET_CONFIG_MAP, "namespace": ns},
+                "data": {KUBELET_CONFIG_KEY: text},
+            })),
+        )
+        .await
+        .context("uploading kube-system/kubelet-config")?;
+    let role = "kubeadm:kubelet-config";
+    Api::<Role>::namespaced(admin.clone(), ns)
+        .patch(
+            role,
+            &apply,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": role, "namespace": ns},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                    "resourceNames": [KUBELET_CONFIG_MAP]}],
+            })),
+        )
+        .await
+        .context("the Role kubeadm:kubelet-config")?;
+    Api::<RoleBinding>::namespaced(admin.clone(), ns)
+        .patch(
+            role,
+            &apply,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": role, "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"},
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                        "name": "system:bootstrappers:kubeadm:default-node-token"},
+                ],
+            })),
+        )
+        .await
+        .context("the RoleBinding kubeadm:kubelet-config")?;
+    Ok(())
+}
+
+/// What `kubeadm join` reads before the kubelet starts: the cluster DNS of the
+/// KubeletConfiguration in `kube-system/kubelet-config`, with the bootstrap credentials.
+async fn download_cluster_dns(bootstrap_kubeconfig: &Path) -> Result<Vec<String>> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let client = crate::hypervisor::kube_client(bootstrap_kubeconfig).await?;
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(client, "kube-system");
+    let cm = cms
+        .get(KUBELET_CONFIG_MAP)
+        .await
+        .context("reading kube-system/kubelet-config")?;
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(KUBELET_CONFIG_KEY))
+        .context("kube-system/kubelet-config has no kubelet key")?;
+    let config: Value =
+        serde_yaml::from_str(text).context("kube-system/kubelet-config's KubeletConfiguration")?;
+    let dns: Vec<String> = config
+        .get("clusterDNS")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|ip| ip.parse::<IpAddr>().is_ok())
+        .map(str::to_owned)
+        .collect();
+    if dns.is_empty() {
+        bail!("kube-system/kubelet-config names no clusterDNS");
+    }
+    Ok(dns)
 }
 
 /// Where a cluster's KubeadmControlPlane may say which cloud-controller-manager
@@ -882,7 +1006,19 @@ async fn join(
         bootstrap,
         cert_dir: dir.join("var/lib/kubelet/pki"),
     };
-    let cfg = kubelet_config(inst, &reg, &tls.kubeconfig, false, &ca_file, &tenant)?;
+    let mut cfg = kubelet_config(inst, &reg, &tls.kubeconfig, false, &ca_file, &tenant)?;
+    let mut attempt = 0;
+    cfg.cluster_dns = loop {
+        match download_cluster_dns(&tls.bootstrap).await {
+            Ok(dns) => break dns,
+            Err(e) if attempt < 60 => {
+                attempt += 1;
+                tracing::debug!(instance = %inst.id, error = %format!("{e:#}"), "kubeadm join: kubelet-config; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let dial = tenant.dial.clone();
     let node = cfg.node_name.clone();
     std::thread::Builder::new()
@@ -908,13 +1044,12 @@ mod tests {
         .unwrap();
         assert_eq!(net.cluster_name, "demo");
         assert_eq!(net.pod_subnet, "192.168.0.0/16");
-        let err = networking(&json!({"networking": {"serviceSubnet": "10.100.0.0/16"}}))
+        let net = networking(&json!({"networking": {"serviceSubnet": "10.100.0.0/16"}})).unwrap();
+        assert_eq!(net.service_subnet, "10.100.0.0/16");
+        let err = networking(&json!({"networking": {"serviceSubnet": "10.100.0.0/31"}}))
             .unwrap_err()
             .to_string();
-        assert!(
-            err.contains("10.100.0.0/16") && err.contains("10.96.0.0/12"),
-            "{err}"
-        );
+        assert!(err.contains("10.100.0.0/31"), "{err}");
         assert!(networking(&json!({"networking": {"podSubnet": "fd00::/48"}})).is_err());
     }
 

@@ -354,6 +354,10 @@ struct ApiserverArgs {
     /// How much history the store keeps: older revisions are compacted away (0 keeps all).
     #[arg(long, default_value = "5m0s", value_parser = ccm::go_duration)]
     etcd_compaction_interval: std::time::Duration,
+    /// The Services' IPv4 range (the default ServiceCIDR, made at the first start); the
+    /// `kubernetes` Service takes its first address.
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cluster_ip_range: String,
 }
 
 /// Flags of `kumo controller-manager`, named as kube-controller-manager's.
@@ -731,6 +735,7 @@ async fn apiserver(args: ApiserverArgs) -> Result<()> {
     cfg.audit_policy_file = args.audit_policy_file;
     cfg.audit_log_path = args.audit_log_path;
     cfg.compaction_interval = args.etcd_compaction_interval;
+    cfg.service_cluster_ip_range = args.service_cluster_ip_range;
     cfg.store = match args.store.as_str() {
         "etcd" if args.etcd_servers.is_empty() => {
             anyhow::bail!("--store etcd needs --etcd-servers")

@@ -1139,9 +1139,47 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
         "jsonpath={.items[0].spec.containers[0].command}",
     ]);
     assert!(ok, "{err}");
-    for flag in ["--cluster-cidr=192.168.0.0/16", "--cluster-name=demo"] {
+    for flag in [
+        "--cluster-cidr=192.168.0.0/16",
+        "--cluster-name=demo",
+        "--service-cluster-ip-range=10.128.0.0/12",
+    ] {
         assert!(cm.contains(flag), "{flag} not in {cm}");
     }
+    // Its Service range (clusterNetwork.services, kubeadm's serviceSubnet): the
+    // `kubernetes` Service on its first address, the cluster DNS on its 10th, which the
+    // kubelets (the joined workers' from kube-system/kubelet-config) give their pods.
+    let ip_of = |ns: &str, svc: &str| {
+        let (ok, out, err) = tk(&[
+            "get",
+            "svc",
+            "-n",
+            ns,
+            svc,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ]);
+        assert!(ok, "{err}");
+        out
+    };
+    assert_eq!(ip_of("default", "kubernetes"), "10.128.0.1");
+    assert_eq!(ip_of("kube-system", "kube-dns"), "10.128.0.10");
+    let (ok, _, err) = tk(&[
+        "run",
+        "resolv",
+        "--image=busybox",
+        "--restart=Never",
+        "--",
+        "cat",
+        "/etc/resolv.conf",
+    ]);
+    assert!(ok, "{err}");
+    let resolv = eventually(60, "the pod's resolv.conf in its log", || {
+        let (ok, out, _) = tk(&["logs", "resolv"]);
+        (ok && out.contains("nameserver")).then_some(out)
+    });
+    assert!(resolv.contains("nameserver 10.128.0.10\n"), "{resolv}");
+    tk(&["delete", "pod", "resolv", "--wait=false"]);
     let instances: serde_json::Value =
         serde_json::from_str(&u.cloud(&["instances", "list", "-o", "json"])).unwrap();
     for node in &nodes {

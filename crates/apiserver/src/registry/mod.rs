@@ -45,7 +45,7 @@ mod workloads_core;
 use std::sync::{Arc, RwLock};
 
 pub use bootstrap::bootstrap_policy;
-pub use services::{service_cidr, DEFAULT_SERVICE_CIDR};
+pub use services::{first_service_ip, parse_service_cidr, service_cidr, DEFAULT_SERVICE_CIDR};
 
 use kumo_apimachinery::status::GroupResource;
 use kumo_apimachinery::validation::FieldError;

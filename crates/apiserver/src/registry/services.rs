@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::{age_of, default_field, name_of, str_at, Allocator, Column, Resource, Strategy};
 
-pub use alloc::{service_cidr, DEFAULT_SERVICE_CIDR};
+pub use alloc::{first_service_ip, parse_service_cidr, service_cidr, DEFAULT_SERVICE_CIDR};
 
 pub(super) fn resources() -> Vec<Resource> {
     vec![

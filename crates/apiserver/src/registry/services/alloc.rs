@@ -30,22 +30,39 @@ const NODE_PORT_KEY: &str = "/registry/ranges/servicenodeports";
 pub(super) const MANAGED_BY: &str = "ipaddress.kubernetes.io/managed-by";
 const IP_FAMILY: &str = "ipaddress.kubernetes.io/ip-family";
 
-/// `10.96.0.0/12`.
+/// `10.96.0.0/12`: kube-apiserver's `--service-cluster-ip-range` when none is given.
 pub fn service_cidr() -> String {
     format!("{}/{}", SERVICE_CIDR.0, SERVICE_CIDR.1)
 }
 
-/// Host addresses of the range: its first usable address and how many there are (the
-/// network and broadcast addresses are never handed out).
-fn ip_range() -> (u32, u32) {
-    let base = u32::from(SERVICE_CIDR.0);
-    let size = 1u32 << (32 - u32::from(SERVICE_CIDR.1));
-    (base + 1, size - 2)
+/// An IPv4 range that can hold Services (`a.b.c.d/n`, n from 1 to 30), as its network
+/// address and prefix length.
+pub fn parse_service_cidr(cidr: &str) -> Option<(Ipv4Addr, u8)> {
+    let (ip, bits) = cidr.trim().split_once('/')?;
+    let (ip, bits) = (ip.parse::<Ipv4Addr>().ok()?, bits.parse::<u8>().ok()?);
+    if !(1..=30).contains(&bits) {
+        return None;
+    }
+    let mask = u32::MAX << (32 - u32::from(bits));
+    Some((Ipv4Addr::from(u32::from(ip) & mask), bits))
 }
 
-/// The host ranges of every IPv4 ServiceCIDR (the default one when none is stored): an IP
-/// asked for by name may come from any of them.
-pub(super) async fn service_ranges(store: &dyn Store) -> Result<Vec<(u32, u32)>, ApiError> {
+/// The `kubernetes` Service's address in `range`: its first host.
+pub fn first_service_ip((net, _): (Ipv4Addr, u8)) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(net).saturating_add(1))
+}
+
+/// Host addresses of a range: its first usable address and how many there are (the
+/// network and broadcast addresses are never handed out).
+fn hosts((net, bits): (Ipv4Addr, u8)) -> (u32, u32) {
+    let size = 1u32 << (32 - u32::from(bits));
+    (u32::from(net) + 1, size - 2)
+}
+
+/// The IPv4 ranges of the stored ServiceCIDRs, the default one (`kubernetes`, which the
+/// API server makes from its `--service-cluster-ip-range`) first; the compiled default
+/// when none is stored.
+async fn stored_ranges(store: &dyn Store) -> Result<Vec<(Ipv4Addr, u8)>, ApiError> {
     let page = store
         .range(RangeRequest {
             prefix: CIDR_PREFIX.as_bytes().to_vec(),
@@ -53,25 +70,35 @@ pub(super) async fn service_ranges(store: &dyn Store) -> Result<Vec<(u32, u32)>,
         })
         .await
         .map_err(ApiError::internal)?;
-    let mut out = vec![ip_range()];
+    let default_key = format!("{CIDR_PREFIX}{DEFAULT_SERVICE_CIDR}");
+    let (mut out, mut others) = (Vec::new(), Vec::new());
     for kv in page.kvs {
         let Ok(obj) = serde_json::from_slice::<Value>(&kv.value) else {
             continue;
         };
         let cidrs = obj.pointer("/spec/cidrs").and_then(Value::as_array);
-        for c in cidrs.into_iter().flatten().filter_map(Value::as_str) {
-            let Some((ip, bits)) = c.split_once('/') else {
-                continue;
-            };
-            let (Ok(ip), Ok(bits)) = (ip.parse::<Ipv4Addr>(), bits.parse::<u32>()) else {
-                continue;
-            };
-            if (1..=30).contains(&bits) {
-                out.push((u32::from(ip).saturating_add(1), (1u32 << (32 - bits)) - 2));
-            }
+        let ranges = cidrs
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter_map(parse_service_cidr);
+        if kv.key == default_key.as_bytes() {
+            out.extend(ranges);
+        } else {
+            others.extend(ranges);
         }
     }
+    out.append(&mut others);
+    if out.is_empty() {
+        out.push(SERVICE_CIDR);
+    }
     Ok(out)
+}
+
+/// The host ranges of every IPv4 ServiceCIDR: an IP asked for by name may come from any
+/// of them.
+pub(super) async fn service_ranges(store: &dyn Store) -> Result<Vec<(u32, u32)>, ApiError> {
+    Ok(stored_ranges(store).await?.into_iter().map(hosts).collect())
 }
 
 /// Where random allocation starts: the low part of the range is kept for IPs asked for
@@ -282,13 +309,15 @@ async fn allocate_ip(
         .or_else(|| svc.pointer("/spec/clusterIP").and_then(Value::as_str))
         .unwrap_or("")
         .to_owned();
-    let (first, count) = ip_range();
     let ip = if requested.is_empty() {
+        // Dynamic addresses come from the default ServiceCIDR.
+        let primary = stored_ranges(store).await?[0];
         if dry_run {
             // What upstream's dry-run allocator answers: the range's own address.
-            set_ip(svc, &SERVICE_CIDR.0.to_string());
+            set_ip(svc, &primary.0.to_string());
             return Ok(None);
         }
+        let (first, count) = hosts(primary);
         let used: BTreeSet<String> = list_ips(store).await?;
         let offset = dynamic_offset(count);
         let dynamic = count - offset;
@@ -705,9 +734,16 @@ mod tests {
 
     #[test]
     fn the_dynamic_part_starts_after_the_static_block() {
-        let (first, count) = ip_range();
+        let (first, count) = hosts(SERVICE_CIDR);
         assert_eq!(Ipv4Addr::from(first), Ipv4Addr::new(10, 96, 0, 1));
         assert_eq!(count, (1 << 20) - 2);
         assert_eq!(dynamic_offset(count), 256);
+        let small = parse_service_cidr("10.100.7.9/24").unwrap();
+        assert_eq!(small, (Ipv4Addr::new(10, 100, 7, 0), 24));
+        assert_eq!(first_service_ip(small), Ipv4Addr::new(10, 100, 7, 1));
+        assert_eq!(dynamic_offset(hosts(small).1), 16);
+        for bad in ["10.0.0.0/31", "10.0.0.0", "fd00::/108", "10.0.0.0/x"] {
+            assert_eq!(parse_service_cidr(bad), None, "{bad}");
+        }
     }
 }
