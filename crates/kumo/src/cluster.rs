@@ -419,6 +419,7 @@ impl Cluster {
             kumo_cloud_provider::ccm::resolve_controllers(&c.controllers)
                 .is_ok_and(|on| on.contains(&"cloud-node-controller"))
         });
+        let mut last: Option<kube::core::ObjectList<Node>> = None;
         loop {
             if let Ok(list) = api.list(&Default::default()).await {
                 let is_ready = |n: &Node| {
@@ -446,12 +447,47 @@ impl Cluster {
                     }
                     !up
                 });
+                last = Some(list);
             }
             if waiting.is_empty() {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
-                anyhow::bail!("not Ready after {timeout:?}: {}", waiting.join(", "));
+                // Each node as last seen: absent, or its Ready condition and taints.
+                let seen: Vec<String> = waiting
+                    .iter()
+                    .map(|name| {
+                        let node = last.as_ref().and_then(|l| {
+                            l.items
+                                .iter()
+                                .find(|n| n.metadata.name.as_deref() == Some(name))
+                        });
+                        let Some(n) = node else {
+                            return format!("{name} (not registered)");
+                        };
+                        let ready = n
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+                            .map_or("no Ready condition".to_owned(), |c| {
+                                format!(
+                                    "Ready={} {} {}",
+                                    c.status,
+                                    c.reason.as_deref().unwrap_or(""),
+                                    c.message.as_deref().unwrap_or("")
+                                )
+                            });
+                        let taints: Vec<&str> = n
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.taints.as_ref())
+                            .map(|ts| ts.iter().map(|t| t.key.as_str()).collect())
+                            .unwrap_or_default();
+                        format!("{name} ({ready}; taints {taints:?})")
+                    })
+                    .collect();
+                anyhow::bail!("not Ready after {timeout:?}: {}", seen.join(", "));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

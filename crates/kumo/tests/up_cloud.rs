@@ -70,6 +70,20 @@ async fn cloud_nodes_join_initialized_and_serve_pods() {
         .await
         .unwrap();
     eprintln!("nodes Ready {:?} after start", started.elapsed());
+    // A node that never comes is named in the error with what was seen of it.
+    let err = cluster
+        .wait_nodes_ready(
+            &["ta-worker".to_owned(), "ta-ghost".to_owned()],
+            Duration::from_millis(300),
+            |_| {},
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("ta-ghost (not registered)") && !err.contains("ta-worker"),
+        "{err}"
+    );
 
     // The instances behind them, one per zone, launched with the cluster's tags.
     let cloud = cluster.cloud.as_ref().unwrap();
