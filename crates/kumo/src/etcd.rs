@@ -88,13 +88,35 @@ pub struct Urls {
     pub metrics_port: u16,
 }
 
+/// Where members' ports are picked: below the kernel's ephemeral range, which outgoing
+/// connections take their local ports from. A port the kernel hands out for `:0` is in
+/// that range, and between its release and etcd's bind any connection of this host could
+/// take it, and the member would exit; below the range only another bind can.
+const PORTS: std::ops::Range<u16> = 20000..30000;
+
 impl Urls {
-    /// Three free loopback ports (held together while they are picked).
+    /// Three free loopback ports below the ephemeral range (held together while they are
+    /// picked).
     pub fn pick() -> Result<Urls> {
-        let listeners: Vec<std::net::TcpListener> = (0..3)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<std::io::Result<_>>()
-            .context("picking ports for etcd")?;
+        use rand::Rng;
+        let mut rng = rand::rng();
+        let mut listeners: Vec<std::net::TcpListener> = Vec::new();
+        for _ in 0..1000 {
+            if listeners.len() == 3 {
+                break;
+            }
+            let port = rng.random_range(PORTS);
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                listeners.push(l);
+            }
+        }
+        if listeners.len() < 3 {
+            bail!(
+                "picking ports for etcd: fewer than three free in {}..{}",
+                PORTS.start,
+                PORTS.end
+            );
+        }
         let ports: Vec<u16> = listeners
             .iter()
             .map(|l| l.local_addr().map(|a| a.port()))
@@ -410,5 +432,14 @@ mod tests {
         assert_eq!(paths_for("etcd Version: 3.5.11\n"), ("/livez", "/readyz"));
         assert_eq!(paths_for("etcd Version: 3.6.16\n"), ("/livez", "/readyz"));
         assert_eq!(paths_for(""), ("/health", "/health"));
+    }
+
+    #[test]
+    fn ports_are_three_distinct_ones_below_the_ephemeral_range() {
+        let urls = Urls::pick().unwrap();
+        let port = |u: &str| u.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+        let ports = [port(&urls.client), port(&urls.peer), urls.metrics_port];
+        assert!(ports.iter().all(|p| PORTS.contains(p)), "{ports:?}");
+        assert!(ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2]);
     }
 }
