@@ -491,8 +491,9 @@ const KUBELET_CLIENT_CN: &str = "kube-apiserver-kubelet-client";
 const KUBELET_CLIENT_GROUP: &str = "kubeadm:cluster-admins";
 
 /// The names and addresses the serving certificate is for: localhost, 127.0.0.1, the
-/// host name, the in-cluster names of the `kubernetes` Service and its cluster IP, the
-/// advertised address and the bound one (when it is not a wildcard).
+/// host name, the in-cluster names of the `kubernetes` Service, the advertised address and
+/// the bound one (when it is not a wildcard). The Service's cluster IP depends on the
+/// Service range; the API server adds it ([`crate::ApiServerConfig::service_cluster_ip_range`]).
 pub fn apiserver_sans(advertise: Option<IpAddr>, bind: IpAddr) -> (Vec<String>, Vec<IpAddr>) {
     let mut dns: Vec<String> = vec!["localhost".into()];
     if let Some(h) = hostname() {
@@ -508,7 +509,7 @@ pub fn apiserver_sans(advertise: Option<IpAddr>, bind: IpAddr) -> (Vec<String>, 
             dns.push(d.to_owned());
         }
     }
-    let mut ips: Vec<IpAddr> = vec![IpAddr::from([127, 0, 0, 1]), IpAddr::from([10, 96, 0, 1])];
+    let mut ips: Vec<IpAddr> = vec![IpAddr::from([127, 0, 0, 1])];
     for ip in advertise.into_iter().chain(Some(bind)) {
         if !ip.is_unspecified() && !ips.contains(&ip) {
             ips.push(ip);

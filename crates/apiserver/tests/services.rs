@@ -997,6 +997,7 @@ async fn the_service_range_is_the_configured_one() {
         cert.subject_alternative_name().unwrap().unwrap().value
     );
     assert!(sans.contains("IPAddress([10, 128, 0, 1])"), "{sans}");
+    assert!(!sans.contains("IPAddress([10, 96, 0, 1])"), "{sans}");
     let out = k(&kc, &["create", "service", "clusterip", "web", "--tcp=80"]).await;
     assert!(out.ok, "{}", out.stderr);
     let ip: Ipv4Addr = get(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"])

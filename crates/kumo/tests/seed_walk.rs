@@ -1414,16 +1414,18 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
                 "-o",
                 "jsonpath={.endpoints[*].addresses[0]}",
             ]);
-            let mut want: Vec<&str> = cp_nodes
-                .iter()
-                .filter_map(|n| {
-                    n["status"]["addresses"]
-                        .as_array()?
-                        .iter()
-                        .find(|a| a["type"] == "InternalIP")?["address"]
-                        .as_str()
-                })
-                .collect();
+            // The control-plane nodes' addresses as they are now: a node can be Ready
+            // with its provider ID (the kubelet's flag) before the cloud node controller
+            // has written its addresses.
+            let (_, ips, _) = tk(&[
+                "get",
+                "nodes",
+                "-l",
+                "node-role.kubernetes.io/control-plane",
+                "-o",
+                r#"jsonpath={range .items[*]}{.status.addresses[?(@.type=="InternalIP")].address}{" "}{end}"#,
+            ]);
+            let mut want: Vec<&str> = ips.split_whitespace().collect();
             want.sort_unstable();
             let mut have: Vec<&str> = eps.split_whitespace().collect();
             have.sort_unstable();
