@@ -1035,3 +1035,29 @@ async fn the_service_range_is_the_configured_one() {
     .await;
     assert_eq!(out.stdout, "10.128.0.0", "{}", out.stderr);
 }
+
+/// A `--service-cluster-ip-range` that cannot hold Services stops the server at start with
+/// the flag and the value named, before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_service_range_is_refused_at_start() {
+    use kumo_apiserver::ApiServerConfig;
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    for bad in ["10.0.0.0/31", "fd00::/108", "ten/12", ""] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ApiServerConfig::new(dir.path());
+        cfg.bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        cfg.service_cluster_ip_range = bad.into();
+        let err = match kumo_apiserver::ApiServer::start(cfg).await {
+            Ok(_) => panic!("{bad:?} accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("--service-cluster-ip-range") && err.contains(&format!("{bad:?}")),
+            "{err}"
+        );
+        assert!(
+            !dir.path().join("pki").exists(),
+            "{bad:?}: certificates written"
+        );
+    }
+}

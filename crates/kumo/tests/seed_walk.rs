@@ -1370,8 +1370,8 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
     // Every machine shows its etcd member as kubeadm's static pod, and every API server
     // is an endpoint of the `kubernetes` Service (the master leases).
     let mut last_seen = String::new();
-    let diagnose = || {
-        let (_, pods, _) = tk(&[
+    let etcd_pods = |format: &str| {
+        tk(&[
             "get",
             "pods",
             "-n",
@@ -1379,8 +1379,11 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
             "-l",
             "component=etcd",
             "-o",
-            "yaml",
-        ]);
+            format,
+        ])
+    };
+    let diagnose = || {
+        let (_, pods, _) = etcd_pods("yaml");
         let (_, events, _) = tk(&["get", "events", "-n", "kube-system"]);
         format!(
             "{pods}\n{events}\n{}",
@@ -1391,16 +1394,7 @@ fn seed_000_cluster_api_hands_out_a_cluster() {
         60,
         "3 etcd pods Ready and 3 kubernetes endpoints",
         || {
-            let (ok, out, _) = tk(&[
-                "get",
-                "pods",
-                "-n",
-                "kube-system",
-                "-l",
-                "component=etcd",
-                "-o",
-                "json",
-            ]);
+            let (ok, out, _) = etcd_pods("json");
             let pods: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
             let ready = pods["items"]
                 .as_array()?
