@@ -71,6 +71,43 @@ async fn http_code(kc: &Path, ns: &str, name: &str, url: &str) -> (String, i64) 
     probe(kc, ns, name, &["-s", "-o", "/dev/null", "-w", W, url]).await
 }
 
+/// [`http_code`] for a URL by a Service's name, from namespace default, as a user does it:
+/// once CoreDNS answers (kube-dns has a ready endpoint; before that every lookup fails, as
+/// on any cluster just started), and with a lookup failure (curl's exit 6) asked again a
+/// few times, since the cluster DNS has the Service's record a moment after its endpoint
+/// is ready.
+async fn http_code_by_name(kc: &Path, name: &str, url: &str) -> (String, i64) {
+    eventually(120, "a ready endpoint of kube-dns", || async {
+        let s = get(
+            kc,
+            &[
+                "endpointslices",
+                "-n",
+                "kube-system",
+                "-l",
+                "kubernetes.io/service-name=kube-dns",
+            ],
+        )
+        .await?;
+        let ready = s["items"]
+            .as_array()?
+            .iter()
+            .flat_map(|i| i["endpoints"].as_array().into_iter().flatten())
+            .any(|e| e["conditions"]["ready"].as_bool() == Some(true));
+        ready.then_some(())
+    })
+    .await;
+    let mut r = (String::new(), -1);
+    for attempt in 0..5 {
+        r = http_code(kc, "default", &format!("{name}-{attempt}"), url).await;
+        if r.1 != 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    r
+}
+
 /// The seed's `kubectl create deployment hello` (nginx on port 80).
 async fn create_hello(kc: &Path) {
     let out = k(
@@ -176,17 +213,8 @@ async fn services_route_to_ready_pods_by_name_ip_nodeport_and_vip() {
     let cluster_ip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
     let node_port = svc["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
 
-    // By name, by ClusterIP, by the fully qualified name. The name answers once the
-    // cluster's DNS has the Service's record, a moment after its endpoint is ready (as on
-    // any cluster): only a lookup failure (curl's exit 6) is asked again.
-    let mut r = (String::new(), -1);
-    for attempt in 0..5 {
-        r = http_code(kc, "default", &format!("p1-{attempt}"), "http://hello").await;
-        if r.1 != 6 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
+    // By name, by ClusterIP, by the fully qualified name.
+    let r = http_code_by_name(kc, "p1", "http://hello").await;
     assert_eq!(r, ("200\n".into(), 0));
     let url = format!("http://{cluster_ip}/");
     let r = http_code(kc, "default", "p2", &url).await;
@@ -323,7 +351,7 @@ async fn no_cloud_cluster_routes_cluster_ips() {
         get(kc, &["serviceaccount", "default"]).await
     })
     .await;
-    let r = http_code(kc, "default", "q1", "http://hello").await;
+    let r = http_code_by_name(kc, "q1", "http://hello").await;
     assert_eq!(r, ("200\n".into(), 0));
     let out = k(
         kc,
