@@ -237,13 +237,17 @@ pub async fn ensure(client: &Client, net: &crate::controlplane::Networking) -> R
 /// binary's cluster DNS (`kumo dns`), mounted from this machine into an image that holds
 /// its libraries. kube-proxy runs in the `kumo up` process, one per node in the node's
 /// namespace, so it has no DaemonSet here.
-pub async fn ensure_real(client: &Client, kumo_binary: &std::path::Path) -> Result<()> {
+pub async fn ensure_real(
+    client: &Client,
+    kumo_binary: &std::path::Path,
+    dns_ip: &str,
+) -> Result<()> {
     coredns(
         client,
         &DnsPods::Kumo {
             binary: kumo_binary.to_owned(),
         },
-        &crate::controlplane::Networking::default().dns_ip(),
+        dns_ip,
     )
     .await
 }

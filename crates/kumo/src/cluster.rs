@@ -264,7 +264,11 @@ pub async fn start(cfg: ClusterConfig) -> Result<Cluster> {
         match crate::machine::kumo_binary() {
             Some(exe) => {
                 let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
-                crate::addons::ensure_real(&admin, &exe)
+                crate::addons::ensure_real(
+                    &admin,
+                    &exe,
+                    &crate::controlplane::Networking::default().dns_ip(),
+                )
                     .await
                     .context("creating the cluster DNS")?;
             }

@@ -95,25 +95,14 @@ impl NodeBootstrap {
     }
 }
 
-/// A node's kube-proxy thread and how to stop it (it removes its table as it goes).
-struct ProxyThread {
-    stop: watch::Sender<bool>,
-    thread: std::thread::JoinHandle<()>,
-}
-
 /// One booted instance: its kubelet's thread and how to stop it.
 struct Running {
     node: String,
     stop: watch::Sender<bool>,
     thread: std::thread::JoinHandle<()>,
-    /// The API server's relay on a control-plane machine's address.
-    relay: Option<tokio::task::JoinHandle<()>>,
-    /// The host-loopback port relayed to the kubelet's port in its machine.
-    kubelet_relay: Option<tokio::task::JoinHandle<()>>,
-    /// The machine's registry mirror.
-    registry: Option<tokio::task::JoinHandle<()>>,
-    /// The node's kube-proxy (nftables, in the machine's namespace).
-    proxy: Option<ProxyThread>,
+    /// On the real runtime, the instance's machine (its relays, registry mirror and
+    /// kube-proxy with it).
+    machine: Option<crate::machine::VpcMachine>,
     /// The instance's CSI node plugin (the cloud's disk driver).
     csi: Option<tokio::task::JoinHandle<()>>,
 }
@@ -208,73 +197,53 @@ impl KubeletHypervisor {
         self.data_dir.join("nodes").join(node).join("manifests")
     }
 
-    /// The node's kube-proxy as `system:kube-proxy`, in nftables mode, on a thread and
-    /// runtime of its own in the machine's namespace: it programs that namespace and
-    /// reaches the API server through the VPC, as a node's kube-proxy does.
-    async fn start_proxy(
+    /// Boots instance `inst`'s machine on the VPC at its node IP, with its kube-proxy as
+    /// `system:kube-proxy` (reaching the API server through the VPC, as a node's does)
+    /// and, on the control plane, port 6443 of its address relayed to the API server.
+    async fn boot_machine(
         &self,
-        node: &str,
-        ip: Option<std::net::Ipv4Addr>,
-        netns: &str,
-    ) -> anyhow::Result<ProxyThread> {
-        let kubeconfig =
-            kumo_apiserver::pki::kube_proxy_kubeconfig(&self.data_dir, &self.node_server())?;
-        let netns = std::path::Path::new("/run/netns").join(netns);
-        let cfg = kumo_proxy::nft::NftConfig {
-            node_name: node.to_owned(),
-            node_ips: ip.into_iter().collect(),
-            cluster_cidr: kumo_proxy::nft::parse_cidr(crate::cluster::CLUSTER_CIDR),
-            service_cidrs: kumo_proxy::nft::parse_cidr(crate::cluster::SERVICE_CIDR)
-                .into_iter()
-                .collect(),
-            netns: Some(netns.clone()),
+        inst: &Instance,
+        cfg: &kumo_kubelet::KubeletConfig,
+        control_plane: bool,
+    ) -> anyhow::Result<crate::machine::VpcMachine> {
+        let vpc = self
+            .vpc
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("the real runtime's machines need the cloud's VPC"))?;
+        let Some(IpAddr::V4(ip)) = cfg.node_ip else {
+            anyhow::bail!("the instance has no IPv4 private address");
         };
-        let (stop, mut stop_rx) = watch::channel(false);
-        let (started_tx, started) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
-        let thread = std::thread::Builder::new()
-            .name(format!("kube-proxy-{node}"))
-            .spawn(move || {
-                let run = || -> anyhow::Result<tokio::runtime::Runtime> {
-                    kumo_cri_remote::netns::enter(&netns)?;
-                    Ok(tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()?)
-                };
-                let rt = match run() {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = started_tx.send(Err(e));
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let client = match async {
-                        let config =
-                            kumo_client::clients::config_from_kubeconfig(&kubeconfig).await?;
-                        Ok::<_, anyhow::Error>(kumo_client::transport::client(config)?)
-                    }
-                    .await
-                    {
-                        Ok(c) => c,
-                        Err(e) => {
-                            let _ = started_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    let _ = started_tx.send(Ok(()));
-                    let proxy = kumo_proxy::nft::NftProxy::start(
-                        client,
-                        cfg,
-                        kumo_proxy::nft::SyncPeriods::default(),
-                    );
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                    proxy.shutdown().await;
-                });
-            })?;
-        started
+        let dir = crate::machine::node_dir(&self.data_dir, &inst.name);
+        let mut m =
+            crate::machine::VpcMachine::boot(&self.data_dir, &dir, &inst.name, vpc, ip).await?;
+        let set_up = async {
+            if control_plane {
+                let to = api_address(&self.server).map_err(anyhow::Error::msg)?;
+                m.relay(SocketAddr::from(([0, 0, 0, 0], API_SERVER_PORT)), to)?;
+            }
+            let kubeconfig =
+                kumo_apiserver::pki::kube_proxy_kubeconfig(&self.data_dir, &self.node_server())?;
+            let proxy = crate::machine::start_proxy(
+                kubeconfig,
+                m.proxy_config(
+                    &inst.name,
+                    crate::cluster::CLUSTER_CIDR,
+                    crate::cluster::SERVICE_CIDR,
+                ),
+            )
             .await
-            .map_err(|_| anyhow::anyhow!("kube-proxy's thread ended"))??;
-        Ok(ProxyThread { stop, thread })
+            .map_err(|e| e.context("starting kube-proxy"))?;
+            m.keep_proxy(proxy);
+            Ok::<_, anyhow::Error>(())
+        }
+        .await;
+        match set_up {
+            Ok(()) => Ok(m),
+            Err(e) => {
+                m.power_off().await;
+                Err(e)
+            }
+        }
     }
 
     /// Names of the nodes whose kubelets run now.
@@ -532,6 +501,7 @@ impl Hypervisor for KubeletHypervisor {
                 data_dir: self.data_dir.clone(),
                 tenants: self.tenants.clone(),
                 cloud: self.cloud.get().cloned(),
+                vpc: self.vpc.clone().filter(|_| self.on_vpc()),
             };
             let running = crate::kubeadm::boot(ctx, inst)
                 .map_err(|e| HypervisorError(format!("booting {}: {e:#}", inst.name)))?;
@@ -544,69 +514,23 @@ impl Hypervisor for KubeletHypervisor {
             return Ok(());
         }
         let (mut cfg, control_plane, join) = self.kubelet_config(inst).map_err(HypervisorError)?;
-        let mut relay = None;
-        let mut proxy = None;
-        let mut kubelet_relay = None;
-        let mut registry = None;
+        let mut machine = None;
         let mut netns = None;
         if self.runtime == crate::machine::RuntimeKind::Containerd {
-            // The instance's machine: its namespace and containerd, before its kubelet;
-            // on the real network, its NIC in the VPC.
-            let (data_dir, node) = (self.data_dir.clone(), inst.name.clone());
-            let vpc = self.vpc.clone();
-            let ip = match &cfg.node_ip {
-                Some(IpAddr::V4(v4)) => Some(*v4),
-                _ => None,
-            };
-            let machine = tokio::task::spawn_blocking(move || {
-                let m = crate::machine::boot(&data_dir, &node)?;
-                if let (Some(vpc), Some(ip)) = (vpc, ip) {
-                    if let Err(e) = vpc.attach(&m.netns, ip) {
-                        crate::machine::power_off(&data_dir, &node);
-                        return Err(anyhow::anyhow!("attaching {node} to the VPC: {e}"));
-                    }
-                }
-                Ok::<_, anyhow::Error>(m)
-            })
-            .await
-            .map_err(|e| HypervisorError(format!("booting the machine: {e}")))?
-            .map_err(|e| HypervisorError(format!("booting the machine: {e:#}")))?;
-            if control_plane && self.vpc.is_some() {
-                let to = api_address(&self.server).map_err(HypervisorError)?;
-                let netns = std::path::Path::new("/run/netns").join(&machine.netns);
-                let listen = std::net::SocketAddr::from(([0, 0, 0, 0], API_SERVER_PORT));
-                relay = Some(
-                    crate::machine::relay(&netns, listen, to)
-                        .map_err(|e| HypervisorError(format!("{e:#}")))?,
-                );
+            // The instance's machine: its namespace and containerd on the VPC, its
+            // kube-proxy, and on the control plane the relay of its port 6443 to the API
+            // server, before its kubelet.
+            let m = self
+                .boot_machine(inst, &cfg, control_plane)
+                .await
+                .map_err(|e| HypervisorError(format!("booting the machine: {e:#}")))?;
+            if let Ok(mut d) = self.dial.write() {
+                d.insert(inst.name.clone(), m.kubelet_at);
             }
-            if self.vpc.is_some() {
-                proxy = Some(
-                    self.start_proxy(&inst.name, ip, &machine.netns)
-                        .await
-                        .map_err(|e| HypervisorError(format!("starting kube-proxy: {e:#}")))?,
-                );
-                // The kubelet runs in the machine; the API server dials its port there
-                // through loopback.
-                let path = std::path::Path::new("/run/netns").join(&machine.netns);
-                if let Some(ip) = ip {
-                    let to = SocketAddr::from((ip, KUBELET_PORT));
-                    let (at, task) = crate::machine::relay_into(&path, to)
-                        .await
-                        .map_err(|e| HypervisorError(format!("{e:#}")))?;
-                    if let Ok(mut m) = self.dial.write() {
-                        m.insert(inst.name.clone(), at);
-                    }
-                    kubelet_relay = Some(task);
-                }
-                netns = Some(path);
-            }
-            registry = Some(
-                crate::machine::serve_registry(&self.data_dir, machine.registry)
-                    .map_err(|e| HypervisorError(format!("{e:#}")))?,
-            );
-            cfg.runtime = Some(machine.factory);
-            cfg.cgroup_root = machine.cgroup_root;
+            cfg.runtime = Some(m.factory.clone());
+            cfg.cgroup_root = m.cgroup_root.clone();
+            netns = Some(m.netns.clone());
+            machine = Some(m);
         }
         let csi = Some(self.start_node_plugin(inst, &mut cfg));
         let (stop, stop_rx) = watch::channel(false);
@@ -637,10 +561,7 @@ impl Hypervisor for KubeletHypervisor {
                 node: inst.name.clone(),
                 stop,
                 thread,
-                relay,
-                kubelet_relay,
-                registry,
-                proxy,
+                machine,
                 csi,
             },
         );
@@ -663,41 +584,24 @@ impl Hypervisor for KubeletHypervisor {
             return Ok(());
         };
         r.stop.send_replace(true);
-        if let Some(relay) = &r.relay {
-            // Its listening socket would keep the machine's namespace alive.
-            relay.abort();
+        if let Some(csi) = &r.csi {
+            csi.abort();
         }
-        for task in [&r.kubelet_relay, &r.registry, &r.csi]
-            .into_iter()
-            .flatten()
-        {
-            task.abort();
-        }
-        let r = {
-            let mut r = r;
-            if let Some(p) = r.proxy.take() {
-                p.stop.send_replace(true);
-                let _ = tokio::task::spawn_blocking(move || p.thread.join()).await;
-            }
-            r
-        };
-        let joined = tokio::task::spawn_blocking(move || r.thread.join()).await;
+        let (node, thread, machine) = (r.node, r.thread, r.machine);
+        let joined = tokio::task::spawn_blocking(move || thread.join()).await;
         if let Ok(mut m) = self.dial.write() {
-            m.remove(&r.node);
+            m.remove(&node);
         }
-        if self.runtime == crate::machine::RuntimeKind::Containerd {
+        if let Some(m) = machine {
             // Powered off: the machine's pods and containerd go with it.
-            let (data_dir, node) = (self.data_dir.clone(), r.node.clone());
-            let _ =
-                tokio::task::spawn_blocking(move || crate::machine::power_off(&data_dir, &node))
-                    .await;
+            m.power_off().await;
         }
-        tracing::info!(instance = %inst.id, node = %r.node, "kubelet halted");
+        tracing::info!(instance = %inst.id, node = %node, "kubelet halted");
         match joined {
             Ok(Ok(())) => Ok(()),
             _ => Err(HypervisorError(format!(
                 "the kubelet of {} did not stop cleanly",
-                r.node
+                node
             ))),
         }
     }

@@ -150,6 +150,19 @@ pub struct Tenant {
     pub dataplane: Arc<kumo_sim::net::Dataplane>,
     /// Where its API server dials its kubelets.
     pub dial: KubeletDialOverrides,
+    /// On the real runtime: its machines' network namespaces (its API server's pod and
+    /// service proxies dial pods through them).
+    pub machines: Arc<crate::machine::NetnsList>,
+    /// On the real runtime: the credentials of its nodes' kube-proxies, which a
+    /// control-plane machine issues from the cluster's CA, and the cluster's ranges (on a
+    /// kubeadm cluster the kube-proxy DaemonSet's pods get both from the control plane,
+    /// a token and the `kube-proxy` ConfigMap; here kube-proxy runs beside each machine's
+    /// kubelet, not in a pod).
+    pub proxy_kubeconfig: watch::Sender<Option<(PathBuf, crate::controlplane::Networking)>>,
+    /// On the real runtime: its etcd members' client URLs, by instance (there the
+    /// control-plane machines run no static pods, whose annotations a joining machine
+    /// reads them from otherwise).
+    pub etcd: Mutex<BTreeMap<String, String>>,
 }
 
 /// The workload clusters of this host's instances.
@@ -168,6 +181,9 @@ impl Tenants {
                 Arc::new(Tenant {
                     dataplane: kumo_sim::net::Dataplane::new(),
                     dial: KubeletDialOverrides::default(),
+                    machines: Default::default(),
+                    proxy_kubeconfig: watch::channel(None).0,
+                    etcd: Mutex::new(BTreeMap::new()),
                 })
             })
             .clone()
@@ -197,6 +213,96 @@ pub struct MachineContext {
     pub tenants: Arc<Tenants>,
     /// The cloud and an admin client of it, for the control plane's cloud access key.
     pub cloud: Option<(PathBuf, kumo_cloud::Client)>,
+    /// The cloud's VPC when the machines are real (`kumo up --runtime containerd`): each
+    /// is then a network namespace with its containerd on the VPC; else the kubelets run
+    /// the simulator on the cluster's simulated network.
+    pub vpc: Option<Arc<kumo_vpc::Vpc>>,
+}
+
+/// A real machine's parts, as its kubeadm step boots them.
+struct RealNode {
+    machine: crate::machine::VpcMachine,
+    tenant: Arc<Tenant>,
+    instance: String,
+}
+
+/// Where a kubeadm step leaves its real machine, so that the machine is powered off when
+/// the instance halts even if the step is cut short.
+type RealSlot = Arc<Mutex<Option<RealNode>>>;
+
+fn with_real<T>(slot: &RealSlot, f: impl FnOnce(&mut RealNode) -> T) -> Option<T> {
+    slot.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()
+        .map(f)
+}
+
+/// Boots instance `inst`'s real machine (`machines/<instance>/node`) on the VPC and relays
+/// the control-plane endpoint into it: the endpoint is a port of this host's loopback (the
+/// load balancer published there), which the machine's own loopback forwards to.
+async fn boot_real(
+    ctx: &MachineContext,
+    vpc: &Arc<kumo_vpc::Vpc>,
+    inst: &Instance,
+    node_name: &str,
+    endpoint: &str,
+    tenant: &Arc<Tenant>,
+    slot: &RealSlot,
+) -> Result<()> {
+    let ip: Ipv4Addr = inst
+        .private_ip
+        .parse()
+        .with_context(|| format!("the instance's address {:?}", inst.private_ip))?;
+    let dir = machine_dir(&ctx.data_dir, &inst.id).join("node");
+    let mut machine =
+        crate::machine::VpcMachine::boot(&ctx.data_dir, &dir, node_name, vpc.clone(), ip).await?;
+    match endpoint.parse::<SocketAddr>() {
+        Ok(at) if at.ip().is_loopback() => {
+            if let Err(e) = machine.relay(at, at) {
+                machine.power_off().await;
+                return Err(e.context("relaying the control-plane endpoint into the machine"));
+            }
+        }
+        _ => {
+            tracing::warn!(instance = %inst.id, endpoint, "the control-plane endpoint is not this host's loopback: not relayed into the machine")
+        }
+    }
+    tenant.machines.insert(&inst.id, machine.netns.clone());
+    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(RealNode {
+        machine,
+        tenant: tenant.clone(),
+        instance: inst.id.clone(),
+    });
+    Ok(())
+}
+
+impl RealNode {
+    /// The kubelet runs in the machine, serving on its address; its API server dials it
+    /// through the relay this host's loopback has to it.
+    fn configure_kubelet(&self, cfg: &mut kumo_kubelet::KubeletConfig) -> Result<()> {
+        cfg.runtime = Some(self.machine.factory.clone());
+        cfg.cgroup_root = self.machine.cgroup_root.clone();
+        if let Some(s) = cfg.server.as_mut() {
+            s.address = IpAddr::V4(self.machine.ip);
+            s.port = crate::hypervisor::KUBELET_PORT;
+        }
+        self.tenant
+            .dial
+            .write()
+            .map_err(|_| anyhow::anyhow!("the kubelet dial table is poisoned"))?
+            .insert(cfg.node_name.clone(), self.machine.kubelet_at);
+        Ok(())
+    }
+
+    async fn power_off(self) {
+        self.tenant.machines.remove(&self.instance);
+        self.tenant
+            .etcd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.instance);
+        self.machine.power_off().await;
+    }
 }
 
 /// A running kubeadm machine: stop it to power it off.
@@ -232,6 +338,7 @@ pub fn boot(ctx: MachineContext, inst: &Instance) -> Result<Running> {
     }
     let (stop, stop_rx) = watch::channel(false);
     let inst = inst.clone();
+    let slot = RealSlot::default();
     let thread = std::thread::Builder::new()
         .name(format!("machine-{}", inst.name))
         .spawn(move || {
@@ -251,8 +358,8 @@ pub fn boot(ctx: MachineContext, inst: &Instance) -> Result<Running> {
             rt.block_on(async {
                 let run = async {
                     match &step {
-                        Step::Init(f) => init_control_plane(&ctx, &inst, &dir, f, stop_rx.clone()).await,
-                        Step::Join(f) => join(&ctx, &inst, &dir, f, stop_rx.clone()).await,
+                        Step::Init(f) => init_control_plane(&ctx, &inst, &dir, f, &slot, stop_rx.clone()).await,
+                        Step::Join(f) => join(&ctx, &inst, &dir, f, &slot, stop_rx.clone()).await,
                     }
                 };
                 tokio::select! {
@@ -263,6 +370,10 @@ pub fn boot(ctx: MachineContext, inst: &Instance) -> Result<Running> {
                 }
                 // Runs until powered off.
                 let _ = stop.wait_for(|s| *s).await;
+                let real = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(real) = real {
+                    real.power_off().await;
+                }
             });
             ctx.tenants.set_api_address(&inst.id, None);
             rt.shutdown_timeout(Duration::from_secs(1));
@@ -363,6 +474,7 @@ async fn init_control_plane(
     inst: &Instance,
     dir: &Path,
     config: &str,
+    slot: &RealSlot,
     stop: watch::Receiver<bool>,
 ) -> Result<()> {
     let docs = read_kubeadm_config(dir, config)?;
@@ -384,7 +496,7 @@ async fn init_control_plane(
     let start = Start::Init {
         cluster_configuration: &cluster_cfg,
     };
-    control_plane(ctx, inst, dir, &endpoint, &net, &reg, start, stop).await
+    control_plane(ctx, inst, dir, &endpoint, &net, &reg, start, slot, stop).await
 }
 
 /// The cluster's name and ranges from its ClusterConfiguration (kubeadm's defaults where
@@ -448,6 +560,7 @@ async fn control_plane(
     net: &crate::controlplane::Networking,
     reg: &Value,
     start: Start<'_>,
+    slot: &RealSlot,
     stop: watch::Receiver<bool>,
 ) -> Result<()> {
     let joining = match &start {
@@ -466,6 +579,10 @@ async fn control_plane(
         .private_ip
         .parse()
         .with_context(|| format!("the instance's address {:?}", inst.private_ip))?;
+    let real = ctx.vpc.is_some();
+    if let Some(vpc) = &ctx.vpc {
+        boot_real(ctx, vpc, inst, &node_name, endpoint, &tenant, slot).await?;
+    }
     kumo_apiserver::pki::ensure_etcd(&data_dir, &node_name, &[ip])
         .context("the etcd certificates")?;
     let etcd_tls = crate::etcd::client_tls(&pki);
@@ -489,6 +606,13 @@ async fn control_plane(
     if let Some((endpoints, id)) = learner {
         crate::etcd::promote(endpoints, &etcd_tls, id).await?;
     }
+    if real {
+        tenant
+            .etcd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(inst.id.clone(), member.urls.client.clone());
+    }
     let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&data_dir);
     api_cfg.bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     api_cfg.store = kumo_apiserver::server::StoreConfig::Etcd(vec![member.urls.client.clone()]);
@@ -497,14 +621,29 @@ async fn control_plane(
     api_cfg.service_cluster_ip_range = net.service_subnet.clone();
     api_cfg.service_endpoint = Some(SocketAddr::new(ip, BIND_PORT));
     api_cfg.kubelet_dial_overrides = tenant.dial.clone();
-    api_cfg.pod_network = Some(Arc::new(crate::cluster::PodNetwork(
-        tenant.dataplane.clone(),
-    )));
+    api_cfg.pod_network = Some(if real {
+        Arc::new(crate::machine::MachinesNetwork::listed(
+            tenant.machines.clone(),
+        ))
+    } else {
+        Arc::new(crate::cluster::PodNetwork(tenant.dataplane.clone()))
+    });
     let api = kumo_apiserver::ApiServer::start(api_cfg)
         .await
         .context("starting the API server")?;
     ctx.tenants.set_api_address(&inst.id, Some(api.local_addr));
     let server = crate::cluster::server_url(&api.admin_kubeconfig)?;
+    // What runs in a real machine reaches the API server as on a kubeadm node: through
+    // the control-plane endpoint. The machine's address and port 6443 (the `kubernetes`
+    // Service's endpoint, the load balancer's target) lead to this API server.
+    let node_server = if real {
+        let listen = SocketAddr::from((Ipv4Addr::UNSPECIFIED, BIND_PORT));
+        with_real(slot, |r| r.machine.relay(listen, api.local_addr))
+            .context("the machine is gone")??;
+        format!("https://{endpoint}")
+    } else {
+        server.clone()
+    };
     let admin = crate::hypervisor::kube_client(&api.admin_kubeconfig).await?;
     if let Start::Init {
         cluster_configuration,
@@ -514,9 +653,22 @@ async fn control_plane(
         // cluster-info.
         upload_config(&admin, cluster_configuration).await?;
         upload_kubelet_config(&admin, net).await?;
-        crate::addons::ensure(&admin, net)
-            .await
-            .context("the addons")?;
+        if real {
+            // CoreDNS's pods run this binary's DNS server; kube-proxy runs beside each
+            // machine's kubelet.
+            match crate::machine::kumo_binary() {
+                Some(exe) => crate::addons::ensure_real(&admin, &exe, &net.dns_ip())
+                    .await
+                    .context("the cluster DNS")?,
+                None => {
+                    tracing::warn!(instance = %inst.id, "no kumo binary to run the cluster DNS pods ($KUMO_BINARY names one): no coredns pods")
+                }
+            }
+        } else {
+            crate::addons::ensure(&admin, net)
+                .await
+                .context("the addons")?;
+        }
         let ca_pem = std::fs::read_to_string(pki.join("ca.crt")).context("the cluster CA")?;
         publish_cluster_info(&admin, &format!("https://{endpoint}"), &ca_pem)
             .await
@@ -536,7 +688,14 @@ async fn control_plane(
         sched_tx,
         Some(node_name.clone()),
     ));
-    {
+    if real {
+        // The node's kube-proxy, and its credentials for the other machines' ones.
+        let proxy_kc = kumo_apiserver::pki::kube_proxy_kubeconfig(&data_dir, &node_server)?;
+        tenant
+            .proxy_kubeconfig
+            .send_replace(Some((proxy_kc.clone(), net.clone())));
+        start_real_proxy(slot, &node_name, proxy_kc, net).await?;
+    } else {
         // The kube-proxy that programs the cluster's simulated network, which every node
         // shares: on every control-plane machine, since scale-downs and rollouts remove
         // the first one (each writes the same rules from the same API).
@@ -562,15 +721,19 @@ async fn control_plane(
         .await?;
         tokio::spawn(crate::cluster::run_cloud_controller_manager(
             data_dir.join("cloud-controller-manager.conf"),
-            cloud_controllers(dir),
+            cloud_controllers(dir, real),
             client,
             Some(node_name.clone()),
             net.clone(),
         ));
     }
-    // The static pods that show the components, probed where they serve.
+    // The static pods that show the components, probed where they serve. Not on the
+    // real runtime: its kubelet would run them, and their images (kube-apiserver's,
+    // etcd's) are not this host's components.
     let manifests = data_dir.join("manifests");
-    let endpoints = crate::controlplane::Endpoints {
+    std::fs::create_dir_all(&manifests)
+        .with_context(|| format!("creating {}", manifests.display()))?;
+    let endpoints = (!real).then_some(crate::controlplane::Endpoints {
         apiserver: api.local_addr.port(),
         controller_manager: crate::cluster::serving_port(true, &mut cm_rx).await,
         scheduler: crate::cluster::serving_port(true, &mut sched_rx).await,
@@ -582,21 +745,29 @@ async fn control_plane(
             data_dir: dir.join("var/lib/etcd"),
             health: crate::etcd::health_paths(),
         }),
-    };
-    crate::controlplane::write_manifests(&manifests, &data_dir, &endpoints, net)?;
-    let kubeconfig = kumo_apiserver::pki::kubelet_kubeconfig(&data_dir, &node_name, &server)?;
+    });
+    if let Some(endpoints) = endpoints {
+        crate::controlplane::write_manifests(&manifests, &data_dir, &endpoints, net)?;
+    }
+    let kubeconfig = kumo_apiserver::pki::kubelet_kubeconfig(&data_dir, &node_name, &node_server)?;
     let mut cfg = kubelet_config(inst, reg, &kubeconfig, true, &pki.join("ca.crt"), &tenant)?;
     cfg.cluster_dns = vec![net.dns_ip()];
     cfg.pod_manifest_path = Some(manifests);
+    let netns = with_real(slot, |r| {
+        r.configure_kubelet(&mut cfg)?;
+        Ok::<_, anyhow::Error>(r.machine.netns.clone())
+    })
+    .transpose()?;
     tokio::spawn(crate::hypervisor::mark_control_plane(
         api.admin_kubeconfig.clone(),
         node_name.clone(),
     ));
-    let dial = tenant.dial.clone();
+    // A simulated node's kubelet listens on a loopback port it picks.
+    let dial = netns.is_none().then(|| tenant.dial.clone());
     let stop_kubelet = stop.clone();
     std::thread::Builder::new()
         .name(format!("kubelet-{node_name}"))
-        .spawn(move || crate::hypervisor::kubelet_thread(cfg, None, Some(dial), None, stop_kubelet))
+        .spawn(move || crate::hypervisor::kubelet_thread(cfg, None, dial, netns, stop_kubelet))
         .context("starting the kubelet")?;
     tracing::info!(instance = %inst.id, cluster = %net.cluster_name, api = %api.local_addr, etcd = %member.urls.client, joined = joining.is_some(), "kubeadm: control plane up");
     // The API server and the etcd member serve until the machine powers off.
@@ -615,6 +786,7 @@ async fn etcd_endpoints(
     data_dir: &Path,
     endpoint: &str,
     ip: IpAddr,
+    known: Vec<String>,
 ) -> Result<(Vec<String>, crate::controlplane::Networking)> {
     use k8s_openapi::api::core::v1::{ConfigMap, Pod};
     let server = format!("https://{endpoint}");
@@ -653,6 +825,7 @@ async fn etcd_endpoints(
                 .cloned()
         })
         .collect();
+    let urls = if urls.is_empty() { known } else { urls };
     if urls.is_empty() {
         bail!("no etcd pod of the cluster advertises its client URLs yet");
     }
@@ -808,7 +981,7 @@ pub const CLOUD_CONTROLLERS_FILE: &str = "etc/kumo/cloud-controllers";
 
 /// The control plane's cloud-controller-manager controllers: the file's, else the node
 /// controllers only (seed 000's environment: no service controller).
-fn cloud_controllers(machine: &Path) -> Vec<String> {
+fn cloud_controllers(machine: &Path, real: bool) -> Vec<String> {
     std::fs::read_to_string(machine.join(CLOUD_CONTROLLERS_FILE))
         .ok()
         .map(|t| {
@@ -818,7 +991,35 @@ fn cloud_controllers(machine: &Path) -> Vec<String> {
                 .collect::<Vec<_>>()
         })
         .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| vec!["cloud-node".into(), "cloud-node-lifecycle".into()])
+        .unwrap_or_else(|| {
+            let mut v = vec!["cloud-node".into(), "cloud-node-lifecycle".into()];
+            if real {
+                // Pods on different machines reach each other through the VPC's routes
+                // to each node's pod range.
+                v.push("route".into());
+            }
+            v
+        })
+}
+
+/// Starts the real machine's kube-proxy with `kubeconfig` and the cluster's ranges.
+async fn start_real_proxy(
+    slot: &RealSlot,
+    node: &str,
+    kubeconfig: PathBuf,
+    net: &crate::controlplane::Networking,
+) -> Result<()> {
+    let cfg = with_real(slot, |r| {
+        r.machine
+            .proxy_config(node, &net.pod_subnet, &net.service_subnet)
+    })
+    .context("the machine is gone")?;
+    let proxy = crate::machine::start_proxy(kubeconfig, cfg)
+        .await
+        .context("starting kube-proxy")?;
+    // A machine gone meanwhile drops it, which stops it.
+    with_real(slot, |r| r.machine.keep_proxy(proxy));
+    Ok(())
 }
 
 /// kubeadm init's `kube-public/cluster-info` (a kubeconfig of the endpoint and the CA)
@@ -913,6 +1114,7 @@ async fn join(
     inst: &Instance,
     dir: &Path,
     config: &str,
+    slot: &RealSlot,
     stop: watch::Receiver<bool>,
 ) -> Result<()> {
     let docs = read_kubeadm_config(dir, config)?;
@@ -977,7 +1179,15 @@ async fn join(
         let ip: IpAddr = inst.private_ip.parse()?;
         let mut attempt = 0;
         let (etcd, net) = loop {
-            match etcd_endpoints(&kdir, &endpoint, ip).await {
+            // On the real runtime (no static pods) the members this host knows of.
+            let known = tenant
+                .etcd
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            match etcd_endpoints(&kdir, &endpoint, ip, known).await {
                 Ok(m) => break m,
                 Err(e) if attempt < 120 => {
                     attempt += 1;
@@ -988,7 +1198,7 @@ async fn join(
             }
         };
         let start = Start::Join { etcd };
-        return control_plane(ctx, inst, dir, &endpoint, &net, &reg, start, stop).await;
+        return control_plane(ctx, inst, dir, &endpoint, &net, &reg, start, slot, stop).await;
     }
     let kdir = dir.join("etc/kubernetes");
     let pki = kdir.join("pki");
@@ -1007,6 +1217,21 @@ async fn join(
         cert_dir: dir.join("var/lib/kubelet/pki"),
     };
     let mut cfg = kubelet_config(inst, &reg, &tls.kubeconfig, false, &ca_file, &tenant)?;
+    if let Some(vpc) = &ctx.vpc {
+        let node_name = cfg.node_name.clone();
+        boot_real(ctx, vpc, inst, &node_name, &endpoint, &tenant, slot).await?;
+        with_real(slot, |r| r.configure_kubelet(&mut cfg)).context("the machine is gone")??;
+        // Its kube-proxy, with the credentials the control plane issued.
+        let mut issued = tenant.proxy_kubeconfig.subscribe();
+        let (kc, net) =
+            tokio::time::timeout(Duration::from_secs(300), issued.wait_for(Option::is_some))
+                .await
+                .context("no control-plane machine of the cluster issued kube-proxy's credentials")?
+                .map_err(|_| anyhow::anyhow!("kube-proxy's credentials"))?
+                .clone()
+                .context("kube-proxy's credentials")?;
+        start_real_proxy(slot, &node_name, kc, &net).await?;
+    }
     let mut attempt = 0;
     cfg.cluster_dns = loop {
         match download_cluster_dns(&tls.bootstrap).await {
@@ -1019,11 +1244,12 @@ async fn join(
             Err(e) => return Err(e),
         }
     };
-    let dial = tenant.dial.clone();
+    let netns = with_real(slot, |r| r.machine.netns.clone());
+    let dial = netns.is_none().then(|| tenant.dial.clone());
     let node = cfg.node_name.clone();
     std::thread::Builder::new()
         .name(format!("kubelet-{node}"))
-        .spawn(move || crate::hypervisor::kubelet_thread(cfg, Some(tls), Some(dial), None, stop))
+        .spawn(move || crate::hypervisor::kubelet_thread(cfg, Some(tls), dial, netns, stop))
         .context("starting the kubelet")?;
     tracing::info!(instance = %inst.id, node = %node, endpoint = %endpoint, "kubeadm join: kubelet started");
     Ok(())

@@ -55,7 +55,13 @@ pub fn images_dir(data_dir: &Path) -> PathBuf {
 /// those loaded with `kumo load image-archive` before), and the CRI client the kubelet
 /// drives it with. Blocking (about a second).
 pub fn boot(data_dir: &Path, node: &str) -> Result<Machine> {
-    let dir = node_dir(data_dir, node);
+    boot_at(data_dir, &node_dir(data_dir, node), node)
+}
+
+/// [`boot`] with the machine's directory `dir` (a workload cluster's machine keeps it
+/// under its instance's, `<data-dir>/machines/<instance>/node`).
+pub fn boot_at(data_dir: &Path, dir: &Path, node: &str) -> Result<Machine> {
+    let dir = dir.to_path_buf();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut images =
         kumo_node::images::build(&images_dir(data_dir)).context("packing kumo's offline images")?;
@@ -232,7 +238,7 @@ impl kumo_cloud::Network for VpcNetwork {
 /// loopback: how the control-plane node's address reaches the API server that runs in
 /// this process (kube-apiserver listens on its node's address; this one on loopback).
 /// Ends when the returned task is aborted.
-pub fn relay(
+fn relay(
     netns: &Path,
     listen: std::net::SocketAddr,
     to: std::net::SocketAddr,
@@ -273,7 +279,7 @@ where
 /// relayed to `to` inside namespace `netns` — how the API server in this process reaches a
 /// kubelet that listens on its node's address (a port kumo maps to 127.0.0.1; nothing is
 /// dialed from the host's own namespace). Returns the loopback address and the task.
-pub async fn relay_into(
+async fn relay_into(
     netns: &Path,
     to: std::net::SocketAddr,
 ) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
@@ -300,10 +306,195 @@ pub async fn relay_into(
     Ok((at, task))
 }
 
-/// Powers node `node`'s machine off: its pods, containerd and namespace go.
-pub fn power_off(data_dir: &Path, node: &str) {
-    if let Err(e) = kumo_node::teardown(&node_dir(data_dir, node)) {
-        tracing::warn!(node, error = %e, "tearing the node's machine down");
+/// A node's kube-proxy thread and how to stop it (it removes its table as it goes).
+pub struct ProxyThread {
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ProxyThread {
+    /// Stops it and waits until it has removed its table.
+    pub async fn stop(self) {
+        self.stop.send_replace(true);
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+}
+
+/// A node's kube-proxy with the credentials of `kubeconfig`, in nftables mode, on a thread
+/// and runtime of its own in the namespace `cfg` names: it programs that namespace and
+/// reaches the API server from there, as a node's kube-proxy does.
+pub async fn start_proxy(
+    kubeconfig: PathBuf,
+    cfg: kumo_proxy::nft::NftConfig,
+) -> Result<ProxyThread> {
+    let node = cfg.node_name.clone();
+    let netns = cfg.netns.clone().context("kube-proxy's namespace")?;
+    let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
+    let (started_tx, started) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+    let thread = std::thread::Builder::new()
+        .name(format!("kube-proxy-{node}"))
+        .spawn(move || {
+            let run = || -> anyhow::Result<tokio::runtime::Runtime> {
+                kumo_cri_remote::netns::enter(&netns)?;
+                Ok(tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?)
+            };
+            let rt = match run() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let client = match async {
+                    let config = kumo_client::clients::config_from_kubeconfig(&kubeconfig).await?;
+                    Ok::<_, anyhow::Error>(kumo_client::transport::client(config)?)
+                }
+                .await
+                {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = started_tx.send(Ok(()));
+                let proxy = kumo_proxy::nft::NftProxy::start(
+                    client,
+                    cfg,
+                    kumo_proxy::nft::SyncPeriods::default(),
+                );
+                let _ = stop_rx.wait_for(|s| *s).await;
+                proxy.shutdown().await;
+            });
+        })?;
+    started
+        .await
+        .map_err(|_| anyhow::anyhow!("kube-proxy's thread ended"))??;
+    Ok(ProxyThread { stop, thread })
+}
+
+/// A machine of the cloud's VPC as a workload cluster's instance has it: booted in its
+/// directory, its NIC on its subnet's bridge at its private address, its registry mirror
+/// served, the kubelet's port (10250 on that address) reachable from this host's loopback
+/// at [`VpcMachine::kubelet_at`], and whatever relays and kube-proxy it is given. Powered
+/// off with [`VpcMachine::power_off`].
+pub struct VpcMachine {
+    pub factory: kumo_cri::RuntimeFactory,
+    pub cgroup_root: String,
+    /// The machine's network namespace (a path under `/run/netns`).
+    pub netns: PathBuf,
+    pub ip: std::net::Ipv4Addr,
+    /// Where this host reaches the kubelet's port in the machine.
+    pub kubelet_at: std::net::SocketAddr,
+    dir: PathBuf,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    proxy: Option<ProxyThread>,
+}
+
+impl VpcMachine {
+    /// Boots machine `name` in `dir`, attached to `vpc` at `ip`.
+    pub async fn boot(
+        data_dir: &Path,
+        dir: &Path,
+        name: &str,
+        vpc: Arc<kumo_vpc::Vpc>,
+        ip: std::net::Ipv4Addr,
+    ) -> Result<VpcMachine> {
+        let (data, at, node) = (data_dir.to_path_buf(), dir.to_path_buf(), name.to_owned());
+        let m = tokio::task::spawn_blocking(move || {
+            let m = boot_at(&data, &at, &node)?;
+            if let Err(e) = vpc.attach(&m.netns, ip) {
+                let _ = kumo_node::teardown(&at);
+                return Err(anyhow::anyhow!("attaching {node} to the VPC: {e}"));
+            }
+            Ok::<_, anyhow::Error>(m)
+        })
+        .await
+        .context("booting the machine")??;
+        let netns = Path::new("/run/netns").join(&m.netns);
+        let mut machine = VpcMachine {
+            factory: m.factory,
+            cgroup_root: m.cgroup_root,
+            netns: netns.clone(),
+            ip,
+            kubelet_at: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            dir: dir.to_path_buf(),
+            tasks: Vec::new(),
+            proxy: None,
+        };
+        // From here on, a failure powers the machine off as it drops out of scope.
+        let started = async {
+            machine.tasks.push(serve_registry(data_dir, m.registry)?);
+            let (at, task) = relay_into(
+                &netns,
+                std::net::SocketAddr::from((ip, crate::hypervisor::KUBELET_PORT)),
+            )
+            .await?;
+            machine.kubelet_at = at;
+            machine.tasks.push(task);
+            Ok::<_, anyhow::Error>(())
+        }
+        .await;
+        match started {
+            Ok(()) => Ok(machine),
+            Err(e) => {
+                machine.power_off().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Relays connections to `listen` in the machine to `to` on this host's loopback.
+    pub fn relay(&mut self, listen: std::net::SocketAddr, to: std::net::SocketAddr) -> Result<()> {
+        self.tasks.push(relay(&self.netns, listen, to)?);
+        Ok(())
+    }
+
+    /// The configuration of the node's kube-proxy (nftables, in this machine) for the
+    /// cluster's ranges; [`start_proxy`] starts it, [`VpcMachine::keep_proxy`] keeps it.
+    pub fn proxy_config(
+        &self,
+        node: &str,
+        cluster_cidr: &str,
+        service_cidr: &str,
+    ) -> kumo_proxy::nft::NftConfig {
+        kumo_proxy::nft::NftConfig {
+            node_name: node.to_owned(),
+            node_ips: vec![self.ip],
+            cluster_cidr: kumo_proxy::nft::parse_cidr(cluster_cidr),
+            service_cidrs: kumo_proxy::nft::parse_cidr(service_cidr)
+                .into_iter()
+                .collect(),
+            netns: Some(self.netns.clone()),
+        }
+    }
+
+    /// Keeps the node's kube-proxy, to stop it when the machine powers off.
+    pub fn keep_proxy(&mut self, proxy: ProxyThread) {
+        self.proxy = Some(proxy);
+    }
+
+    /// Powers the machine off: its relays, kube-proxy (which removes its table), pods,
+    /// containerd and namespace go.
+    pub async fn power_off(mut self) {
+        for t in self.tasks.drain(..) {
+            // A listening socket would keep the namespace alive.
+            t.abort();
+        }
+        if let Some(p) = self.proxy.take() {
+            p.stop().await;
+        }
+        let dir = self.dir.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Err(e) = kumo_node::teardown(&dir) {
+                tracing::warn!(machine = %dir.display(), error = %e, "tearing the machine down");
+            }
+        })
+        .await;
     }
 }
 
@@ -314,11 +505,29 @@ pub fn power_off_all(data_dir: &Path) {
             tracing::warn!(node = %dir.display(), error = %e, "tearing the node's machine down");
         }
     }
+    // The workload clusters' machines (Cluster API's instances on the real runtime).
+    for dir in tenant_machines(data_dir) {
+        if let Err(e) = kumo_node::teardown(&dir) {
+            tracing::warn!(machine = %dir.display(), error = %e, "tearing the machine down");
+        }
+    }
     if let Err(e) = kumo_vpc::teardown(&vpc_dir(data_dir)) {
         tracing::warn!(error = %e, "tearing the VPC down");
     }
     // The stacked etcd members of Cluster API's control-plane machines.
     crate::etcd::stop_all(&data_dir.join("machines"));
+}
+
+/// The recorded machines of Cluster API's instances (`machines/<instance>/node`).
+fn tenant_machines(data_dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("machines")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path().join("node"))
+        .filter(|d| kumo_node::netns_of(d).is_some())
+        .collect()
 }
 
 /// The directory `kumo load image-archive` keeps archives in, for nodes that boot later.
@@ -384,22 +593,64 @@ pub fn host_capacity() -> (String, String) {
 /// "network unreachable" at once).
 #[derive(Debug)]
 pub struct MachinesNetwork {
-    nodes_dir: PathBuf,
+    machines: Machines,
+}
+
+/// Where [`MachinesNetwork`] finds the machines' namespaces.
+#[derive(Debug)]
+enum Machines {
+    /// Those recorded under a directory (a cluster's `nodes/`).
+    Recorded(PathBuf),
+    /// Those a workload cluster's machines registered as they booted.
+    Listed(Arc<NetnsList>),
+}
+
+/// The network namespaces of one workload cluster's machines, by instance id.
+#[derive(Debug, Default)]
+pub struct NetnsList(std::sync::Mutex<std::collections::BTreeMap<String, PathBuf>>);
+
+impl NetnsList {
+    pub fn insert(&self, id: &str, netns: PathBuf) {
+        self.lock().insert(id.to_owned(), netns);
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    fn paths(&self) -> Vec<PathBuf> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, PathBuf>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl MachinesNetwork {
     pub fn new(data_dir: &Path) -> Self {
         MachinesNetwork {
-            nodes_dir: data_dir.join("nodes"),
+            machines: Machines::Recorded(data_dir.join("nodes")),
+        }
+    }
+
+    /// The pod network of a workload cluster's machines.
+    pub fn listed(list: Arc<NetnsList>) -> Self {
+        MachinesNetwork {
+            machines: Machines::Listed(list),
         }
     }
 
     fn dial(&self, to: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
         let mut last = std::io::Error::from(std::io::ErrorKind::NetworkUnreachable);
-        for dir in kumo_node::recorded(&self.nodes_dir) {
-            let Some(netns) = kumo_node::netns_of(&dir) else {
-                continue;
-            };
+        let namespaces = match &self.machines {
+            Machines::Recorded(dir) => kumo_node::recorded(dir)
+                .iter()
+                .filter_map(|d| kumo_node::netns_of(d))
+                .collect(),
+            Machines::Listed(list) => list.paths(),
+        };
+        for netns in namespaces {
             match kumo_cri_remote::netns::connect(
                 Some(&netns),
                 to,

@@ -512,15 +512,6 @@ impl UpArgs {
 }
 
 async fn up(args: UpArgs) -> Result<()> {
-    if args.runtime == "containerd" && args.cluster_api {
-        // The workload clusters' machines are simulated (their control planes listen on
-        // this host's loopback, their pods on the simulator): on the VPC the cloud's
-        // load balancers would probe their private addresses and find nothing there.
-        anyhow::bail!(
-            "--cluster-api runs its workload clusters on the simulated runtime only: \
-             use it with --runtime sim (the default)"
-        );
-    }
     let data_dir = args.data_dir()?;
     if args.detach {
         return daemon::up_detached(&data_dir).await;

@@ -235,36 +235,6 @@ fn up_detached_reports_a_failed_start_in_one_line() {
     assert!(!dir.join("kumo.pid").exists());
 }
 
-/// Cluster API's workload clusters are simulated: with the real runtime, `kumo up` says so
-/// in one line and starts nothing.
-#[test]
-fn up_refuses_cluster_api_on_the_real_runtime() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("kumo");
-    for detach in [true, false] {
-        let mut args = vec![
-            "up",
-            "--port",
-            "0",
-            "--runtime",
-            "containerd",
-            "--cluster-api",
-        ];
-        if detach {
-            args.push("-d");
-        }
-        let out = kumo(&args, &dir);
-        let err = text(&out.stderr);
-        assert!(!out.status.success(), "kumo {args:?} started");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(
-            err.contains("--cluster-api runs its workload clusters on the simulated runtime only"),
-            "{err}"
-        );
-        assert!(!dir.join("kumo.pid").exists());
-    }
-}
-
 /// Two clusters side by side, as kind runs them: the second gets a context of its own,
 /// and asking for the first one's port names the cluster that holds it.
 #[test]

@@ -388,3 +388,210 @@ fn pods_services_and_names_travel_over_real_packets() {
         assert!(report.contains("data plane: "), "{report}");
     });
 }
+
+/// The workload cluster of a pod on it: a busybox pod that serves a page on the control
+/// plane's machine (pinned there, past the control-plane taint as a DaemonSet is), and one
+/// that waits on the worker.
+const TENANT_PODS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: on-cp}
+spec:
+  nodeName: NODE
+  containers:
+  - name: c
+    image: busybox:1.37
+    command: [sh, -c, 'mkdir -p /www; hostname > /www/index.html; httpd -f -p 8080 -h /www']
+    readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: on-worker}
+spec:
+  containers:
+  - {name: c, image: "busybox:1.37", command: [sleep, "3600"]}
+"#;
+
+/// A pod that asks the workload cluster's API server for its health by the `kubernetes`
+/// Service's name.
+const TO_API: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: to-api}
+spec:
+  restartPolicy: Never
+  containers:
+  - {name: c, image: "curlimages/curl:8.11.0", command: [curl, -sSk, "https://kubernetes.default/healthz"]}
+"#;
+
+/// `kumo up --runtime containerd --cluster-api`: Cluster API's machines are real machines
+/// too — each a namespace with its containerd on the cloud's VPC, its kubelet and nftables
+/// kube-proxy in it — so the workload cluster's pods run, reach each other across machines
+/// through the VPC's routes (the cluster's own route controller), find names through its
+/// own CoreDNS pods and the API through its `kubernetes` Service; deleting the Cluster
+/// powers its machines off.
+#[test]
+fn workload_clusters_run_on_real_machines() {
+    with_real_cluster(&["--nodes", "0", "--cluster-api"], |kc, data, _printed| {
+        ok(kc, &["create", "namespace", "t0"]);
+        let example = include_str!("../../../docs/examples/cluster-api.yaml")
+            .replace("replicas: 2", "replicas: 1");
+        let applied = kubectl_in(kc, &["apply", "-n", "t0", "-f", "-"], Some(&example));
+        assert!(applied.ok, "{}", applied.stderr);
+        let out = eventually(60, "the demo-kubeconfig Secret", || {
+            let o = kubectl(
+                kc,
+                &[
+                    "get",
+                    "secret",
+                    "demo-kubeconfig",
+                    "-n",
+                    "t0",
+                    "-o",
+                    "jsonpath={.data.value}",
+                ],
+            );
+            (o.ok && !o.stdout.is_empty()).then_some(o.stdout)
+        });
+        use base64::Engine;
+        let text = base64::engine::general_purpose::STANDARD
+            .decode(out.trim())
+            .unwrap();
+        let tkc = data.join("demo.conf");
+        std::fs::write(&tkc, text).unwrap();
+        let tkc = tkc.as_path();
+        let nodes = eventually(180, "2 Ready workload nodes", || {
+            let o = kubectl(tkc, &["get", "nodes", "-o", "json"]);
+            let v: serde_json::Value = serde_json::from_str(&o.stdout).ok()?;
+            let items = v["items"].as_array()?.clone();
+            let ready = items
+                .iter()
+                .filter(|n| {
+                    n["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+                })
+                .count();
+            (items.len() == 2 && ready == 2).then_some(items)
+        });
+        // Real machines of the cloud: containerd's nodes, with providerIDs naming the
+        // instances and addresses of the VPC.
+        let mut cp = String::new();
+        for n in &nodes {
+            let info = &n["status"]["nodeInfo"];
+            assert!(
+                info["containerRuntimeVersion"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("containerd://"),
+                "{info}"
+            );
+            assert!(
+                n["spec"]["providerID"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("kumo://kumo-1"),
+                "{}",
+                n["spec"]
+            );
+            assert!(
+                n["spec"]["podCIDR"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("192.168."),
+                "{}",
+                n["spec"]
+            );
+            if n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"].is_string() {
+                cp = n["metadata"]["name"].as_str().unwrap().to_owned();
+            }
+        }
+        assert!(!cp.is_empty(), "a control-plane node: {nodes:?}");
+        // The machines are namespaces of their own, not the management cluster's nodes.
+        let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+        let netns = String::from_utf8_lossy(&netns.stdout).into_owned();
+        assert!(netns.contains(&cp[..cp.len().min(20)]), "{netns}");
+        let pods = TENANT_PODS.replace("NODE", &cp);
+        let applied = kubectl_in(tkc, &["apply", "-f", "-"], Some(&pods));
+        assert!(applied.ok, "{}", applied.stderr);
+        for pod in ["on-cp", "on-worker"] {
+            eventually(90, &format!("workload pod {pod} ready"), || {
+                let r = jsonpath(
+                    tkc,
+                    &format!("pod/{pod}"),
+                    "{.status.containerStatuses[0].ready}",
+                );
+                (r == "true").then_some(())
+            });
+        }
+        let cp_ip = jsonpath(tkc, "pod/on-cp", "{.status.podIP}");
+        assert!(cp_ip.starts_with("192.168."), "{cp_ip}");
+        // Pod to pod, from the worker's machine to the control plane's.
+        let page = eventually(30, "on-cp's page from on-worker", || {
+            let o = kubectl(
+                tkc,
+                &[
+                    "exec",
+                    "on-worker",
+                    "--",
+                    "wget",
+                    "-qO-",
+                    &format!("http://{cp_ip}:8080/"),
+                ],
+            );
+            o.ok.then_some(o.stdout)
+        });
+        assert_eq!(page.trim(), "on-cp");
+        // The cluster's own DNS (its Service range's 10th address) and API (its first).
+        eventually(120, "the workload's coredns pods ready", || {
+            let r = kubectl(
+                tkc,
+                &[
+                    "get",
+                    "deploy/coredns",
+                    "-n",
+                    "kube-system",
+                    "-o",
+                    "jsonpath={.status.readyReplicas}",
+                ],
+            );
+            (r.stdout == "2").then_some(())
+        });
+        let looked = eventually(30, "nslookup of kubernetes.default", || {
+            let o = kubectl(
+                tkc,
+                &[
+                    "exec",
+                    "on-worker",
+                    "--",
+                    "nslookup",
+                    "kubernetes.default.svc.cluster.local",
+                ],
+            );
+            o.stdout.contains("10.128.0.1").then_some(o.stdout)
+        });
+        assert!(looked.contains("Server:\t\t10.128.0.10"), "{looked}");
+        let applied = kubectl_in(tkc, &["apply", "-f", "-"], Some(TO_API));
+        assert!(applied.ok, "{}", applied.stderr);
+        let healthz = eventually(60, "to-api's answer", || {
+            let p = jsonpath(
+                tkc,
+                "pod/to-api",
+                "{.status.containerStatuses[0].state.terminated.exitCode}",
+            );
+            (!p.is_empty()).then(|| (p, kubectl(tkc, &["logs", "to-api"]).stdout))
+        });
+        assert_eq!(healthz, ("0".to_owned(), "ok".to_owned()));
+        // Deleting the Cluster powers its machines off: their namespaces go.
+        ok(
+            kc,
+            &["delete", "cluster", "demo", "-n", "t0", "--wait=false"],
+        );
+        eventually(90, "the workload machines' namespaces to go", || {
+            let o = Command::new("ip").args(["netns", "list"]).output().unwrap();
+            let list = String::from_utf8_lossy(&o.stdout).into_owned();
+            (!list.contains("-demo-")).then_some(())
+        });
+    });
+}

@@ -139,16 +139,22 @@ pub fn with_real_cluster(args: &[&str], exercise: impl FnOnce(&Path, &Path, &str
         exercise(&kc, &data, &printed)
     }));
     // What the nodes' machines and the VPC are, to check they are gone after.
-    let records: Vec<serde_json::Value> = std::fs::read_dir(data.join("nodes"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.path().join("node.json"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .filter_map(|t| serde_json::from_str(&t).ok())
+    // (The nodes' machines, and Cluster API's under their instances.)
+    let recorded = |dir: PathBuf, sub: &str| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path().join(sub).join("node.json"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let mut files = recorded(data.join("nodes"), "");
+    files.extend(recorded(data.join("machines"), "node"));
+    let records: Vec<(PathBuf, serde_json::Value)> = files
+        .into_iter()
+        .filter_map(|p| Some((p.clone(), std::fs::read_to_string(&p).ok()?)))
+        .filter_map(|(p, t)| Some((p, serde_json::from_str(&t).ok()?)))
         .collect();
     let vpc: Option<serde_json::Value> =
         std::fs::read_to_string(data.join("cloud").join("vpc").join("vpc.json"))
@@ -192,7 +198,7 @@ pub fn with_real_cluster(args: &[&str], exercise: impl FnOnce(&Path, &Path, &str
     assert!(!records.is_empty(), "the nodes recorded their machines");
     let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let netns = String::from_utf8_lossy(&netns.stdout);
-    for r in &records {
+    for (file, r) in &records {
         let name = r["netns"].as_str().unwrap();
         assert!(!netns.contains(name), "namespace {name} left");
         let cgroup = format!(
@@ -200,11 +206,7 @@ pub fn with_real_cluster(args: &[&str], exercise: impl FnOnce(&Path, &Path, &str
             r["cgroup_root"].as_str().unwrap()
         );
         assert!(!Path::new(&cgroup).exists(), "{cgroup} left");
-        let node = r["name"].as_str().unwrap();
-        assert!(
-            !data.join("nodes").join(node).join("node.json").exists(),
-            "{node} still recorded"
-        );
+        assert!(!file.exists(), "{} still recorded", file.display());
     }
     if let Some(v) = &vpc {
         for key in ["netns", "public_netns"] {
