@@ -46,6 +46,20 @@ pub fn node_dir(data_dir: &Path, node: &str) -> PathBuf {
     data_dir.join("nodes").join(node)
 }
 
+/// The directory of the machine that runs node `node`: a cluster node's (`nodes/<node>`),
+/// else that of a workload cluster's machine whose node it is
+/// (`machines/<instance>/node`).
+pub fn find_node_dir(data_dir: &Path, node: &str) -> PathBuf {
+    let own = node_dir(data_dir, node);
+    if kumo_node::read_record(&own).is_some() {
+        return own;
+    }
+    tenant_machines(data_dir)
+        .into_iter()
+        .find(|d| kumo_node::read_record(d).is_some_and(|r| r.name == node))
+        .unwrap_or(own)
+}
+
 /// Where kumo packs its offline images (pause, busybox) for the nodes to import.
 pub fn images_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("images")

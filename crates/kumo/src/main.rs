@@ -191,9 +191,9 @@ enum ImageCommand {
 
 #[derive(Subcommand)]
 enum NodeCommand {
-    /// Run a command on a node (--runtime containerd): in its network namespace, with its
-    /// containerd as the CRI endpoint of `crictl` and the address of `ctr`. Works while the
-    /// API server is down.
+    /// Run a command on a node (--runtime containerd), the cluster's or a workload
+    /// cluster's (--cluster-api): in its network namespace, with its containerd as the CRI
+    /// endpoint of `crictl` and the address of `ctr`. Works while the API server is down.
     Exec {
         /// The node's name.
         node: String,
@@ -1037,7 +1037,8 @@ fn other(command: Command) -> Result<()> {
                 },
         } => {
             let dir = daemon::data_dir(data_dir, name.as_deref())?;
-            let mut cmd = kumo_node::exec_command(&kumo::machine::node_dir(&dir, &node), &command)?;
+            let mut cmd =
+                kumo_node::exec_command(&kumo::machine::find_node_dir(&dir, &node), &command)?;
             let status = cmd
                 .status()
                 .map_err(|e| anyhow::anyhow!("running {command:?} on {node}: {e}"))?;

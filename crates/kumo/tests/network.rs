@@ -572,6 +572,21 @@ fn workload_clusters_run_on_real_machines() {
             o.stdout.contains("10.128.0.1").then_some(o.stdout)
         });
         assert!(looked.contains("Server:\t\t10.128.0.10"), "{looked}");
+        // The worker's kube-proxy programs the workload cluster's Services in its machine
+        // (`kumo node exec` reaches a workload cluster's machines too).
+        let worker = nodes
+            .iter()
+            .map(|n| n["metadata"]["name"].as_str().unwrap())
+            .find(|n| *n != cp)
+            .unwrap();
+        let table = on_node(data, worker, &["nft", "list", "table", "ip", "kube-proxy"]);
+        assert!(table.ok, "{}", table.stderr);
+        assert!(
+            table.stdout.contains("kube-system/kube-dns/udp/dns")
+                && table.stdout.contains("10.128.0.10"),
+            "{}",
+            table.stdout
+        );
         let applied = kubectl_in(tkc, &["apply", "-f", "-"], Some(TO_API));
         assert!(applied.ok, "{}", applied.stderr);
         let healthz = eventually(60, "to-api's answer", || {

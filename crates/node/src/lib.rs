@@ -401,7 +401,8 @@ state = "{d}/state"
     )
 }
 
-fn read_record(dir: &Path) -> Option<Record> {
+/// The record of the machine whose directory is `dir`, if one runs there.
+pub fn read_record(dir: &Path) -> Option<Record> {
     let text = std::fs::read_to_string(dir.join("node.json")).ok()?;
     serde_json::from_str(&text).ok()
 }
