@@ -135,7 +135,9 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
             let conditions = merge_conditions(&x.status, &cs, x.metadata.generation);
             m.patch_status(&**x, json!({"conditions": conditions}))
                 .await?;
-            remove_machine(m, &k, &cluster_name, x, "deleted by remediation").await?;
+            if !remove_machine(m, &k, &cluster_name, x, "deleted by remediation").await? {
+                return Err(SyncError::After(Duration::from_secs(1)));
+            }
             return Err(SyncError::After(Duration::from_secs(1)));
         }
     }
@@ -182,6 +184,8 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
         scaling_up = Condition::new("ScalingUp", true, "ScalingUp")
             .message(format!("Scaling up from {have} to {want} replicas"));
     }
+    // Whether a machine that should go waits for the cluster's etcd to be asked.
+    let mut etcd_blocked = false;
     if (have > want || (rolling && have >= want + surge)) && initialized && ready == have {
         // Upstream's choice: an outdated machine if there is one, the oldest of the
         // failure domain with the most.
@@ -201,7 +205,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
                 x.metadata.creation_timestamp.clone().map(|t| t.0),
             )
         }) {
-            remove_machine(m, &k, &cluster_name, x, "deleted").await?;
+            etcd_blocked = !remove_machine(m, &k, &cluster_name, x, "deleted").await?;
         }
     }
     let available = initialized && ready > 0;
@@ -229,7 +233,17 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
     conditions.extend(
         crate::scaling_conditions(have, want, ready)
             .into_iter()
-            .filter(|c| c.type_ != "ScalingUp"),
+            .filter(|c| c.type_ != "ScalingUp")
+            .map(|c| {
+                // Upstream's preflight check on etcd, worded as its message.
+                if c.type_ == "ScalingDown" && have > want && etcd_blocked {
+                    c.message(format!(
+                        "Scaling down from {have} to {want} replicas is blocked because:\n* waiting for etcd cluster to become healthy"
+                    ))
+                } else {
+                    c
+                }
+            }),
     );
     let version = k.spec.get("version").cloned().unwrap_or(Value::Null);
     let status = json!({
@@ -242,7 +256,7 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
         "conditions": merge_conditions(&k.status, &conditions, k.metadata.generation),
     });
     m.patch_status(&*k, status).await?;
-    if !available {
+    if !available || etcd_blocked {
         return Err(SyncError::After(Duration::from_secs(1)));
     }
     Ok(())
@@ -250,18 +264,19 @@ pub async fn sync(m: &Manager, key: &str) -> Result<(), SyncError> {
 
 /// Deletes control-plane machine `x` once its member is out of the cluster's etcd
 /// (nothing to remove for a machine that never got a node), with a `SuccessfulDelete`
-/// event saying `Machine <name> <why>`.
+/// event saying `Machine <name> <why>`; false (nothing deleted) while the cluster's etcd
+/// cannot be asked.
 async fn remove_machine(
     m: &Manager,
     k: &KubeadmControlPlane,
     cluster: &str,
     x: &Machine,
     why: &str,
-) -> Result<(), SyncError> {
+) -> Result<bool, SyncError> {
     let ns = k.namespace();
     if let Some(node) = str_at(&x.status, "/nodeRef/name") {
         if !crate::etcd::remove_member(m, ns, cluster, node).await? {
-            return Err(SyncError::After(Duration::from_secs(1)));
+            return Ok(false);
         }
     }
     let _ = m
@@ -275,7 +290,7 @@ async fn remove_machine(
         format!("Machine {} {why}", x.name()),
     )
     .await;
-    Ok(())
+    Ok(true)
 }
 
 /// The `<cluster>-kubeconfig` Secret, made once (owned by the control plane).
