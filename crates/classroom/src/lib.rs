@@ -72,6 +72,9 @@ struct State {
     /// Session token → user name.
     sessions: Mutex<HashMap<String, String>>,
     remote: kumo_capi::remote::Remote,
+    /// Held while a learner's Cluster gets its pod range, so two sign-ins at once do not
+    /// take the same one.
+    allocating: tokio::sync::Mutex<()>,
 }
 
 /// A running classroom.
@@ -105,6 +108,7 @@ pub async fn start(cfg: Config) -> Result<Classroom, Error> {
         remote: kumo_capi::remote::Remote::new(cfg.client.clone()),
         cfg,
         sessions: Mutex::new(HashMap::new()),
+        allocating: tokio::sync::Mutex::new(()),
     });
     let (stop, mut stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -363,23 +367,80 @@ async fn provision(state: &State, user: &str) -> Result<(), Error> {
                 .map_err(|e| Error::Invalid(format!("the template: {e}")))
         })
         .collect::<Result<_, _>>()?;
-    for v in docs {
+    let _allocating = state.allocating.lock().await;
+    for mut v in docs {
         let (Some(api_version), Some(kind), Some(name)) = (
-            v["apiVersion"].as_str(),
-            v["kind"].as_str(),
-            v.pointer("/metadata/name").and_then(Value::as_str),
+            v["apiVersion"].as_str().map(str::to_owned),
+            v["kind"].as_str().map(str::to_owned),
+            v.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
         ) else {
             continue;
         };
-        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-        let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
+        let (group, version) = api_version
+            .split_once('/')
+            .unwrap_or(("", api_version.as_str()));
+        let gvk = kube::core::GroupVersionKind::gvk(group, version, &kind);
         let (ar, _) = kube::discovery::pinned_kind(client, &gvk).await?;
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
-        if api.get_opt(name).await?.is_none() {
-            api.patch(name, &pp, &Patch::Apply(&v)).await?;
+        if api.get_opt(&name).await?.is_none() {
+            if kind == "Cluster" {
+                // The learners' clusters share the cloud's network (on the real runtime,
+                // the VPC's route table holds every cluster's pod routes): each gets a
+                // pod range of its own.
+                let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+                let taken: Vec<String> = all
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .iter()
+                    .flat_map(|c| pod_ranges(&c.data))
+                    .collect();
+                let range = free_pod_range(&taken).ok_or_else(|| {
+                    Error::Invalid("no pod range left for another learner's cluster".into())
+                })?;
+                v["spec"]["clusterNetwork"]["pods"]["cidrBlocks"] = json!([range]);
+            }
+            api.patch(&name, &pp, &Patch::Apply(&v)).await?;
         }
     }
     Ok(())
+}
+
+/// The pod ranges a Cluster's `spec.clusterNetwork.pods.cidrBlocks` names.
+fn pod_ranges(cluster: &Value) -> Vec<String> {
+    cluster
+        .pointer("/spec/clusterNetwork/pods/cidrBlocks")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The first of the learners' pod ranges (the /20s of 172.16.0.0/12: 256 clusters of up
+/// to 16 nodes, a /24 each) that overlaps none of `taken`.
+fn free_pod_range(taken: &[String]) -> Option<String> {
+    let parse = |c: &str| -> Option<(u32, u32)> {
+        let (ip, bits) = c.split_once('/')?;
+        let ip: std::net::Ipv4Addr = ip.trim().parse().ok()?;
+        let bits: u32 = bits.trim().parse().ok().filter(|b| *b <= 32)?;
+        let mask = if bits == 0 {
+            0
+        } else {
+            u32::MAX << (32 - bits)
+        };
+        Some((u32::from(ip) & mask, mask))
+    };
+    let taken: Vec<(u32, u32)> = taken.iter().filter_map(|c| parse(c)).collect();
+    let base = u32::from(std::net::Ipv4Addr::new(172, 16, 0, 0));
+    (0..256u32).map(|i| base + (i << 12)).find_map(|net| {
+        let mask = u32::MAX << 12;
+        // Two ranges overlap when either holds the other's network address.
+        let overlaps = taken.iter().any(|(n, m)| net & m == *n || n & mask == net);
+        (!overlaps).then(|| format!("{}/20", std::net::Ipv4Addr::from(net)))
+    })
 }
 
 /// The map of the user's cluster.
@@ -836,4 +897,29 @@ where
     kc_gone.abort();
     let _ = std::fs::remove_file(&kc_path);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_learner_gets_a_pod_range_no_other_cluster_has() {
+        assert_eq!(free_pod_range(&[]).as_deref(), Some("172.16.0.0/20"));
+        // The template's own range and the management cluster's do not collide.
+        let taken = vec!["192.168.0.0/16".to_owned(), "10.244.0.0/16".to_owned()];
+        assert_eq!(free_pod_range(&taken).as_deref(), Some("172.16.0.0/20"));
+        let taken = vec!["172.16.0.0/20".to_owned(), "172.16.16.0/20".to_owned()];
+        assert_eq!(free_pod_range(&taken).as_deref(), Some("172.16.32.0/20"));
+        // A wider range someone chose covers several; one inside a /20 takes it whole.
+        let taken = vec!["172.16.0.0/18".to_owned(), "172.16.64.5/24".to_owned()];
+        assert_eq!(free_pod_range(&taken).as_deref(), Some("172.16.80.0/20"));
+        // Garbage is skipped, a full pool is none.
+        let taken = vec!["nonsense".to_owned(), "172.16.0.0/12".to_owned()];
+        assert_eq!(free_pod_range(&taken), None);
+        let cluster =
+            serde_json::json!({"spec": {"clusterNetwork": {"pods": {"cidrBlocks": ["a", "b"]}}}});
+        assert_eq!(pod_ranges(&cluster), vec!["a", "b"]);
+        assert!(pod_ranges(&serde_json::json!({})).is_empty());
+    }
 }

@@ -719,12 +719,23 @@ async fn control_plane(
             &key_name,
         )
         .await?;
+        // Its `--cluster-name` tells its routes and load balancers from other clusters' in
+        // the same cloud: the cluster's name with its CA's hash, since clusters handed out
+        // may share a name (every learner's `demo`).
+        let ca_pem = std::fs::read_to_string(pki.join("ca.crt")).context("the cluster CA")?;
+        let hash = kumo_capi::certs::ca_cert_hash(&ca_pem)?;
+        let mut ccm_net = net.clone();
+        ccm_net.cluster_name = format!(
+            "{}-{}",
+            net.cluster_name,
+            hash.trim_start_matches("sha256:").get(..8).unwrap_or_default()
+        );
         tokio::spawn(crate::cluster::run_cloud_controller_manager(
             data_dir.join("cloud-controller-manager.conf"),
             cloud_controllers(dir, real),
             client,
             Some(node_name.clone()),
-            net.clone(),
+            ccm_net,
         ));
     }
     // The static pods that show the components, probed where they serve. Not on the

@@ -1959,4 +1959,21 @@ async fn seed_000_the_classroom_gives_each_user_a_cluster_and_a_terminal() {
         .until(30, "the instructor's table", "(function(){var t=document.getElementById('users');return t&&t.innerText.indexOf('handson-bob')>=0&&t.innerText.indexOf('handson-alice')>=0?t.innerText:'';})()")
         .await;
     assert!(table.contains("True"), "{table}");
+    // Each learner's cluster got a pod range of its own (they share the cloud's network).
+    let range = |ns: &str| {
+        let (ok, out, err) = u.k(&[
+            "get",
+            "cluster",
+            "demo",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.clusterNetwork.pods.cidrBlocks}",
+        ]);
+        assert!(ok, "{err}");
+        out
+    };
+    let (a, b) = (range("handson-alice"), range("handson-bob"));
+    assert!(a.starts_with("[\"172.16.") && b.starts_with("[\"172.16."), "{a} {b}");
+    assert_ne!(a, b);
 }
