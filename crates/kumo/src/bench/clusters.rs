@@ -1,5 +1,6 @@
 //! `kumo bench clusters`: workload clusters handed out by Cluster API on `kumo up
-//! --cluster-api` (the simulated runtime). First `--timed` clusters one after the other,
+//! --cluster-api` (the simulated runtime, or with `--runtime containerd` real machines).
+//! First `--timed` clusters one after the other,
 //! each the example of docs/examples/cluster-api.yaml (one control-plane machine, two
 //! workers) in a namespace of its own, timed from its apply until its kubeconfig Secret
 //! opens an API that answers, and until all three nodes are Ready. Then more clusters of a
@@ -33,6 +34,10 @@ pub struct Args {
     /// Keep the management cluster's files here (default: a temporary directory).
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// What the machines run their pods on: sim, or containerd (each machine a namespace
+    /// of the cloud's VPC with its containerd; needs root).
+    #[arg(long, default_value = "sim")]
+    runtime: String,
 }
 
 pub async fn run(args: Args) -> Result<()> {
@@ -48,18 +53,23 @@ pub async fn run(args: Args) -> Result<()> {
         }
     };
     let data = dir.join("cluster");
-    super::with_kumo_up_args("sim", 0, &["--cluster-api"], &data, || {
+    super::with_kumo_up_args(&args.runtime, 0, &["--cluster-api"], &data, || {
         measure(&args, &data)
     })
     .await
 }
 
-/// Applies the example cluster in namespace `ns` with `workers` workers.
-async fn apply(admin: &kube::Client, ns: &str, workers: usize) -> Result<()> {
+/// Applies the example cluster in namespace `ns` with `workers` workers and the `i`th pod
+/// range of 172.16.0.0/12's /20s (clusters on the real runtime share the VPC's route
+/// table: each needs a range of its own).
+async fn apply(admin: &kube::Client, ns: &str, workers: usize, i: usize) -> Result<()> {
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     let n: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?;
     namespaces.create(&PostParams::default(), &n).await?;
-    let text = EXAMPLE.replace("replicas: 2", &format!("replicas: {workers}"));
+    let range = format!("172.{}.{}.0/20", 16 + i / 16, (i % 16) * 16);
+    let text = EXAMPLE
+        .replace("replicas: 2", &format!("replicas: {workers}"))
+        .replace("192.168.0.0/16", &range);
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
         let (Some(api_version), Some(kind), Some(name)) = (
@@ -129,6 +139,15 @@ async fn measure(args: &Args, data: &std::path::Path) -> Result<()> {
             .flatten()
             .filter_map(|e| std::fs::read_to_string(e.path().join("var/run/etcd.pid")).ok())
             .filter_map(|t| t.trim().parse::<u32>().ok())
+            // On the real runtime, each machine's containerd too (not its shims or pods).
+            .chain(
+                std::fs::read_dir(&machines)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|e| kumo_node::read_record(&e.path().join("node")))
+                    .filter_map(|r| r.containerd_pid),
+            )
             .collect();
         let procs = || std::iter::once(pid).chain(members.iter().copied());
         let rss: f64 = procs()
@@ -147,7 +166,7 @@ async fn measure(args: &Args, data: &std::path::Path) -> Result<()> {
     for i in 0..args.timed {
         let ns = format!("bench-{i}");
         let t = Instant::now();
-        apply(&admin, &ns, 2).await?;
+        apply(&admin, &ns, 2, i).await?;
         let deadline = t + Duration::from_secs(120);
         let mut client = None;
         let mut api_at = None;
@@ -193,7 +212,7 @@ async fn measure(args: &Args, data: &std::path::Path) -> Result<()> {
     'fill: while next < args.clusters {
         let end = (next + args.batch).min(args.clusters);
         for i in next..end {
-            apply(&admin, &format!("bench-{i}"), 0).await?;
+            apply(&admin, &format!("bench-{i}"), 0, i).await?;
         }
         next = end;
         // The batch's control planes answer before the next batch.
