@@ -237,13 +237,7 @@ impl KubeletHypervisor {
             Ok::<_, anyhow::Error>(())
         }
         .await;
-        match set_up {
-            Ok(()) => Ok(m),
-            Err(e) => {
-                m.power_off().await;
-                Err(e)
-            }
-        }
+        m.or_power_off(set_up).await
     }
 
     /// Names of the nodes whose kubelets run now.

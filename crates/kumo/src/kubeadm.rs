@@ -728,7 +728,9 @@ async fn control_plane(
         ccm_net.cluster_name = format!(
             "{}-{}",
             net.cluster_name,
-            hash.trim_start_matches("sha256:").get(..8).unwrap_or_default()
+            hash.trim_start_matches("sha256:")
+                .get(..8)
+                .unwrap_or_default()
         );
         tokio::spawn(crate::cluster::run_cloud_controller_manager(
             data_dir.join("cloud-controller-manager.conf"),

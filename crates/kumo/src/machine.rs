@@ -453,10 +453,15 @@ impl VpcMachine {
             Ok::<_, anyhow::Error>(())
         }
         .await;
-        match started {
-            Ok(()) => Ok(machine),
+        machine.or_power_off(started).await
+    }
+
+    /// The machine if its setting up (`set_up`) went well, else powered off and the error.
+    pub async fn or_power_off(self, set_up: Result<()>) -> Result<VpcMachine> {
+        match set_up {
+            Ok(()) => Ok(self),
             Err(e) => {
-                machine.power_off().await;
+                self.power_off().await;
                 Err(e)
             }
         }

@@ -102,6 +102,24 @@ fn curl_from(data: &Path, node: &str, url: &str) -> Option<String> {
     o.ok.then_some(o.stdout)
 }
 
+/// Waits until the cluster of `kc` has its two coredns pods ready.
+fn coredns_ready(kc: &Path) {
+    eventually(120, "the coredns pods ready", || {
+        let r = kubectl(
+            kc,
+            &[
+                "get",
+                "deploy/coredns",
+                "-n",
+                "kube-system",
+                "-o",
+                "jsonpath={.status.readyReplicas}",
+            ],
+        );
+        (r.stdout == "2").then_some(())
+    });
+}
+
 #[test]
 fn pods_services_and_names_travel_over_real_packets() {
     with_real_cluster(&["--nodes", "2"], |kc, data, _printed| {
@@ -159,20 +177,7 @@ fn pods_services_and_names_travel_over_real_packets() {
         );
         assert_eq!(page.trim(), "hello-from-b");
         // The cluster DNS answers the Service's name with its ClusterIP.
-        eventually(120, "the coredns pods ready", || {
-            let r = kubectl(
-                kc,
-                &[
-                    "get",
-                    "deploy/coredns",
-                    "-n",
-                    "kube-system",
-                    "-o",
-                    "jsonpath={.status.readyReplicas}",
-                ],
-            );
-            (r.stdout == "2").then_some(())
-        });
+        coredns_ready(kc);
         let cluster_ip = jsonpath(kc, "svc/hello", "{.spec.clusterIP}");
         let looked = eventually(30, "nslookup of hello", || {
             let o = kubectl(
@@ -544,20 +549,7 @@ fn workload_clusters_run_on_real_machines() {
         });
         assert_eq!(page.trim(), "on-cp");
         // The cluster's own DNS (its Service range's 10th address) and API (its first).
-        eventually(120, "the workload's coredns pods ready", || {
-            let r = kubectl(
-                tkc,
-                &[
-                    "get",
-                    "deploy/coredns",
-                    "-n",
-                    "kube-system",
-                    "-o",
-                    "jsonpath={.status.readyReplicas}",
-                ],
-            );
-            (r.stdout == "2").then_some(())
-        });
+        coredns_ready(tkc);
         let looked = eventually(30, "nslookup of kubernetes.default", || {
             let o = kubectl(
                 tkc,

@@ -1974,6 +1974,9 @@ async fn seed_000_the_classroom_gives_each_user_a_cluster_and_a_terminal() {
         out
     };
     let (a, b) = (range("handson-alice"), range("handson-bob"));
-    assert!(a.starts_with("[\"172.16.") && b.starts_with("[\"172.16."), "{a} {b}");
+    assert!(
+        a.starts_with("[\"172.16.") && b.starts_with("[\"172.16."),
+        "{a} {b}"
+    );
     assert_ne!(a, b);
 }
