@@ -224,6 +224,8 @@ struct RealNode {
     machine: crate::machine::VpcMachine,
     tenant: Arc<Tenant>,
     instance: String,
+    /// The node its kubelet runs as, once configured.
+    node: Option<String>,
 }
 
 /// Where a kubeadm step leaves its real machine, so that the machine is powered off when
@@ -272,6 +274,7 @@ async fn boot_real(
         machine,
         tenant: tenant.clone(),
         instance: inst.id.clone(),
+        node: None,
     });
     Ok(())
 }
@@ -279,7 +282,7 @@ async fn boot_real(
 impl RealNode {
     /// The kubelet runs in the machine, serving on its address; its API server dials it
     /// through the relay this host's loopback has to it.
-    fn configure_kubelet(&self, cfg: &mut kumo_kubelet::KubeletConfig) -> Result<()> {
+    fn configure_kubelet(&mut self, cfg: &mut kumo_kubelet::KubeletConfig) -> Result<()> {
         cfg.runtime = Some(self.machine.factory.clone());
         cfg.cgroup_root = self.machine.cgroup_root.clone();
         if let Some(s) = cfg.server.as_mut() {
@@ -291,11 +294,15 @@ impl RealNode {
             .write()
             .map_err(|_| anyhow::anyhow!("the kubelet dial table is poisoned"))?
             .insert(cfg.node_name.clone(), self.machine.kubelet_at);
+        self.node = Some(cfg.node_name.clone());
         Ok(())
     }
 
     async fn power_off(self) {
         self.tenant.machines.remove(&self.instance);
+        if let (Some(node), Ok(mut dial)) = (&self.node, self.tenant.dial.write()) {
+            dial.remove(node);
+        }
         self.tenant
             .etcd
             .lock()
