@@ -6,20 +6,49 @@
 //!
 //! Upstream dials the etcd pods through the workload API server's port-forward; kumo's
 //! control-plane machines serve their members on this host's loopback, where the
-//! annotations point.
+//! annotations point. A cluster whose machines show no etcd pods (kumo's real runtime,
+//! whose kubelets run no static pods) has its members found by the process that boots
+//! the machines ([`Members`]), by each control-plane Machine's provider ID.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use crate::{certs, Error, Manager};
+use crate::object::str_at;
+use crate::{certs, Error, Manager, CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL};
 
 /// The annotation kubeadm puts on each etcd pod.
 const CLIENT_URLS: &str = "kubeadm.kubernetes.io/etcd.advertise-client-urls";
 
 fn etcd_err(e: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("etcd: {e}"))
+}
+
+/// Where the members of clusters that show no etcd pods serve, as the machines' host
+/// knows them.
+pub trait Members: Send + Sync {
+    /// The client URL of the member on the machine with provider ID `provider_id`.
+    fn client_url(&self, provider_id: &str) -> Option<String>;
+}
+
+/// The client URLs of cluster `ns/cluster`'s members other than the one on node `leaving`,
+/// by its control-plane Machines' provider IDs.
+fn located(
+    m: &Manager,
+    members: &dyn Members,
+    ns: &str,
+    cluster: &str,
+    leaving: &str,
+) -> Vec<String> {
+    m.machines
+        .list()
+        .iter()
+        .filter(|x| x.namespace() == ns && x.label(CLUSTER_NAME_LABEL) == Some(cluster))
+        .filter(|x| x.label(CONTROL_PLANE_LABEL).is_some())
+        .filter(|x| str_at(&x.status, "/nodeRef/name") != Some(leaving))
+        .filter_map(|x| members.client_url(str_at(&x.spec, "/providerID")?))
+        .collect()
 }
 
 /// A client of workload cluster `ns/cluster`'s etcd through the members other than
@@ -37,12 +66,17 @@ async fn client(
     let list = pods
         .list(&ListParams::default().labels("component=etcd,tier=control-plane"))
         .await?;
-    let endpoints: Vec<String> = list
+    let mut endpoints: Vec<String> = list
         .items
         .iter()
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(leaving))
         .filter_map(|p| p.metadata.annotations.as_ref()?.get(CLIENT_URLS).cloned())
         .collect();
+    if endpoints.is_empty() {
+        if let Some(members) = &m.etcd_members {
+            endpoints = located(m, members.as_ref(), ns, cluster, leaving);
+        }
+    }
     if endpoints.is_empty() {
         return Ok(None);
     }

@@ -91,6 +91,9 @@ pub struct Manager {
     /// `kubeadm init` machines.
     pub expected_machines:
         parking_lot::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+    /// Where workload clusters' etcd members are found when a cluster shows no etcd pods
+    /// (see [`etcd::Members`]).
+    pub etcd_members: Option<Arc<dyn etcd::Members>>,
 }
 
 /// How often every object is looked at again (the infrastructure and the workload
@@ -101,6 +104,15 @@ impl Manager {
     /// Starts the controllers with `client` (the manager's identity); they stop when
     /// `stop` turns true.
     pub fn start(client: kube::Client, stop: watch::Receiver<bool>) -> Arc<Manager> {
+        Self::start_with(client, stop, None)
+    }
+
+    /// [`Manager::start`], finding etcd members that no pod shows through `etcd_members`.
+    pub fn start_with(
+        client: kube::Client,
+        stop: watch::Receiver<bool>,
+        etcd_members: Option<Arc<dyn etcd::Members>>,
+    ) -> Arc<Manager> {
         let factory = InformerFactory::new(client.clone());
         let m = Arc::new(Manager {
             refs: refs::Refs::new(client.clone()),
@@ -120,6 +132,7 @@ impl Manager {
             config_queue: factory.queue("kubeadmconfig"),
             health_check_queue: factory.queue("machinehealthcheck"),
             expected_machines: Default::default(),
+            etcd_members,
             client,
         });
         // Each change enqueues the object and what it belongs to.

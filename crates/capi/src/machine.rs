@@ -325,6 +325,27 @@ async fn annotate_node(m: &Manager, x: &Machine, cluster: &str, node: &Node) {
     }
 }
 
+/// Upstream's default `spec.deletion.nodeDeletionTimeoutSeconds`.
+const NODE_DELETION_TIMEOUT_SECONDS: i64 = 10;
+
+/// Whether machine `x`'s node deletion is still tried: its deletion began less than its
+/// node deletion timeout ago (0: no timeout).
+fn node_deletion_pending(x: &Machine) -> bool {
+    let timeout = x
+        .spec
+        .pointer("/deletion/nodeDeletionTimeoutSeconds")
+        .and_then(serde_json::Value::as_i64)
+        .unwrap_or(NODE_DELETION_TIMEOUT_SECONDS);
+    match &x.metadata.deletion_timestamp {
+        _ if timeout == 0 => true,
+        Some(t) => {
+            let elapsed = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
+            elapsed.as_secs() < timeout
+        }
+        None => true,
+    }
+}
+
 async fn delete(m: &Manager, x: &Machine, cluster: &str) -> Result<(), SyncError> {
     let ns = x.namespace();
     let mut reason = None;
@@ -374,8 +395,22 @@ async fn delete(m: &Manager, x: &Machine, cluster: &str) -> Result<(), SyncError
                     match nodes.delete(node, &DeleteParams::default()).await {
                         Ok(_) => {}
                         Err(e) if kumo_client::error::is_not_found(&e) => {}
+                        // Tried again until the machine's node deletion timeout is over
+                        // (the workload's API may be moving: a control-plane machine
+                        // that served it has just gone), then left, as upstream.
+                        Err(e) if node_deletion_pending(x) => {
+                            tracing::info!(machine = %x.key(), node, error = %e, "deleting the node; retrying");
+                            m.event(
+                                x,
+                                "Warning",
+                                "FailedDeleteNode",
+                                format!("error deleting Machine's node: {e}"),
+                            )
+                            .await;
+                            return Err(SyncError::After(Duration::from_secs(2)));
+                        }
                         Err(e) => {
-                            tracing::debug!(machine = %x.key(), error = %e, "deleting the node")
+                            tracing::info!(machine = %x.key(), node, error = %e, "Node deletion timeout expired, continuing without Node deletion.")
                         }
                     }
                 }
@@ -383,5 +418,31 @@ async fn delete(m: &Manager, x: &Machine, cluster: &str) -> Result<(), SyncError
             m.remove_finalizer(x, MACHINE_FINALIZER).await?;
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+    fn deleted(ago: i64, spec: Value) -> Machine {
+        let mut x = Machine::new("ns", "m", spec);
+        let at = Timestamp::now()
+            .checked_sub(SignedDuration::from_secs(ago))
+            .unwrap();
+        x.metadata.deletion_timestamp = Some(Time(at));
+        x
+    }
+
+    #[test]
+    fn a_node_deletion_is_retried_until_the_machines_timeout() {
+        assert!(node_deletion_pending(&deleted(3, json!({}))));
+        assert!(!node_deletion_pending(&deleted(11, json!({}))));
+        let longer = json!({"deletion": {"nodeDeletionTimeoutSeconds": 60}});
+        assert!(node_deletion_pending(&deleted(30, longer)));
+        let never = json!({"deletion": {"nodeDeletionTimeoutSeconds": 0}});
+        assert!(node_deletion_pending(&deleted(3600, never)));
     }
 }

@@ -56,7 +56,10 @@ pub async fn start(
     let (stop_tx, stop) = watch::channel(false);
     // They run as long as the process.
     std::mem::forget(stop_tx);
-    let manager = kumo_capi::Manager::start(capi_client, stop.clone());
+    // The members of clusters on real machines show no etcd pods; the machines' host
+    // tells where they serve.
+    let members: Arc<dyn kumo_capi::etcd::Members> = tenants.clone();
+    let manager = kumo_capi::Manager::start_with(capi_client, stop.clone(), Some(members));
     std::mem::forget(manager);
     let publisher = Arc::new(LoopbackPublisher {
         cloud: provider_cloud.clone(),

@@ -198,12 +198,39 @@ impl Tenants {
             .copied()
     }
 
+    /// The client URL of the etcd member on instance `id`, if it runs one (on the real
+    /// runtime, where no etcd pod shows it).
+    pub fn etcd_client_url(&self, id: &str) -> Option<String> {
+        let tenants: Vec<Arc<Tenant>> = self
+            .by_endpoint
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        tenants.iter().find_map(|t| {
+            t.etcd
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(id)
+                .cloned()
+        })
+    }
+
     fn set_api_address(&self, id: &str, addr: Option<SocketAddr>) {
         let mut m = self.api.lock().unwrap_or_else(|e| e.into_inner());
         match addr {
             Some(a) => m.insert(id.to_owned(), a),
             None => m.remove(id),
         };
+    }
+}
+
+/// Cluster API's control plane finds the members of clusters on real machines here: they
+/// show no etcd pods (upstream reaches them through those pods' port-forward).
+impl kumo_capi::etcd::Members for Tenants {
+    fn client_url(&self, provider_id: &str) -> Option<String> {
+        self.etcd_client_url(kumo_cloud_provider::kumo::instance_id(provider_id)?)
     }
 }
 

@@ -590,6 +590,81 @@ fn workload_clusters_run_on_real_machines() {
             (!p.is_empty()).then(|| (p, kubectl(tkc, &["logs", "to-api"]).stdout))
         });
         assert_eq!(healthz, ("0".to_owned(), "ok".to_owned()));
+        // The control plane scaled 1 → 3 → 1: the members join the first one's etcd over
+        // the VPC, and scaling down takes two out of etcd (found through the machines'
+        // host: no etcd pod shows them) before their machines go; the API answers on.
+        ok(
+            kc,
+            &[
+                "scale",
+                "kcp",
+                "demo-control-plane",
+                "-n",
+                "t0",
+                "--replicas=3",
+            ],
+        );
+        let control_plane_nodes = |tkc: &Path| {
+            let o = kubectl(
+                tkc,
+                &[
+                    "get",
+                    "nodes",
+                    "-l",
+                    "node-role.kubernetes.io/control-plane",
+                    "--no-headers",
+                ],
+            );
+            o.ok.then(|| {
+                let lines: Vec<String> = o.stdout.lines().map(str::to_owned).collect();
+                let ready = lines.iter().filter(|l| l.contains(" Ready ")).count();
+                (lines.len(), ready)
+            })
+        };
+        eventually(120, "3 Ready control-plane nodes", || {
+            (control_plane_nodes(tkc) == Some((3, 3))).then_some(())
+        });
+        ok(
+            kc,
+            &[
+                "scale",
+                "kcp",
+                "demo-control-plane",
+                "-n",
+                "t0",
+                "--replicas=1",
+            ],
+        );
+        eventually(90, "the control plane back to 1 machine and node", || {
+            let replicas = kubectl(
+                kc,
+                &[
+                    "get",
+                    "kcp/demo-control-plane",
+                    "-n",
+                    "t0",
+                    "-o",
+                    "jsonpath={.status.replicas}",
+                ],
+            )
+            .stdout;
+            (replicas == "1" && control_plane_nodes(tkc) == Some((1, 1))).then_some(())
+        });
+        let ready = kubectl(tkc, &["get", "--raw", "/readyz"]);
+        assert_eq!(ready.stdout.trim(), "ok", "{}", ready.stderr);
+        let events = kubectl(
+            kc,
+            &[
+                "get",
+                "events",
+                "-n",
+                "t0",
+                "--field-selector",
+                "reason=SuccessfulDelete,involvedObject.kind=KubeadmControlPlane",
+                "--no-headers",
+            ],
+        );
+        assert_eq!(events.stdout.lines().count(), 2, "{}", events.stdout);
         // Deleting the Cluster powers its machines off: their namespaces go.
         ok(
             kc,
