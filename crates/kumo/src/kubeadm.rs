@@ -614,57 +614,69 @@ async fn control_plane(
         .parse()
         .with_context(|| format!("the instance's address {:?}", inst.private_ip))?;
     let real = ctx.vpc.is_some();
-    if let Some(vpc) = &ctx.vpc {
-        boot_real(ctx, vpc, inst, &node_name, endpoint, &tenant, slot).await?;
-    }
-    kumo_apiserver::pki::ensure_etcd(&data_dir, &node_name, &[ip])
-        .context("the etcd certificates")?;
-    let etcd_tls = crate::etcd::client_tls(&pki);
-    let urls = crate::etcd::Urls::pick()?;
-    let (member, learner) = match &joining {
-        None => (Vec::new(), None),
-        Some(endpoints) => {
-            let (id, existing) =
-                crate::etcd::add_learner(endpoints, &etcd_tls, &node_name, &urls.peer).await?;
-            (existing, Some((endpoints, id)))
+    // The machine boots (its containerd takes seconds to answer) while its etcd member and
+    // API server start: they run in this process and need the machine only from the
+    // relays on.
+    let booting = async {
+        if let Some(vpc) = &ctx.vpc {
+            boot_real(ctx, vpc, inst, &node_name, endpoint, &tenant, slot).await?;
         }
+        Ok::<_, anyhow::Error>(())
     };
-    let member = crate::etcd::Member::start(crate::etcd::MemberSpec {
-        name: &node_name,
-        machine: dir,
-        pki: &pki,
-        urls,
-        existing: member,
-    })
-    .await?;
-    if let Some((endpoints, id)) = learner {
-        crate::etcd::promote(endpoints, &etcd_tls, id).await?;
-    }
-    if real {
-        tenant
-            .etcd
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(inst.id.clone(), member.urls.client.clone());
-    }
-    let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&data_dir);
-    api_cfg.bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    api_cfg.store = kumo_apiserver::server::StoreConfig::Etcd(vec![member.urls.client.clone()]);
-    api_cfg.etcd_tls = Some(etcd_tls);
-    api_cfg.hostname = Some(node_name.clone());
-    api_cfg.service_cluster_ip_range = net.service_subnet.clone();
-    api_cfg.service_endpoint = Some(SocketAddr::new(ip, BIND_PORT));
-    api_cfg.kubelet_dial_overrides = tenant.dial.clone();
-    api_cfg.pod_network = Some(if real {
-        Arc::new(crate::machine::MachinesNetwork::listed(
-            tenant.machines.clone(),
-        ))
-    } else {
-        Arc::new(crate::cluster::PodNetwork(tenant.dataplane.clone()))
-    });
-    let api = kumo_apiserver::ApiServer::start(api_cfg)
-        .await
-        .context("starting the API server")?;
+    let serving = async {
+        kumo_apiserver::pki::ensure_etcd(&data_dir, &node_name, &[ip])
+            .context("the etcd certificates")?;
+        let etcd_tls = crate::etcd::client_tls(&pki);
+        let urls = crate::etcd::Urls::pick()?;
+        let (member, learner) = match &joining {
+            None => (Vec::new(), None),
+            Some(endpoints) => {
+                let (id, existing) =
+                    crate::etcd::add_learner(endpoints, &etcd_tls, &node_name, &urls.peer).await?;
+                (existing, Some((endpoints, id)))
+            }
+        };
+        let member = crate::etcd::Member::start(crate::etcd::MemberSpec {
+            name: &node_name,
+            machine: dir,
+            pki: &pki,
+            urls,
+            existing: member,
+        })
+        .await?;
+        if let Some((endpoints, id)) = learner {
+            crate::etcd::promote(endpoints, &etcd_tls, id).await?;
+        }
+        if real {
+            tenant
+                .etcd
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(inst.id.clone(), member.urls.client.clone());
+        }
+        let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&data_dir);
+        api_cfg.bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        api_cfg.store = kumo_apiserver::server::StoreConfig::Etcd(vec![member.urls.client.clone()]);
+        api_cfg.etcd_tls = Some(etcd_tls);
+        api_cfg.hostname = Some(node_name.clone());
+        api_cfg.service_cluster_ip_range = net.service_subnet.clone();
+        api_cfg.service_endpoint = Some(SocketAddr::new(ip, BIND_PORT));
+        api_cfg.kubelet_dial_overrides = tenant.dial.clone();
+        api_cfg.pod_network = Some(if real {
+            Arc::new(crate::machine::MachinesNetwork::listed(
+                tenant.machines.clone(),
+            ))
+        } else {
+            Arc::new(crate::cluster::PodNetwork(tenant.dataplane.clone()))
+        });
+        let api = kumo_apiserver::ApiServer::start(api_cfg)
+            .await
+            .context("starting the API server")?;
+        Ok::<_, anyhow::Error>((member, api))
+    };
+    let (booted, served) = tokio::join!(booting, serving);
+    booted?;
+    let (member, api) = served?;
     ctx.tenants.set_api_address(&inst.id, Some(api.local_addr));
     let server = crate::cluster::server_url(&api.admin_kubeconfig)?;
     // What runs in a real machine reaches the API server as on a kubeadm node: through

@@ -77,12 +77,14 @@ pub fn boot(data_dir: &Path, node: &str) -> Result<Machine> {
 pub fn boot_at(data_dir: &Path, dir: &Path, node: &str) -> Result<Machine> {
     let dir = dir.to_path_buf();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut images =
+    // The sandbox image is imported as the machine boots; kumo's other images (and the
+    // cluster DNS's) are pulled from the machine's registry mirror when a pod first asks
+    // for them (each import at boot took seconds off every machine's start).
+    let mut images: Vec<PathBuf> =
         kumo_node::images::build(&images_dir(data_dir)).context("packing kumo's offline images")?;
+    images.retain(|p| p.ends_with(kumo_node::images::PAUSE_ARCHIVE));
     if let Some(exe) = kumo_binary() {
-        images.push(
-            dns_image(&images_dir(data_dir), &exe).context("packing the cluster DNS's image")?,
-        );
+        dns_image(&images_dir(data_dir), &exe).context("packing the cluster DNS's image")?;
     }
     images.extend(loaded_archives(data_dir));
     let host = kumo_node::NodeHost::start(&kumo_node::NodeSpec {
@@ -131,12 +133,21 @@ pub fn serve_registry(
 /// The image the `coredns` pods run `kumo dns` in: this binary's libraries, the binary
 /// itself mounted from the machine (see [`crate::addons::ensure_real`]).
 fn dns_image(dir: &Path, exe: &Path) -> Result<PathBuf> {
+    // Packed once per process, as kumo's other images.
+    static PACKED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut packed = PACKED.lock().unwrap_or_else(|e| e.into_inner());
+    let path = dir.join("kumo-dns.tar");
+    if packed.contains(&path) && path.is_file() {
+        return Ok(path);
+    }
     let image = kumo_node::images::program_image(
         exe,
         crate::addons::DNS_BINARY_MOUNT,
         vec![crate::addons::dns_image()],
     )?;
-    Ok(kumo_node::images::write(dir, "kumo-dns.tar", &image)?)
+    let path = kumo_node::images::write(dir, "kumo-dns.tar", &image)?;
+    packed.push(path.clone());
+    Ok(path)
 }
 
 /// The kumo binary the `coredns` pods run: `$KUMO_BINARY`, else this process's program

@@ -165,54 +165,72 @@ fn layer(entries: &[Entry]) -> io::Result<Vec<u8>> {
 
 /// The OCI archive of `image`.
 pub fn archive(image: &Image) -> io::Result<Vec<u8>> {
-    let layer = layer(&image.entries)?;
-    let layer_digest = sha256(&layer);
-    let config = serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "Entrypoint": image.entrypoint,
-            "Cmd": image.cmd,
-            "WorkingDir": "/",
-        },
-        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "kumo"}],
-    })
-    .to_string()
-    .into_bytes();
-    let config_digest = sha256(&config);
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": format!("sha256:{config_digest}"),
-            "size": config.len(),
-        },
-        "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar",
-            "digest": format!("sha256:{layer_digest}"),
-            "size": layer.len(),
-        }],
-    })
-    .to_string()
-    .into_bytes();
-    let manifest_digest = sha256(&manifest);
-    let index = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": image.names.iter().map(|name| serde_json::json!({
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": format!("sha256:{manifest_digest}"),
-            "size": manifest.len(),
-            "annotations": {
-                "io.containerd.image.name": name,
-                "org.opencontainers.image.ref.name": name.rsplit(':').next().unwrap_or(name),
+    archive_all(std::slice::from_ref(image))
+}
+
+/// One OCI archive of all `images` (one `ctr images import` loads them all; a blob two
+/// images share is in it once).
+pub fn archive_all(images: &[Image]) -> io::Result<Vec<u8>> {
+    let mut blobs: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut manifests = Vec::new();
+    let mut keep = |digest: &str, data: Vec<u8>| {
+        if !blobs.iter().any(|(d, _)| d == digest) {
+            blobs.push((digest.to_owned(), data));
+        }
+    };
+    for image in images {
+        let layer = layer(&image.entries)?;
+        let layer_digest = sha256(&layer);
+        let config = serde_json::json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "Entrypoint": image.entrypoint,
+                "Cmd": image.cmd,
+                "WorkingDir": "/",
             },
-        })).collect::<Vec<_>>(),
-    })
-    .to_string()
-    .into_bytes();
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
+            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "kumo"}],
+        })
+        .to_string()
+        .into_bytes();
+        let config_digest = sha256(&config);
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": format!("sha256:{config_digest}"),
+                "size": config.len(),
+            },
+            "layers": [{
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": format!("sha256:{layer_digest}"),
+                "size": layer.len(),
+            }],
+        })
+        .to_string()
+        .into_bytes();
+        let manifest_digest = sha256(&manifest);
+        manifests.extend(image.names.iter().map(|name| {
+            serde_json::json!({
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": format!("sha256:{manifest_digest}"),
+                "size": manifest.len(),
+                "annotations": {
+                    "io.containerd.image.name": name,
+                    "org.opencontainers.image.ref.name": name.rsplit(':').next().unwrap_or(name),
+                },
+            })
+        }));
+        keep(&layer_digest, layer);
+        keep(&config_digest, config);
+        keep(&manifest_digest, manifest);
+    }
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": manifests})
+        .to_string()
+        .into_bytes();
     let mut b = tar::Builder::new(Vec::new());
     let mut add = |path: &str, data: &[u8]| -> io::Result<()> {
         let h = header(tar::EntryType::Regular, path, 0o644, data.len() as u64)?;
@@ -220,11 +238,7 @@ pub fn archive(image: &Image) -> io::Result<Vec<u8>> {
     };
     add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
     add("index.json", &index)?;
-    for (digest, data) in [
-        (&layer_digest, &layer),
-        (&config_digest, &config),
-        (&manifest_digest, &manifest),
-    ] {
+    for (digest, data) in &blobs {
         add(&format!("blobs/sha256/{digest}"), data)?;
     }
     b.into_inner()
@@ -318,8 +332,8 @@ pub fn busybox_entries() -> io::Result<Vec<Entry>> {
     Ok(entries)
 }
 
-/// The images kumo packs: `(file name, image)`.
-fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
+/// The images kumo packs.
+fn offline_images() -> io::Result<Vec<Image>> {
     let mut pause = busybox_entries()?;
     // PID 1 gets no default signal handlers: the traps make SIGTERM and SIGINT end it.
     pause.push(Entry::File(
@@ -344,7 +358,7 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
     if busybox.add_program(Path::new(BASH)).is_ok() {
         busybox.put(Entry::Symlink("bin/sh".into(), BASH.into()));
     }
-    let mut images = vec![("busybox.tar", busybox)];
+    let mut images = vec![busybox];
     // curl as the seeds run it (`kubectl run probe --image=curlimages/curl:8.11.0 -- curl
     // ...`): the machine's own curl (Debian's, whatever its version) with its libraries
     // and busybox around it, under the image's name, with its entrypoint's behaviour
@@ -366,7 +380,7 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
                 .to_vec(),
             0o755,
         ));
-        images.push(("curl.tar", curl));
+        images.push(curl);
     }
     // nginx as the seeds and the e2e suite run it: Debian's nginx with its libraries,
     // serving its welcome page on port 80 in the foreground.
@@ -406,17 +420,14 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
             NGINX_INDEX.as_bytes().to_vec(),
             0o644,
         ));
-        images.push(("nginx.tar", nginx));
+        images.push(nginx);
     }
-    images.push((
-        "pause.tar",
-        Image {
-            entries: pause,
-            entrypoint: Some(strings(&["/pause"])),
-            cmd: None,
-            names: strings(&[crate::PAUSE_IMAGE]),
-        },
-    ));
+    images.push(Image {
+        entries: pause,
+        entrypoint: Some(strings(&["/pause"])),
+        cmd: None,
+        names: strings(&[crate::PAUSE_IMAGE]),
+    });
     Ok(images)
 }
 
@@ -424,24 +435,50 @@ fn offline_images() -> io::Result<Vec<(&'static str, Image)>> {
 /// images before it imports them).
 static PACKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Packs kumo's offline images into `dir` (anew each time: a few MB, a few ms) and
-/// returns their archives.
+/// The files [`build`] packs kumo's offline images into: the sandbox image alone (every
+/// pod needs it, so a machine imports it as it boots), and the others (pulled from the
+/// node's registry mirror when a pod first asks for them, as a node pulls).
+pub const PAUSE_ARCHIVE: &str = "pause.tar";
+pub const OFFLINE_ARCHIVE: &str = "kumo-images.tar";
+
+/// The archives this process has packed, by directory (the same for every machine of
+/// the process).
+static PACKED: std::sync::Mutex<Vec<(PathBuf, Vec<PathBuf>)>> = std::sync::Mutex::new(Vec::new());
+
+/// Packs kumo's offline images into `dir` once per process (tens of MB: a second and more
+/// in a debug build, for every machine that boots otherwise) and returns their archives.
 pub fn build(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    for (file, image) in offline_images()? {
-        out.push(write(dir, file, &image)?);
+    let mut packed = PACKED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, files)) = packed.iter().find(|(d, _)| d == dir) {
+        if files.iter().all(|f| f.is_file()) {
+            return Ok(files.clone());
+        }
     }
+    let (pause, others): (Vec<Image>, Vec<Image>) = offline_images()?
+        .into_iter()
+        .partition(|i| i.names.iter().any(|n| n == crate::PAUSE_IMAGE));
+    let out = vec![
+        write_bytes(dir, PAUSE_ARCHIVE, &archive_all(&pause)?)?,
+        write_bytes(dir, OFFLINE_ARCHIVE, &archive_all(&others)?)?,
+    ];
+    packed.retain(|(d, _)| d != dir);
+    packed.push((dir.to_path_buf(), out.clone()));
     Ok(out)
 }
 
 /// Writes `image` as the archive `dir/file`. A temporary name of its own keeps another
 /// process's packing from renaming a half-written file into place.
 pub fn write(dir: &Path, file: &str, image: &Image) -> io::Result<PathBuf> {
+    write_bytes(dir, file, &archive(image)?)
+}
+
+/// Writes the archive `bytes` as `dir/file` (see [`write`]).
+fn write_bytes(dir: &Path, file: &str, bytes: &[u8]) -> io::Result<PathBuf> {
     let _one = PACKING.lock().unwrap_or_else(|e| e.into_inner());
     std::fs::create_dir_all(dir)?;
     let path = dir.join(file);
     let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, archive(image)?)?;
+    std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, &path)?;
     Ok(path)
 }
@@ -542,5 +579,42 @@ mod tests {
         assert_eq!(names, ["example.com/x:1", "example.com/x:latest"]);
         // The same input packs to the same bytes.
         assert_eq!(archive(&image).unwrap(), bytes);
+    }
+
+    #[test]
+    fn one_archive_holds_several_images_and_their_shared_blobs_once() {
+        let image = |name: &str, content: &[u8]| Image {
+            entries: vec![Entry::File("bin/x".into(), content.to_vec(), 0o755)],
+            entrypoint: Some(vec!["/bin/x".into()]),
+            cmd: None,
+            names: vec![name.into()],
+        };
+        let images = [
+            image("example.com/a:1", b"a"),
+            image("example.com/b:1", b"b"),
+            image("example.com/a2:1", b"a"),
+        ];
+        let bytes = archive_all(&images).unwrap();
+        let mut blobs = Vec::new();
+        let mut index = None;
+        let mut a = tar::Archive::new(bytes.as_slice());
+        for e in a.entries().unwrap() {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            io::Read::read_to_end(&mut e, &mut data).unwrap();
+            if path == "index.json" {
+                index = Some(serde_json::from_slice::<serde_json::Value>(&data).unwrap());
+            } else if path.starts_with("blobs/") {
+                blobs.push(path);
+            }
+        }
+        let index = index.unwrap();
+        let manifests = index["manifests"].as_array().unwrap();
+        assert_eq!(manifests.len(), 3);
+        // a and a2 have the same layer, config and manifest: 2 images' worth of blobs.
+        assert_eq!(blobs.len(), 6, "{blobs:?}");
+        assert_eq!(manifests[0]["digest"], manifests[2]["digest"]);
+        assert_ne!(manifests[0]["digest"], manifests[1]["digest"]);
     }
 }
