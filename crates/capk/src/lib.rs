@@ -197,13 +197,14 @@ fn key<K: Kind>(c: Change<'_, Obj<K>>) -> String {
 }
 
 /// How the control-plane load balancer checks its targets: a TCP connection to the API
-/// server's port every 2 s, 2 in a row to be healthy or unhealthy. Quicker than the cloud's
-/// default (10 s, 3 in a row: half a minute before a new cluster's endpoint answers), as
-/// the cluster's own components reach their API server through it.
+/// server's port every second (the cloud's shortest interval), 2 in a row to be healthy or
+/// unhealthy. Quicker than the cloud's default (10 s, 3 in a row: half a minute before a
+/// new cluster's endpoint answers), as the cluster's own components reach their API server
+/// through it.
 fn api_health_check() -> kumo_cloud::HealthCheck {
     kumo_cloud::HealthCheck {
         port: API_PORT,
-        interval_seconds: 2,
+        interval_seconds: 1,
         timeout_seconds: 1,
         healthy_threshold: 2,
         unhealthy_threshold: 2,
