@@ -247,16 +247,68 @@ async fn run_with(
         )));
     }
     let cfg = Arc::new(cfg);
-    let permit = match gate {
-        Some(g) => g.acquire().await.ok(),
-        None => None,
+    // The pod workers start at once, before the Node is registered: static pods run
+    // without an API server, as upstream's (kubeadm's control plane is static pods the
+    // kubelet starts before there is an API server to register with). Mirror pods and the
+    // node's own loops wait for the Node's uid.
+    let (uid_tx, uid_rx) = tokio::sync::watch::channel(None::<String>);
+    let volumes = csi::Volumes::new(client.clone(), &cfg.node_name, cfg.root_dir.clone());
+    let registration = {
+        let (client, cfg, runtime, volumes) = (
+            client.clone(),
+            cfg.clone(),
+            runtime.clone(),
+            volumes.clone(),
+        );
+        async move {
+            let permit = match gate {
+                Some(g) => g.acquire().await.ok(),
+                None => None,
+            };
+            let (node, created) = node::register(&client, &cfg, &*runtime).await?;
+            drop(permit);
+            tracing::info!(node = %cfg.node_name, "node registered");
+            let node_uid = node.metadata.uid.clone().unwrap_or_default();
+            announce(&client, &cfg, &node_uid, created);
+            {
+                let (client, name, uid) = (client.clone(), cfg.node_name.clone(), node_uid.clone());
+                tokio::spawn(async move { node::ensure_csi_node(&client, &name, &uid).await });
+            }
+            tokio::spawn(node::heartbeat(
+                client.clone(),
+                cfg.clone(),
+                node_uid.clone(),
+            ));
+            tokio::spawn(node::status_loop(
+                client.clone(),
+                cfg.clone(),
+                runtime.clone(),
+            ));
+            for socket in &cfg.csi_plugins {
+                tokio::spawn(volumes.clone().register(socket.clone()));
+            }
+            if !cfg.csi_plugins.is_empty() {
+                tokio::spawn(volumes.clone().expand_pending());
+            }
+            let _ = uid_tx.send(Some(node_uid));
+            // Registered: the pod workers run on.
+            std::future::pending::<Result<()>>().await
+        }
     };
-    let (node, created) = node::register(&client, &cfg, &*runtime).await?;
-    drop(permit);
-    tracing::info!(node = %cfg.node_name, "node registered");
-    let node_uid = node.metadata.uid.clone().unwrap_or_default();
-    // What upstream's kubelet announces when it starts; its node events carry the Node's
-    // uid once it is known (nodeRefWithUID), the container manager's none.
+    let statics = static_pods::Source::new(cfg.clone());
+    let workers = pods::run(client, cfg, runtime, network, uid_rx, statics, volumes);
+    tokio::select! {
+        r = registration => r,
+        r = workers => r,
+    }
+}
+
+/// The events upstream's kubelet announces when it starts; its node events carry the
+/// Node's uid once it is known (nodeRefWithUID), the container manager's none. A new node
+/// turns Ready once the first runtime status check is in, as upstream's first NotReady
+/// status turns Ready; an existing one gets its event from the status loop when its Ready
+/// condition changes.
+fn announce(client: &Client, cfg: &KubeletConfig, node_uid: &str, created: bool) {
     let node_event = |reason: &'static str, uid: &str, message: String| events::Record {
         kind: "Node",
         namespace: String::new(),
@@ -271,12 +323,12 @@ async fn run_with(
     let status_event = |reason: &'static str| {
         node_event(
             reason,
-            &node_uid,
+            node_uid,
             format!("Node {n} status is now: {reason}"),
         )
     };
     let mut started = vec![
-        node_event("Starting", &node_uid, "Starting kubelet.".into()),
+        node_event("Starting", node_uid, "Starting kubelet.".into()),
         status_event("NodeHasSufficientMemory"),
         status_event("NodeHasNoDiskPressure"),
         status_event("NodeHasSufficientPID"),
@@ -286,34 +338,8 @@ async fn run_with(
             "Updated Node Allocatable limit across pods".into(),
         ),
     ];
-    // A new node turns Ready once the first runtime status check is in, as upstream's
-    // first NotReady status turns Ready; an existing one gets its event from the status
-    // loop when its Ready condition changes.
     if created {
         started.push(status_event("NodeReady"));
     }
-    events::emit(&client, n, started);
-    {
-        let (client, name, uid) = (client.clone(), n.clone(), node_uid.clone());
-        tokio::spawn(async move { node::ensure_csi_node(&client, &name, &uid).await });
-    }
-    tokio::spawn(node::heartbeat(
-        client.clone(),
-        cfg.clone(),
-        node_uid.clone(),
-    ));
-    tokio::spawn(node::status_loop(
-        client.clone(),
-        cfg.clone(),
-        runtime.clone(),
-    ));
-    let volumes = csi::Volumes::new(client.clone(), &cfg.node_name, cfg.root_dir.clone());
-    for socket in &cfg.csi_plugins {
-        tokio::spawn(volumes.clone().register(socket.clone()));
-    }
-    if !cfg.csi_plugins.is_empty() {
-        tokio::spawn(volumes.clone().expand_pending());
-    }
-    let statics = static_pods::Source::new(cfg.clone());
-    pods::run(client, cfg, runtime, network, node_uid, statics, volumes).await
+    events::emit(client, n, started);
 }

@@ -207,6 +207,7 @@ struct Workers {
     client: Client,
     cfg: Arc<KubeletConfig>,
     runtime: Arc<dyn Runtime>,
+    /// The Node's uid, once registered (empty before).
     node_uid: String,
     workers: HashMap<String, Worker>,
     /// The pod network (it gives the pods their addresses).
@@ -272,7 +273,7 @@ pub async fn run(
     cfg: Arc<KubeletConfig>,
     runtime: Arc<dyn Runtime>,
     network: Arc<dyn kumo_cri::PodNetwork>,
-    node_uid: String,
+    node_uid: tokio::sync::watch::Receiver<Option<String>>,
     mut statics: static_pods::Source,
     volumes: Arc<crate::csi::Volumes>,
 ) -> Result<()> {
@@ -345,7 +346,7 @@ pub async fn run(
         pod_cidr_known: false,
         cfg,
         runtime,
-        node_uid,
+        node_uid: String::new(),
         workers: HashMap::new(),
         pulled: std::collections::HashSet::new(),
         sources: HashMap::new(),
@@ -360,6 +361,11 @@ pub async fn run(
         tokio::select! {
             _ = wake.notified() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        if w.node_uid.is_empty() {
+            if let Some(uid) = node_uid.borrow().as_ref() {
+                w.node_uid = uid.clone();
+            }
         }
         // The pod range is read until the node has one (spec.podCIDR never changes once set).
         let every = if w.network.real() {
@@ -663,7 +669,10 @@ impl Workers {
         for uid in gone {
             self.kill(&uid);
         }
-        self.sync_mirrors(&pods_api, &mirrors, statics).await;
+        // Mirror pods belong to the Node: made once it is registered.
+        if !self.node_uid.is_empty() {
+            self.sync_mirrors(&pods_api, &mirrors, statics).await;
+        }
     }
 
     /// Whether restartPolicy is Never, and the states of the pod's containers, when the pod

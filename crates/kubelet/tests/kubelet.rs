@@ -519,3 +519,85 @@ async fn kubelet_runs_pods_and_static_pods() {
     )
     .await;
 }
+
+/// Static pods run before there is an API server to register with (kubeadm's control
+/// plane is static pods the kubelet starts first): the kubelet's API server is unreachable
+/// for its first seconds, and its static pod's container starts in them; once the API
+/// server answers, the Node is registered and the mirror pod shows the container running
+/// since before the Node existed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn static_pods_run_before_the_api_server_answers() {
+    let (server, dir) = common::start_apiserver().await;
+    let admin = server.admin_kubeconfig.clone();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("early.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: early\n  namespace: kube-system\nspec:\n  hostNetwork: true\n  containers:\n  - name: web\n    image: nginx:1.28\n",
+    )
+    .unwrap();
+    // The kubelet's kubeconfig names a port nothing listens on yet.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let kc = node_kubeconfig(dir.path(), &admin, "early-node");
+    let text = std::fs::read_to_string(&kc).unwrap();
+    let text = text.replace(
+        &format!("https://{}", server.local_addr),
+        &format!("https://127.0.0.1:{port}"),
+    );
+    assert!(text.contains(&format!(":{port}")), "{text}");
+    std::fs::write(&kc, text).unwrap();
+    let mut kcfg = KubeletConfig::new(kc, "early-node");
+    kcfg.runtime = Some(kumo_sim::factory(None));
+    kcfg.pod_manifest_path = Some(manifests);
+    kcfg.status_update_frequency = Duration::from_secs(1);
+    common::spawn_kubelet(kcfg);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The API server becomes reachable on that port.
+    let relay = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let upstream = server.local_addr;
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = relay.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+    common::node_ready(&admin, "early-node").await;
+    let started = until(
+        &admin,
+        &[
+            "-n",
+            "kube-system",
+            "get",
+            "pod",
+            "early-early-node",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.running.startedAt}",
+        ],
+        "the mirror pod's running container",
+        |o| !o.is_empty(),
+    )
+    .await;
+    let (_, registered, _) = k(
+        &admin,
+        &[
+            "get",
+            "node",
+            "early-node",
+            "-o",
+            "jsonpath={.metadata.creationTimestamp}",
+        ],
+    )
+    .await;
+    // RFC 3339 times of one zone compare as strings.
+    assert!(
+        started < registered,
+        "started {started}, registered {registered}"
+    );
+}
