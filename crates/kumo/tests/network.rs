@@ -590,20 +590,17 @@ fn workload_clusters_run_on_real_machines() {
             (!p.is_empty()).then(|| (p, kubectl(tkc, &["logs", "to-api"]).stdout))
         });
         assert_eq!(healthz, ("0".to_owned(), "ok".to_owned()));
-        // The control plane scaled 1 → 3 → 1: the members join the first one's etcd over
-        // the VPC, and scaling down takes two out of etcd (found through the machines'
-        // host: no etcd pod shows them) before their machines go; the API answers on.
-        ok(
-            kc,
-            &[
-                "scale",
-                "kcp",
-                "demo-control-plane",
-                "-n",
-                "t0",
-                "--replicas=3",
-            ],
-        );
+        // The control plane scaled 1 → 3 → 1: the members join the first one's etcd, and
+        // scaling down takes two out of etcd (found through the machines' host: no etcd
+        // pod shows them) before their machines go; the API answers on.
+        let scale = |replicas: &str| {
+            let arg = format!("--replicas={replicas}");
+            ok(
+                kc,
+                &["scale", "kcp", "demo-control-plane", "-n", "t0", &arg],
+            );
+        };
+        scale("3");
         let control_plane_nodes = |tkc: &Path| {
             let o = kubectl(
                 tkc,
@@ -624,17 +621,7 @@ fn workload_clusters_run_on_real_machines() {
         eventually(120, "3 Ready control-plane nodes", || {
             (control_plane_nodes(tkc) == Some((3, 3))).then_some(())
         });
-        ok(
-            kc,
-            &[
-                "scale",
-                "kcp",
-                "demo-control-plane",
-                "-n",
-                "t0",
-                "--replicas=1",
-            ],
-        );
+        scale("1");
         eventually(90, "the control plane back to 1 machine and node", || {
             let replicas = kubectl(
                 kc,
