@@ -647,13 +647,6 @@ async fn control_plane(
         if let Some((endpoints, id)) = learner {
             crate::etcd::promote(endpoints, &etcd_tls, id).await?;
         }
-        if real {
-            tenant
-                .etcd
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(inst.id.clone(), member.urls.client.clone());
-        }
         let mut api_cfg = kumo_apiserver::ApiServerConfig::new(&data_dir);
         api_cfg.bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
         api_cfg.store = kumo_apiserver::server::StoreConfig::Etcd(vec![member.urls.client.clone()]);
@@ -677,6 +670,15 @@ async fn control_plane(
     let (booted, served) = tokio::join!(booting, serving);
     booted?;
     let (member, api) = served?;
+    // Known to the other machines and to Cluster API once the machine is up too (a machine
+    // powered off takes its entry out).
+    if real {
+        tenant
+            .etcd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(inst.id.clone(), member.urls.client.clone());
+    }
     ctx.tenants.set_api_address(&inst.id, Some(api.local_addr));
     let server = crate::cluster::server_url(&api.admin_kubeconfig)?;
     // What runs in a real machine reaches the API server as on a kubeadm node: through
