@@ -133,21 +133,13 @@ pub fn serve_registry(
 /// The image the `coredns` pods run `kumo dns` in: this binary's libraries, the binary
 /// itself mounted from the machine (see [`crate::addons::ensure_real`]).
 fn dns_image(dir: &Path, exe: &Path) -> Result<PathBuf> {
-    // Packed once per process, as kumo's other images.
-    static PACKED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-    let mut packed = PACKED.lock().unwrap_or_else(|e| e.into_inner());
-    let path = dir.join("kumo-dns.tar");
-    if packed.contains(&path) && path.is_file() {
-        return Ok(path);
-    }
-    let image = kumo_node::images::program_image(
-        exe,
-        crate::addons::DNS_BINARY_MOUNT,
-        vec![crate::addons::dns_image()],
-    )?;
-    let path = kumo_node::images::write(dir, "kumo-dns.tar", &image)?;
-    packed.push(path.clone());
-    Ok(path)
+    Ok(kumo_node::images::write_once(dir, "kumo-dns.tar", || {
+        kumo_node::images::archive(&kumo_node::images::program_image(
+            exe,
+            crate::addons::DNS_BINARY_MOUNT,
+            vec![crate::addons::dns_image()],
+        )?)
+    })?)
 }
 
 /// The kumo binary the `coredns` pods run: `$KUMO_BINARY`, else this process's program

@@ -441,29 +441,47 @@ static PACKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub const PAUSE_ARCHIVE: &str = "pause.tar";
 pub const OFFLINE_ARCHIVE: &str = "kumo-images.tar";
 
-/// The archives this process has packed, by directory (the same for every machine of
-/// the process).
-static PACKED: std::sync::Mutex<Vec<(PathBuf, Vec<PathBuf>)>> = std::sync::Mutex::new(Vec::new());
+/// The archives this process has packed (see [`write_once`]).
+static PACKED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
-/// Packs kumo's offline images into `dir` once per process (tens of MB: a second and more
-/// in a debug build, for every machine that boots otherwise) and returns their archives.
-pub fn build(dir: &Path) -> io::Result<Vec<PathBuf>> {
+/// Writes the archive `make` packs as `dir/file` once per process (kumo's images are the
+/// same for every machine of the process, and packing tens of MB took a second and more in
+/// a debug build, for every machine that booted); again only if the file has gone.
+pub fn write_once(
+    dir: &Path,
+    file: &str,
+    make: impl FnOnce() -> io::Result<Vec<u8>>,
+) -> io::Result<PathBuf> {
     let mut packed = PACKED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, files)) = packed.iter().find(|(d, _)| d == dir) {
-        if files.iter().all(|f| f.is_file()) {
-            return Ok(files.clone());
-        }
+    let path = dir.join(file);
+    if packed.contains(&path) && path.is_file() {
+        return Ok(path);
     }
-    let (pause, others): (Vec<Image>, Vec<Image>) = offline_images()?
-        .into_iter()
-        .partition(|i| i.names.iter().any(|n| n == crate::PAUSE_IMAGE));
-    let out = vec![
-        write_bytes(dir, PAUSE_ARCHIVE, &archive_all(&pause)?)?,
-        write_bytes(dir, OFFLINE_ARCHIVE, &archive_all(&others)?)?,
-    ];
-    packed.retain(|(d, _)| d != dir);
-    packed.push((dir.to_path_buf(), out.clone()));
-    Ok(out)
+    let written = write_bytes(dir, file, &make()?)?;
+    packed.push(written.clone());
+    Ok(written)
+}
+
+/// Packs kumo's offline images into `dir` (once per process: [`write_once`]) and returns
+/// their archives.
+pub fn build(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut split: Option<(Vec<Image>, Vec<Image>)> = None;
+    let mut part = |pause: bool| -> io::Result<Vec<u8>> {
+        if split.is_none() {
+            split = Some(
+                offline_images()?
+                    .into_iter()
+                    .partition(|i| i.names.iter().any(|n| n == crate::PAUSE_IMAGE)),
+            );
+        }
+        match &split {
+            Some((p, o)) => archive_all(if pause { p } else { o }),
+            None => Ok(Vec::new()),
+        }
+    };
+    let pause = write_once(dir, PAUSE_ARCHIVE, || part(true))?;
+    let others = write_once(dir, OFFLINE_ARCHIVE, || part(false))?;
+    Ok(vec![pause, others])
 }
 
 /// Writes `image` as the archive `dir/file`. A temporary name of its own keeps another
